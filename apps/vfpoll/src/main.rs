@@ -1,0 +1,3 @@
+//! The `vfpoll` command-line tool (being written).
+#![forbid(unsafe_code)]
+fn main() {}

@@ -1,0 +1,1 @@
+//! vfpoll dma layer (being written).

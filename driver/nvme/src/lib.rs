@@ -1,0 +1,1 @@
+//! vfpoll nvme layer (being written).

@@ -1,0 +1,1 @@
+//! Binding devices to vfio-pci and back (being written).

@@ -1,0 +1,26 @@
+//! # vfpoll-pci: PCI devices through sysfs and VFIO
+//!
+//! The platform layer of vfpoll. Layers, bottom up:
+//! - [`addr`]: address newtypes ([`Iova`], [`PhysAddr`], [`BusAddr`]) that cannot be mixed up;
+//! - [`bdf`] and [`sysfs`]: find devices, their driver, IOMMU group and NUMA node;
+//! - [`bind`]: hand a device to `vfio-pci` and back to its kernel driver, refusing when the
+//!   kernel still uses it (a mounted file system, an interface that is up);
+//! - [`vfio`]: container, group and device file descriptors, in IOMMU (type1) mode or, only when
+//!   asked for explicitly, no-IOMMU mode; region info, config space, reset, DMA map/unmap;
+//! - [`mmio`]: a typed, volatile, bounds-checked accessor over a mapped BAR.
+//!
+//! All `unsafe` code of this crate lives in [`vfio`] (ioctls, mmap) and [`mmio`] (volatile access).
+//! Nothing here prints: errors are returned, diagnostics go through `log`.
+
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks, missing_docs)]
+
+pub mod addr;
+pub mod bdf;
+pub mod bind;
+pub mod mmio;
+pub mod sysfs;
+pub mod vfio;
+
+pub use addr::{BusAddr, Iova, PhysAddr};
+pub use bdf::Bdf;
+pub use sysfs::{Host, PciDevice};

@@ -1,0 +1,1 @@
+//! MMIO accessor (being written).

@@ -1,0 +1,306 @@
+//! Device discovery through sysfs.
+//!
+//! Every path is taken relative to a [`Host`], so tests point the same code at a fake tree
+//! (`tempfile` + a few files and symlinks) instead of the real `/sys`, `/proc` and `/dev`.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use crate::bdf::Bdf;
+
+/// Where the kernel's pseudo file systems are mounted. [`Host::default`] is the real machine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Host {
+    /// sysfs, normally `/sys`.
+    pub sys: PathBuf,
+    /// procfs, normally `/proc`.
+    pub proc: PathBuf,
+    /// devtmpfs, normally `/dev`.
+    pub dev: PathBuf,
+}
+
+impl Default for Host {
+    fn default() -> Self {
+        Host { sys: "/sys".into(), proc: "/proc".into(), dev: "/dev".into() }
+    }
+}
+
+impl Host {
+    /// A host whose `sys`, `proc` and `dev` are the folders of those names under `root`.
+    pub fn under(root: impl AsRef<Path>) -> Self {
+        let r = root.as_ref();
+        Host { sys: r.join("sys"), proc: r.join("proc"), dev: r.join("dev") }
+    }
+
+    /// `/sys/bus/pci/devices/<bdf>`.
+    pub fn pci_device_dir(&self, bdf: Bdf) -> PathBuf {
+        self.sys.join("bus/pci/devices").join(bdf.to_string())
+    }
+
+    /// `/sys/bus/pci/drivers/<name>`.
+    pub fn pci_driver_dir(&self, name: &str) -> PathBuf {
+        self.sys.join("bus/pci/drivers").join(name)
+    }
+
+    /// `/sys/kernel/iommu_groups/<group>`.
+    pub fn iommu_group_dir(&self, group: u32) -> PathBuf {
+        self.sys.join("kernel/iommu_groups").join(group.to_string())
+    }
+}
+
+/// Errors of discovery.
+#[derive(Debug, thiserror::Error)]
+pub enum SysfsError {
+    /// The device is not in sysfs.
+    #[error("no PCI device {bdf} on this machine ({path} is absent); `vfpoll status` lists the devices present")]
+    NoSuchDevice {
+        /// The address asked for.
+        bdf: Bdf,
+        /// The sysfs folder that would describe it.
+        path: PathBuf,
+    },
+    /// A sysfs file could not be read or parsed.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// sysfs is not mounted where expected.
+    #[error("{path} is missing: is sysfs mounted? (mount -t sysfs sysfs /sys)")]
+    NoSysfs {
+        /// The folder looked for.
+        path: PathBuf,
+    },
+}
+
+/// What sysfs says about one PCI function.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PciDevice {
+    /// Its address.
+    pub bdf: Bdf,
+    /// Vendor ID.
+    pub vendor: u16,
+    /// Device ID.
+    pub device: u16,
+    /// Class code, 24 bits (base class, subclass, programming interface).
+    pub class: u32,
+    /// The kernel driver bound to it, if any (`nvme`, `vfio-pci`, ...).
+    pub driver: Option<String>,
+    /// The driver named in `driver_override`, if set.
+    pub driver_override: Option<String>,
+    /// Its IOMMU group (also present in no-IOMMU mode once vfio made a fake group).
+    pub iommu_group: Option<u32>,
+    /// The NUMA node, `None` where the platform reports -1.
+    pub numa_node: Option<u32>,
+}
+
+/// Class codes vfpoll cares about.
+pub mod class {
+    /// Mass storage / Non-Volatile memory controller / NVM Express (PCI Code and ID Assignment 1.x, §1.2).
+    pub const NVME: u32 = 0x01_08_02;
+    /// Network controller base class; any subclass.
+    pub const NETWORK_BASE: u8 = 0x02;
+}
+
+impl PciDevice {
+    /// Whether the function is an NVMe controller.
+    pub fn is_nvme(&self) -> bool {
+        self.class == class::NVME
+    }
+
+    /// Whether the function is a network controller.
+    pub fn is_network(&self) -> bool {
+        (self.class >> 16) as u8 == class::NETWORK_BASE
+    }
+
+    /// A short human name of the class.
+    pub fn kind(&self) -> &'static str {
+        if self.is_nvme() {
+            "nvme"
+        } else if self.is_network() {
+            "nic"
+        } else {
+            match (self.class >> 16) as u8 {
+                0x01 => "storage",
+                0x03 => "display",
+                0x05 => "memory",
+                0x06 => "bridge",
+                0x12 => "accelerator",
+                _ => "other",
+            }
+        }
+    }
+}
+
+pub(crate) fn read_trimmed(path: &Path) -> Result<String, SysfsError> {
+    fs::read_to_string(path)
+        .map(|s| s.trim().to_owned())
+        .map_err(|source| SysfsError::Read { path: path.to_owned(), source })
+}
+
+fn read_hex(path: &Path) -> Result<u32, SysfsError> {
+    let s = read_trimmed(path)?;
+    u32::from_str_radix(s.trim_start_matches("0x"), 16).map_err(|e| SysfsError::Read {
+        path: path.to_owned(),
+        source: io::Error::new(io::ErrorKind::InvalidData, format!("`{s}` is not hex: {e}")),
+    })
+}
+
+/// The last component of the target of a symlink (`driver` -> `../../bus/pci/drivers/nvme` gives
+/// `nvme`); `None` when the link is absent.
+pub(crate) fn link_name(path: &Path) -> Option<String> {
+    fs::read_link(path).ok()?.file_name().map(|n| n.to_string_lossy().into_owned())
+}
+
+/// Reads one device's description.
+pub fn device(host: &Host, bdf: Bdf) -> Result<PciDevice, SysfsError> {
+    let dir = host.pci_device_dir(bdf);
+    if !dir.exists() {
+        return Err(SysfsError::NoSuchDevice { bdf, path: dir });
+    }
+    let vendor = read_hex(&dir.join("vendor"))? as u16;
+    let device = read_hex(&dir.join("device"))? as u16;
+    let class = read_hex(&dir.join("class"))? & 0xff_ffff;
+    let driver = link_name(&dir.join("driver"));
+    let driver_override = fs::read_to_string(dir.join("driver_override"))
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty() && s != "(null)");
+    let iommu_group = link_name(&dir.join("iommu_group")).and_then(|g| g.parse().ok());
+    let numa_node = fs::read_to_string(dir.join("numa_node"))
+        .ok()
+        .and_then(|s| s.trim().parse::<i64>().ok())
+        .and_then(|n| u32::try_from(n).ok());
+    Ok(PciDevice { bdf, vendor, device, class, driver, driver_override, iommu_group, numa_node })
+}
+
+/// Every PCI function on the host, sorted by address.
+pub fn devices(host: &Host) -> Result<Vec<PciDevice>, SysfsError> {
+    let dir = host.sys.join("bus/pci/devices");
+    let rd = fs::read_dir(&dir).map_err(|_| SysfsError::NoSysfs { path: dir.clone() })?;
+    let mut out = Vec::new();
+    for ent in rd.flatten() {
+        let name = ent.file_name();
+        let Ok(bdf) = name.to_string_lossy().parse::<Bdf>() else { continue };
+        out.push(device(host, bdf)?);
+    }
+    out.sort_by_key(|d| d.bdf);
+    Ok(out)
+}
+
+/// The functions in an IOMMU group, sorted.
+pub fn group_members(host: &Host, group: u32) -> Result<Vec<Bdf>, SysfsError> {
+    let dir = host.iommu_group_dir(group).join("devices");
+    let rd = fs::read_dir(&dir).map_err(|source| SysfsError::Read { path: dir.clone(), source })?;
+    let mut v: Vec<Bdf> =
+        rd.flatten().filter_map(|e| e.file_name().to_string_lossy().parse().ok()).collect();
+    v.sort();
+    Ok(v)
+}
+
+/// The physical (bus) address and length of each BAR, from `/sys/bus/pci/devices/<bdf>/resource`.
+/// Entry `i` is BAR `i` (0..=5), then the expansion ROM; unused BARs are `None`.
+pub fn bar_resources(host: &Host, bdf: Bdf) -> Result<Vec<Option<(u64, u64)>>, SysfsError> {
+    let path = host.pci_device_dir(bdf).join("resource");
+    let text = read_trimmed(&path)?;
+    let bad = |line: &str| SysfsError::Read {
+        path: path.clone(),
+        source: io::Error::new(io::ErrorKind::InvalidData, format!("malformed line `{line}`")),
+    };
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let f: Vec<u64> = line
+            .split_whitespace()
+            .map(|x| u64::from_str_radix(x.trim_start_matches("0x"), 16))
+            .collect::<Result<_, _>>()
+            .map_err(|_| bad(line))?;
+        let [start, end, _flags] = f[..] else { return Err(bad(line)) };
+        out.push(if end > start { Some((start, end - start + 1)) } else { None });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+pub(crate) mod fake {
+    //! A fake sysfs tree for tests.
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    /// Builds `sys/bus/pci/devices/<bdf>` with the given attributes.
+    pub fn add_device(root: &Path, bdf: &str, vendor: u16, device: u16, class: u32, driver: Option<&str>, group: Option<u32>) {
+        let d = root.join("sys/devices/pci0000:00").join(bdf);
+        fs::create_dir_all(&d).unwrap();
+        fs::write(d.join("vendor"), format!("0x{vendor:04x}\n")).unwrap();
+        fs::write(d.join("device"), format!("0x{device:04x}\n")).unwrap();
+        fs::write(d.join("class"), format!("0x{class:06x}\n")).unwrap();
+        fs::write(d.join("numa_node"), "-1\n").unwrap();
+        fs::write(d.join("driver_override"), "(null)\n").unwrap();
+        let devs = root.join("sys/bus/pci/devices");
+        fs::create_dir_all(&devs).unwrap();
+        symlink(&d, devs.join(bdf)).unwrap();
+        if let Some(drv) = driver {
+            let dd = root.join("sys/bus/pci/drivers").join(drv);
+            fs::create_dir_all(&dd).unwrap();
+            symlink(&dd, d.join("driver")).unwrap();
+            let _ = symlink(&d, dd.join(bdf));
+        }
+        if let Some(g) = group {
+            let gd = root.join("sys/kernel/iommu_groups").join(g.to_string());
+            fs::create_dir_all(gd.join("devices")).unwrap();
+            symlink(&gd, d.join("iommu_group")).unwrap();
+            symlink(&d, gd.join("devices").join(bdf)).unwrap();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fake::add_device;
+    use super::*;
+
+    #[test]
+    fn reads_fake_tree() {
+        let t = tempfile::tempdir().unwrap();
+        add_device(t.path(), "0000:00:03.0", 0x1b36, 0x0010, 0x010802, Some("nvme"), Some(3));
+        add_device(t.path(), "0000:00:04.0", 0x8086, 0x10d3, 0x020000, None, Some(4));
+        add_device(t.path(), "0000:00:1f.2", 0x8086, 0x2922, 0x010601, Some("ahci"), Some(7));
+        add_device(t.path(), "0000:00:1f.3", 0x8086, 0x2930, 0x0c0500, None, Some(7));
+        let host = Host::under(t.path());
+        let all = devices(&host).unwrap();
+        assert_eq!(all.len(), 4);
+        let nvme = &all[0];
+        assert!(nvme.is_nvme());
+        assert_eq!(nvme.driver.as_deref(), Some("nvme"));
+        assert_eq!(nvme.iommu_group, Some(3));
+        assert_eq!(nvme.numa_node, None);
+        assert!(all[1].is_network());
+        assert_eq!(all[1].driver, None);
+        let m = group_members(&host, 7).unwrap();
+        assert_eq!(m.len(), 2);
+        let e = device(&host, "0000:00:09.0".parse().unwrap()).unwrap_err();
+        assert!(e.to_string().contains("vfpoll status"), "{e}");
+    }
+
+    #[test]
+    fn parses_resource_file() {
+        let t = tempfile::tempdir().unwrap();
+        add_device(t.path(), "0000:00:06.0", 0x1af4, 0x1110, 0x050000, None, None);
+        let host = Host::under(t.path());
+        let bdf = "0000:00:06.0".parse().unwrap();
+        fs::write(
+            host.pci_device_dir(bdf).join("resource"),
+            "0x00000000fe800000 0x00000000fe8000ff 0x0000000000040200\n\
+             0x0000000000000000 0x0000000000000000 0x0000000000000000\n\
+             0x00000000f8000000 0x00000000fbffffff 0x000000000014220c\n",
+        )
+        .unwrap();
+        let r = bar_resources(&host, bdf).unwrap();
+        assert_eq!(r[0], Some((0xfe80_0000, 0x100)));
+        assert_eq!(r[1], None);
+        assert_eq!(r[2], Some((0xf800_0000, 64 << 20)));
+    }
+}

@@ -1,0 +1,1 @@
+//! VFIO (being written).

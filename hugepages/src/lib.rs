@@ -1,0 +1,1 @@
+//! vfpoll hugepages layer (being written).

@@ -1,0 +1,3 @@
+//! vfpoll developer tasks (being written).
+#![forbid(unsafe_code)]
+fn main() {}
