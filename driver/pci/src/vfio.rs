@@ -1,1 +1,0 @@
-//! VFIO (being written).

@@ -1,0 +1,741 @@
+//! VFIO: container, group and device, in IOMMU (type1) or no-IOMMU mode.
+//!
+//! ```text
+//! Container (/dev/vfio/vfio)      one IOMMU domain: DMA map/unmap, IOVA ranges
+//!   └─ Group (/dev/vfio/N or /dev/vfio/noiommu-N)   attached on first use; several per container
+//!        └─ Device (fd from the group)               regions, BAR mmap, config space, reset
+//! ```
+//!
+//! No-IOMMU mode is used only when the caller asks for it ([`IommuMode::NoIommu`]); a device that
+//! sits in a no-IOMMU group is refused in type1 mode with an error that says so, never silently
+//! downgraded. Every system call goes through [`SysOps`], so the same code runs against the fake
+//! kernel in [`fake`] in tests.
+
+pub mod fake;
+pub mod sys;
+pub mod uapi;
+
+use std::collections::HashMap;
+use std::io;
+use std::ops::RangeInclusive;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use crate::addr::{BusAddr, Iova};
+use crate::bdf::Bdf;
+use crate::mmio::{BarMapping, Mmio};
+use crate::sysfs::{self, Host};
+pub use sys::{IoctlArg, RealSys, SysOps};
+use sys::raw;
+
+/// How devices reach memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum IommuMode {
+    /// An IOMMU translates device addresses (VFIO type1): DMA targets must be mapped first and
+    /// the device sees I/O virtual addresses. The safe default.
+    Type1,
+    /// No IOMMU: the device sees physical addresses and can reach all memory. Only on request;
+    /// needs root and a kernel with `CONFIG_VFIO_NOIOMMU` and `enable_unsafe_noiommu_mode=1`.
+    NoIommu,
+}
+
+impl std::fmt::Display for IommuMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            IommuMode::Type1 => "iommu (type1)",
+            IommuMode::NoIommu => "no-iommu",
+        })
+    }
+}
+
+/// Errors of the VFIO layer. Each message says what to do about it.
+#[derive(Debug, thiserror::Error)]
+pub enum VfioError {
+    /// `/dev/vfio/vfio` is absent.
+    #[error("{path} is missing: the vfio modules are not loaded; run `modprobe vfio-pci` (or `vfpoll setup`)")]
+    NoVfio {
+        /// The path looked for.
+        path: PathBuf,
+    },
+    /// A VFIO node exists but cannot be opened for lack of permission.
+    #[error("cannot open {path}: permission denied; run as root, or give your user access (`chown $USER {path}`)")]
+    Permission {
+        /// The node.
+        path: PathBuf,
+    },
+    /// The kernel speaks another VFIO API version.
+    #[error("unsupported VFIO API version {0} (expected 0)")]
+    ApiVersion(i32),
+    /// The kernel has no type1 IOMMU driver.
+    #[error("the kernel offers no VFIO type1 IOMMU: load it (`modprobe vfio_iommu_type1`) and check that the IOMMU is on (intel_iommu=on / amd_iommu=on on the kernel command line)")]
+    NoType1,
+    /// No-IOMMU mode was requested but is not enabled.
+    #[error("no-IOMMU mode was requested but is not enabled: `echo 1 > /sys/module/vfio/parameters/enable_unsafe_noiommu_mode` (the parameter exists only if vfio.ko was built with CONFIG_VFIO_NOIOMMU); `vfpoll doctor --noiommu` checks it")]
+    NoIommuNotEnabled,
+    /// The device has no IOMMU group.
+    #[error("{bdf} has no IOMMU group: bind it to vfio-pci first (`vfpoll bind {bdf}`); without an IOMMU this needs no-IOMMU mode (--noiommu)")]
+    NoGroup {
+        /// The device.
+        bdf: Bdf,
+    },
+    /// The device is in a no-IOMMU group but type1 mode was requested.
+    #[error("{bdf} is in no-IOMMU group {group}: this machine has no IOMMU for it; pass --noiommu to use it without one (unsafe: the device can reach all memory)")]
+    NoIommuGroup {
+        /// The device.
+        bdf: Bdf,
+        /// The group.
+        group: u32,
+    },
+    /// No-IOMMU mode was requested for a device that sits behind a real IOMMU.
+    #[error("{bdf} is in IOMMU group {group} behind a real IOMMU: no-IOMMU mode is only for machines without one; drop --noiommu")]
+    HasIommu {
+        /// The device.
+        bdf: Bdf,
+        /// The group.
+        group: u32,
+    },
+    /// The group's node is missing: the device is not bound to vfio-pci.
+    #[error("{path} is missing: {bdf} is not bound to vfio-pci; run `vfpoll bind {bdf}`")]
+    NotBound {
+        /// The device.
+        bdf: Bdf,
+        /// The node looked for.
+        path: PathBuf,
+    },
+    /// The group is open elsewhere.
+    #[error("IOMMU group {group} ({bdf}) is in use by another process (another vfpoll, a VM?): stop it first")]
+    GroupBusy {
+        /// The device.
+        bdf: Bdf,
+        /// The group.
+        group: u32,
+    },
+    /// Not every device of the group is bound to vfio-pci (or to no driver).
+    #[error("IOMMU group {group} of {bdf} is not viable: {members} must also be bound to vfio-pci (or to no driver); run `vfpoll bind` on them, or move the device to another slot")]
+    GroupNotViable {
+        /// The device.
+        bdf: Bdf,
+        /// The group.
+        group: u32,
+        /// The other members and their drivers, e.g. `0000:00:1f.2 (ahci)`.
+        members: String,
+    },
+    /// A region index that the device does not have or that cannot be mapped.
+    #[error("{bdf}: region {index} {why}")]
+    Region {
+        /// The device.
+        bdf: Bdf,
+        /// The region index (BARs are 0..=5, config space is 7).
+        index: u32,
+        /// What is wrong.
+        why: &'static str,
+    },
+    /// A DMA mapping was refused.
+    #[error("VFIO_IOMMU_MAP_DMA of {len:#x} bytes at {iova} failed: {source}{hint}")]
+    Map {
+        /// The I/O virtual address.
+        iova: Iova,
+        /// The length.
+        len: u64,
+        /// The cause.
+        #[source]
+        source: io::Error,
+        /// A hint for the common causes.
+        hint: &'static str,
+    },
+    /// DMA map/unmap in no-IOMMU mode (the device uses physical addresses there).
+    #[error("DMA mapping is not available in no-IOMMU mode: devices use physical addresses there")]
+    NotInNoIommu,
+    /// A sysfs lookup failed.
+    #[error(transparent)]
+    Sysfs(#[from] sysfs::SysfsError),
+    /// Any other failed system call.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+}
+
+fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> VfioError {
+    let what = what.into();
+    move |source| VfioError::Io { what, source }
+}
+
+/// The IOMMU's properties, from `VFIO_IOMMU_GET_INFO`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IommuInfo {
+    /// Supported IOMMU page sizes (bit n set = 2^n bytes).
+    pub page_sizes: u64,
+    /// Usable IOVA windows (inclusive). They already exclude reserved ranges such as the MSI
+    /// window, and end at the IOMMU's address width.
+    pub iova_ranges: Vec<RangeInclusive<u64>>,
+    /// How many more DMA mappings the kernel allows (`dma_entry_limit`), if it says.
+    pub dma_avail: Option<u32>,
+}
+
+impl IommuInfo {
+    /// What a kernel without the IOVA-range capability (older than 5.4) is assumed to offer:
+    /// 39 address bits (the smallest common VT-d width) minus the x86 MSI window.
+    pub fn fallback() -> Self {
+        IommuInfo {
+            page_sizes: 0x1000 | 0x20_0000 | 0x4000_0000,
+            iova_ranges: vec![0..=0xfedf_ffff, 0xfef0_0000..=(1 << 39) - 1],
+            dma_avail: None,
+        }
+    }
+
+    /// Parses the reply of `VFIO_IOMMU_GET_INFO` (the whole `argsz` buffer).
+    pub fn parse(buf: &[u8]) -> Self {
+        let flags = uapi::get_u32(buf, 4);
+        let mut info = IommuInfo::fallback();
+        if flags & uapi::IOMMU_INFO_PGSIZES != 0 {
+            info.page_sizes = uapi::get_u64(buf, 8);
+        }
+        if flags & uapi::IOMMU_INFO_CAPS != 0 {
+            for cap in uapi::caps(buf, uapi::get_u32(buf, 16)) {
+                match cap.id {
+                    uapi::IOMMU_CAP_IOVA_RANGE if cap.bytes.len() >= 16 => {
+                        let n = uapi::get_u32(cap.bytes, 8) as usize;
+                        let ranges: Vec<_> = (0..n)
+                            .map(|i| 16 + i * 16)
+                            .take_while(|o| o + 16 <= cap.bytes.len())
+                            .map(|o| uapi::get_u64(cap.bytes, o)..=uapi::get_u64(cap.bytes, o + 8))
+                            .collect();
+                        if !ranges.is_empty() {
+                            info.iova_ranges = ranges;
+                        }
+                    }
+                    uapi::IOMMU_CAP_DMA_AVAIL if cap.bytes.len() >= 12 => {
+                        info.dma_avail = Some(uapi::get_u32(cap.bytes, 8));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        info
+    }
+
+    /// The smallest page size the IOMMU maps.
+    pub fn min_page_size(&self) -> u64 {
+        if self.page_sizes == 0 {
+            4096
+        } else {
+            1 << self.page_sizes.trailing_zeros()
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Group {
+    id: u32,
+    fd: OwnedFd,
+}
+
+#[derive(Debug)]
+struct ContainerState {
+    /// Attached groups by id. Groups stay attached until the container is dropped.
+    groups: HashMap<u32, Arc<Group>>,
+    /// Set once the first group is attached and the IOMMU model chosen.
+    info: Option<IommuInfo>,
+}
+
+/// A VFIO container: one IOMMU domain shared by every device opened through it.
+///
+/// `Send + Sync`: its state is behind a mutex and file descriptors may be used from any thread.
+/// Opening devices and mapping DMA are control-path operations.
+#[derive(Debug)]
+pub struct Container {
+    sys: Arc<dyn SysOps>,
+    host: Host,
+    fd: OwnedFd,
+    mode: IommuMode,
+    state: Mutex<ContainerState>,
+}
+
+impl Container {
+    /// Opens `/dev/vfio/vfio` on the real kernel and checks it can serve `mode`.
+    pub fn open(mode: IommuMode) -> Result<Arc<Self>, VfioError> {
+        Self::open_with(Arc::new(RealSys), Host::default(), mode)
+    }
+
+    /// Like [`Container::open`], with the system calls and paths given (tests, other roots).
+    pub fn open_with(sys: Arc<dyn SysOps>, host: Host, mode: IommuMode) -> Result<Arc<Self>, VfioError> {
+        let path = host.dev.join("vfio/vfio");
+        let fd = sys.open(&path).map_err(|e| open_error(e, &path, || VfioError::NoVfio { path: path.clone() }))?;
+        let v = sys.ioctl(raw(&fd), uapi::req::GET_API_VERSION, IoctlArg::None).map_err(io_err("VFIO_GET_API_VERSION"))?;
+        if v != uapi::API_VERSION {
+            return Err(VfioError::ApiVersion(v));
+        }
+        let has = |ext| sys.ioctl(raw(&fd), uapi::req::CHECK_EXTENSION, IoctlArg::Value(ext)).map(|r| r > 0).unwrap_or(false);
+        match mode {
+            IommuMode::Type1 if !has(uapi::TYPE1V2_IOMMU) && !has(uapi::TYPE1_IOMMU) => {
+                // Without an attached group the type1 driver may simply not be loaded yet;
+                // `VFIO_CHECK_EXTENSION` answers for the drivers registered now.
+                return Err(VfioError::NoType1);
+            }
+            IommuMode::NoIommu if !has(uapi::NOIOMMU_IOMMU) => return Err(VfioError::NoIommuNotEnabled),
+            _ => {}
+        }
+        log::debug!("opened {} in {mode} mode", path.display());
+        Ok(Arc::new(Container {
+            sys,
+            host,
+            fd,
+            mode,
+            state: Mutex::new(ContainerState { groups: HashMap::new(), info: None }),
+        }))
+    }
+
+    /// The mode chosen at open.
+    pub fn mode(&self) -> IommuMode {
+        self.mode
+    }
+
+    /// The paths of the host this container works on.
+    pub fn host(&self) -> &Host {
+        &self.host
+    }
+
+    /// The system-call layer (shared with everything opened through this container).
+    pub fn sys(&self) -> &Arc<dyn SysOps> {
+        &self.sys
+    }
+
+    /// The IOMMU's properties; `None` until the first device is opened (the IOMMU model is set
+    /// when the first group attaches) and always `None` in no-IOMMU mode.
+    pub fn iommu_info(&self) -> Option<IommuInfo> {
+        self.lock().info.clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, ContainerState> {
+        // A panic while holding the lock leaves only plain data behind; keep going.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Opens the device `bdf`, attaching its IOMMU group to this container first if needed.
+    pub fn device(self: &Arc<Self>, bdf: Bdf) -> Result<Device, VfioError> {
+        let info = sysfs::device(&self.host, bdf)?;
+        let group_id = info.iommu_group.ok_or(VfioError::NoGroup { bdf })?;
+        let group = self.attach_group(bdf, group_id)?;
+        let mut name = bdf.to_string().into_bytes();
+        name.push(0);
+        let fd = self
+            .sys
+            .ioctl_new_fd(raw(&group.fd), uapi::req::GROUP_GET_DEVICE_FD, IoctlArg::Buf(&mut name))
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::EBUSY) => VfioError::GroupBusy { bdf, group: group_id },
+                _ => VfioError::Io { what: format!("VFIO_GROUP_GET_DEVICE_FD({bdf})"), source: e },
+            })?;
+        Device::new(Arc::clone(self), group, fd, bdf)
+    }
+
+    fn attach_group(&self, bdf: Bdf, id: u32) -> Result<Arc<Group>, VfioError> {
+        let mut st = self.lock();
+        if let Some(g) = st.groups.get(&id) {
+            return Ok(Arc::clone(g));
+        }
+        let real = self.host.dev.join(format!("vfio/{id}"));
+        let noiommu = self.host.dev.join(format!("vfio/noiommu-{id}"));
+        let path = match self.mode {
+            IommuMode::Type1 if real.exists() => real,
+            IommuMode::Type1 if noiommu.exists() => return Err(VfioError::NoIommuGroup { bdf, group: id }),
+            IommuMode::NoIommu if noiommu.exists() => noiommu,
+            IommuMode::NoIommu if real.exists() => return Err(VfioError::HasIommu { bdf, group: id }),
+            IommuMode::Type1 => return Err(VfioError::NotBound { bdf, path: real }),
+            IommuMode::NoIommu => return Err(VfioError::NotBound { bdf, path: noiommu }),
+        };
+        let fd = self.sys.open(&path).map_err(|e| match e.raw_os_error() {
+            Some(libc::EBUSY) => VfioError::GroupBusy { bdf, group: id },
+            _ => open_error(e, &path, || VfioError::NotBound { bdf, path: path.clone() }),
+        })?;
+        let mut status = [0u8; uapi::GROUP_STATUS_SIZE];
+        uapi::put_u32(&mut status, 0, uapi::GROUP_STATUS_SIZE as u32);
+        self.sys
+            .ioctl(raw(&fd), uapi::req::GROUP_GET_STATUS, IoctlArg::Buf(&mut status))
+            .map_err(io_err(format!("VFIO_GROUP_GET_STATUS({})", path.display())))?;
+        if uapi::get_u32(&status, 4) & uapi::GROUP_FLAGS_VIABLE == 0 {
+            return Err(VfioError::GroupNotViable { bdf, group: id, members: self.describe_members(id, bdf) });
+        }
+        let mut cfd = raw(&self.fd).to_ne_bytes();
+        self.sys
+            .ioctl(raw(&fd), uapi::req::GROUP_SET_CONTAINER, IoctlArg::Buf(&mut cfd))
+            .map_err(io_err(format!("VFIO_GROUP_SET_CONTAINER({})", path.display())))?;
+        if st.info.is_none() && st.groups.is_empty() {
+            self.set_iommu(&mut st)?;
+        }
+        log::debug!("attached IOMMU group {id} ({})", path.display());
+        let g = Arc::new(Group { id, fd });
+        st.groups.insert(id, Arc::clone(&g));
+        Ok(g)
+    }
+
+    /// Chooses the IOMMU model once the first group is attached, and reads the IOMMU's info.
+    fn set_iommu(&self, st: &mut ContainerState) -> Result<(), VfioError> {
+        let fd = raw(&self.fd);
+        let models: &[u64] = match self.mode {
+            IommuMode::Type1 => &[uapi::TYPE1V2_IOMMU, uapi::TYPE1_IOMMU],
+            IommuMode::NoIommu => &[uapi::NOIOMMU_IOMMU],
+        };
+        let mut last = None;
+        for &m in models {
+            match self.sys.ioctl(fd, uapi::req::SET_IOMMU, IoctlArg::Value(m)) {
+                Ok(_) => {
+                    last = None;
+                    break;
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        if let Some(e) = last {
+            return Err(VfioError::Io { what: "VFIO_SET_IOMMU".into(), source: e });
+        }
+        if self.mode == IommuMode::Type1 {
+            st.info = Some(self.query_iommu_info()?);
+        }
+        Ok(())
+    }
+
+    fn query_iommu_info(&self) -> Result<IommuInfo, VfioError> {
+        let mut buf = vec![0u8; uapi::IOMMU_INFO_SIZE];
+        loop {
+            let argsz = buf.len() as u32;
+            buf.fill(0);
+            uapi::put_u32(&mut buf, 0, argsz);
+            self.sys
+                .ioctl(raw(&self.fd), uapi::req::IOMMU_GET_INFO, IoctlArg::Buf(&mut buf))
+                .map_err(io_err("VFIO_IOMMU_GET_INFO"))?;
+            // The kernel raises argsz when the capability chain does not fit.
+            let want = uapi::get_u32(&buf, 0) as usize;
+            if want <= buf.len() {
+                return Ok(IommuInfo::parse(&buf));
+            }
+            buf = vec![0u8; want];
+        }
+    }
+
+    fn describe_members(&self, group: u32, bdf: Bdf) -> String {
+        let members = sysfs::group_members(&self.host, group).unwrap_or_default();
+        let list: Vec<String> = members
+            .into_iter()
+            .filter(|m| *m != bdf)
+            .map(|m| {
+                let drv = sysfs::device(&self.host, m).ok().and_then(|d| d.driver).unwrap_or_else(|| "no driver".into());
+                format!("{m} ({drv})")
+            })
+            .collect();
+        if list.is_empty() {
+            "the other members of the group".into()
+        } else {
+            list.join(", ")
+        }
+    }
+
+    /// Maps `len` bytes at `vaddr` for device access at `iova` (read and write).
+    ///
+    /// # Safety
+    /// The range must stay mapped in this process, and must not be freed or remapped, until
+    /// [`Container::unmap_dma`] has removed the mapping: devices may access it at any time.
+    pub unsafe fn map_dma(&self, vaddr: *mut u8, len: u64, iova: Iova) -> Result<(), VfioError> {
+        if self.mode == IommuMode::NoIommu {
+            return Err(VfioError::NotInNoIommu);
+        }
+        let mut b = [0u8; uapi::DMA_MAP_SIZE];
+        uapi::put_u32(&mut b, 0, uapi::DMA_MAP_SIZE as u32);
+        uapi::put_u32(&mut b, 4, uapi::DMA_MAP_READ_WRITE);
+        uapi::put_u64(&mut b, 8, vaddr as u64);
+        uapi::put_u64(&mut b, 16, iova.get());
+        uapi::put_u64(&mut b, 24, len);
+        self.sys.ioctl(raw(&self.fd), uapi::req::IOMMU_MAP_DMA, IoctlArg::Buf(&mut b)).map_err(|source| {
+            let hint = match source.raw_os_error() {
+                Some(libc::ENOMEM) => " (the memlock limit is too low: `ulimit -l unlimited`, or run as root)",
+                Some(libc::ENOSPC) => " (too many DMA mappings: raise vfio_iommu_type1.dma_entry_limit or use larger regions)",
+                Some(libc::EEXIST) => " (the IOVA range overlaps an existing mapping)",
+                Some(libc::EINVAL) => " (address, length or IOVA not aligned to the IOMMU page size, or outside the IOVA ranges)",
+                _ => "",
+            };
+            VfioError::Map { iova, len, source, hint }
+        })?;
+        Ok(())
+    }
+
+    /// Removes a mapping made by [`Container::map_dma`].
+    pub fn unmap_dma(&self, iova: Iova, len: u64) -> Result<(), VfioError> {
+        if self.mode == IommuMode::NoIommu {
+            return Err(VfioError::NotInNoIommu);
+        }
+        let mut b = [0u8; uapi::DMA_UNMAP_SIZE];
+        uapi::put_u32(&mut b, 0, uapi::DMA_UNMAP_SIZE as u32);
+        uapi::put_u64(&mut b, 8, iova.get());
+        uapi::put_u64(&mut b, 16, len);
+        self.sys
+            .ioctl(raw(&self.fd), uapi::req::IOMMU_UNMAP_DMA, IoctlArg::Buf(&mut b))
+            .map_err(io_err(format!("VFIO_IOMMU_UNMAP_DMA({iova}, {len:#x})")))?;
+        Ok(())
+    }
+
+    /// The IOMMU groups attached so far.
+    pub fn groups(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = self.lock().groups.values().map(|g| g.id).collect();
+        v.sort_unstable();
+        v
+    }
+}
+
+fn open_error(e: io::Error, path: &std::path::Path, absent: impl FnOnce() -> VfioError) -> VfioError {
+    match e.raw_os_error() {
+        Some(libc::ENOENT) => absent(),
+        Some(libc::EACCES) | Some(libc::EPERM) => VfioError::Permission { path: path.to_owned() },
+        _ => VfioError::Io { what: format!("open {}", path.display()), source: e },
+    }
+}
+
+/// A region of a device (`VFIO_DEVICE_GET_REGION_INFO`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegionInfo {
+    /// Region index: BARs 0..=5, ROM 6, config space 7.
+    pub index: u32,
+    /// Size in bytes (0 = the region is absent).
+    pub size: u64,
+    /// Offset of the region in the device fd (for pread/pwrite/mmap).
+    pub offset: u64,
+    /// `VFIO_REGION_INFO_FLAG_*`.
+    pub flags: u32,
+    /// Where the region may be mmapped; `None` = all of it when `flags` has MMAP.
+    pub sparse: Option<Vec<(u64, u64)>>,
+}
+
+impl RegionInfo {
+    /// Parses the reply of `VFIO_DEVICE_GET_REGION_INFO`.
+    pub fn parse(buf: &[u8]) -> Self {
+        let flags = uapi::get_u32(buf, 4);
+        let mut sparse = None;
+        if flags & uapi::REGION_FLAG_CAPS != 0 {
+            for cap in uapi::caps(buf, uapi::get_u32(buf, 12)) {
+                if cap.id == uapi::REGION_CAP_SPARSE_MMAP && cap.bytes.len() >= 16 {
+                    let n = uapi::get_u32(cap.bytes, 8) as usize;
+                    sparse = Some(
+                        (0..n)
+                            .map(|i| 16 + i * 16)
+                            .take_while(|o| o + 16 <= cap.bytes.len())
+                            .map(|o| (uapi::get_u64(cap.bytes, o), uapi::get_u64(cap.bytes, o + 8)))
+                            .collect(),
+                    );
+                }
+            }
+        }
+        RegionInfo {
+            index: uapi::get_u32(buf, 8),
+            size: uapi::get_u64(buf, 16),
+            offset: uapi::get_u64(buf, 24),
+            flags,
+            sparse,
+        }
+    }
+
+    /// Whether the whole region can be mmapped in one piece.
+    pub fn mappable(&self) -> bool {
+        self.flags & uapi::REGION_FLAG_MMAP != 0
+            && match &self.sparse {
+                None => true,
+                Some(areas) => areas.iter().any(|&(o, s)| o == 0 && s >= self.size),
+            }
+    }
+}
+
+/// PCI configuration space registers used here (PCI Local Bus 3.0 §6.2).
+pub mod pci_cfg {
+    /// Command register (16 bits).
+    pub const COMMAND: u64 = 0x04;
+    /// Command: Memory Space Enable.
+    pub const COMMAND_MEMORY: u16 = 1 << 1;
+    /// Command: Bus Master Enable.
+    pub const COMMAND_MASTER: u16 = 1 << 2;
+    /// Command: Interrupt Disable (INTx).
+    pub const COMMAND_INTX_DISABLE: u16 = 1 << 10;
+}
+
+/// An open VFIO device.
+///
+/// `Send + Sync`: all methods are system calls on a file descriptor.
+#[derive(Debug)]
+pub struct Device {
+    container: Arc<Container>,
+    _group: Arc<Group>,
+    fd: OwnedFd,
+    bdf: Bdf,
+    flags: u32,
+    regions: Vec<RegionInfo>,
+}
+
+impl Device {
+    fn new(container: Arc<Container>, group: Arc<Group>, fd: OwnedFd, bdf: Bdf) -> Result<Self, VfioError> {
+        let sys = Arc::clone(&container.sys);
+        let mut info = [0u8; uapi::DEVICE_INFO_SIZE];
+        uapi::put_u32(&mut info, 0, uapi::DEVICE_INFO_SIZE as u32);
+        sys.ioctl(raw(&fd), uapi::req::DEVICE_GET_INFO, IoctlArg::Buf(&mut info))
+            .map_err(io_err(format!("VFIO_DEVICE_GET_INFO({bdf})")))?;
+        let flags = uapi::get_u32(&info, 4);
+        let num_regions = uapi::get_u32(&info, 8);
+        let mut regions = Vec::new();
+        // Index 8 (VGA) answers EINVAL on non-VGA devices; stop after config space.
+        for index in 0..num_regions.min(uapi::PCI_CONFIG_REGION + 1) {
+            regions.push(Self::query_region(&*sys, &fd, bdf, index)?);
+        }
+        log::debug!("opened {bdf}: flags {flags:#x}, {} regions", regions.len());
+        Ok(Device { container, _group: group, fd, bdf, flags, regions })
+    }
+
+    fn query_region(sys: &dyn SysOps, fd: &OwnedFd, bdf: Bdf, index: u32) -> Result<RegionInfo, VfioError> {
+        let mut buf = vec![0u8; uapi::REGION_INFO_SIZE];
+        loop {
+            let argsz = buf.len() as u32;
+            buf.fill(0);
+            uapi::put_u32(&mut buf, 0, argsz);
+            uapi::put_u32(&mut buf, 8, index);
+            sys.ioctl(raw(fd), uapi::req::DEVICE_GET_REGION_INFO, IoctlArg::Buf(&mut buf))
+                .map_err(io_err(format!("VFIO_DEVICE_GET_REGION_INFO({bdf}, {index})")))?;
+            let want = uapi::get_u32(&buf, 0) as usize;
+            if want <= buf.len() {
+                return Ok(RegionInfo::parse(&buf));
+            }
+            buf = vec![0u8; want];
+        }
+    }
+
+    /// The device's address.
+    pub fn bdf(&self) -> Bdf {
+        self.bdf
+    }
+
+    /// The container the device belongs to.
+    pub fn container(&self) -> &Arc<Container> {
+        &self.container
+    }
+
+    /// Region info by index (BARs 0..=5, config space 7).
+    pub fn region(&self, index: u32) -> Result<&RegionInfo, VfioError> {
+        self.regions
+            .get(index as usize)
+            .filter(|r| r.size > 0)
+            .ok_or(VfioError::Region { bdf: self.bdf, index, why: "does not exist on this device" })
+    }
+
+    /// Maps BAR `bar` (0..=5) whole and returns an MMIO accessor over it.
+    pub fn map_bar(&self, bar: u32) -> Result<Mmio, VfioError> {
+        if bar > 5 {
+            return Err(VfioError::Region { bdf: self.bdf, index: bar, why: "is not a BAR (BARs are 0..=5)" });
+        }
+        let r = self.region(bar)?;
+        if !r.mappable() {
+            return Err(VfioError::Region { bdf: self.bdf, index: bar, why: "cannot be mmapped (I/O port BAR, or VFIO allows only parts of it)" });
+        }
+        let len = usize::try_from(r.size).map_err(|_| VfioError::Region { bdf: self.bdf, index: bar, why: "is larger than the address space" })?;
+        let ptr = self
+            .container
+            .sys
+            .mmap(raw(&self.fd), r.offset, len)
+            .map_err(io_err(format!("mmap of BAR{bar} of {}", self.bdf)))?;
+        let mapping = BarMapping::new(Arc::clone(&self.container.sys), ptr, len);
+        Ok(Mmio::new(Arc::new(mapping)))
+    }
+
+    /// The bus address of BAR `bar` as the PCI bus sees it (sysfs `resource`): what a peer device
+    /// must use to reach this BAR in no-IOMMU mode.
+    pub fn bar_bus_addr(&self, bar: u32) -> Result<BusAddr, VfioError> {
+        let res = sysfs::bar_resources(&self.container.host, self.bdf)?;
+        res.get(bar as usize)
+            .copied()
+            .flatten()
+            .map(|(start, _)| BusAddr(start))
+            .ok_or(VfioError::Region { bdf: self.bdf, index: bar, why: "has no bus address in sysfs" })
+    }
+
+    /// Reads `buf.len()` bytes of configuration space at `off`.
+    pub fn config_read(&self, off: u64, buf: &mut [u8]) -> Result<(), VfioError> {
+        let r = self.region(uapi::PCI_CONFIG_REGION)?;
+        self.container
+            .sys
+            .pread(raw(&self.fd), buf, r.offset + off)
+            .map_err(io_err(format!("config read of {} at {off:#x}", self.bdf)))
+    }
+
+    /// Writes `buf` to configuration space at `off`.
+    pub fn config_write(&self, off: u64, buf: &[u8]) -> Result<(), VfioError> {
+        let r = self.region(uapi::PCI_CONFIG_REGION)?;
+        self.container
+            .sys
+            .pwrite(raw(&self.fd), buf, r.offset + off)
+            .map_err(io_err(format!("config write of {} at {off:#x}", self.bdf)))
+    }
+
+    /// Reads a 16-bit configuration register.
+    pub fn config_read_u16(&self, off: u64) -> Result<u16, VfioError> {
+        let mut b = [0u8; 2];
+        self.config_read(off, &mut b)?;
+        Ok(u16::from_le_bytes(b))
+    }
+
+    /// Reads a 32-bit configuration register.
+    pub fn config_read_u32(&self, off: u64) -> Result<u32, VfioError> {
+        let mut b = [0u8; 4];
+        self.config_read(off, &mut b)?;
+        Ok(u32::from_le_bytes(b))
+    }
+
+    /// Writes a 16-bit configuration register.
+    pub fn config_write_u16(&self, off: u64, v: u16) -> Result<(), VfioError> {
+        self.config_write(off, &v.to_le_bytes())
+    }
+
+    /// Enables Memory Space and Bus Master in the command register (VFIO does not; a device
+    /// cannot DMA without Bus Master) and disables INTx, since vfpoll polls.
+    /// Returns the command register as written.
+    pub fn enable_bus_master(&self) -> Result<u16, VfioError> {
+        use pci_cfg::*;
+        let cmd = self.config_read_u16(COMMAND)?;
+        let new = cmd | COMMAND_MEMORY | COMMAND_MASTER | COMMAND_INTX_DISABLE;
+        if new != cmd {
+            self.config_write_u16(COMMAND, new)?;
+        }
+        let back = self.config_read_u16(COMMAND)?;
+        if back & (COMMAND_MEMORY | COMMAND_MASTER) != COMMAND_MEMORY | COMMAND_MASTER {
+            return Err(VfioError::Io {
+                what: format!("enabling bus mastering on {}", self.bdf),
+                source: io::Error::other(format!("command register reads {back:#06x} after writing {new:#06x}")),
+            });
+        }
+        Ok(back)
+    }
+
+    /// Disables Bus Master (no more DMA from the device).
+    pub fn disable_bus_master(&self) -> Result<(), VfioError> {
+        let cmd = self.config_read_u16(pci_cfg::COMMAND)?;
+        self.config_write_u16(pci_cfg::COMMAND, cmd & !pci_cfg::COMMAND_MASTER)
+    }
+
+    /// Whether VFIO offers a reset for this device (FLR, PM reset or a bus reset that touches no
+    /// other device).
+    pub fn can_reset(&self) -> bool {
+        self.flags & uapi::DEVICE_FLAGS_RESET != 0
+    }
+
+    /// Resets the function. Returns `false` (and does nothing) when the device offers no reset.
+    pub fn reset(&self) -> Result<bool, VfioError> {
+        if !self.can_reset() {
+            return Ok(false);
+        }
+        self.container
+            .sys
+            .ioctl(raw(&self.fd), uapi::req::DEVICE_RESET, IoctlArg::None)
+            .map_err(io_err(format!("VFIO_DEVICE_RESET({})", self.bdf)))?;
+        Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests;

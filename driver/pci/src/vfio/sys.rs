@@ -1,0 +1,140 @@
+//! The system calls of the VFIO layer, behind a trait so tests can replace the kernel.
+//!
+//! Trust model: [`RealSys`] hands the kernel exactly the buffers the caller passed, sized by the
+//! slice, so the kernel never writes past them; file descriptors are owned by [`OwnedFd`] and
+//! closed once. Everything above this module is safe code that builds and parses byte buffers.
+
+use std::ffi::CString;
+use std::fmt;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::Path;
+use std::ptr::NonNull;
+
+/// The argument of an ioctl.
+#[derive(Debug)]
+pub enum IoctlArg<'a> {
+    /// No argument.
+    None,
+    /// An integer passed by value.
+    Value(u64),
+    /// A pointer to this buffer; the kernel may read and write all of it.
+    Buf(&'a mut [u8]),
+}
+
+/// The system calls VFIO needs. [`RealSys`] is the kernel; tests use the fake in
+/// [`super::fake`].
+pub trait SysOps: Send + Sync + fmt::Debug {
+    /// `open(path, O_RDWR | O_CLOEXEC)`.
+    fn open(&self, path: &Path) -> io::Result<OwnedFd>;
+    /// `ioctl(fd, req, arg)`; returns the non-negative result.
+    fn ioctl(&self, fd: RawFd, req: u64, arg: IoctlArg<'_>) -> io::Result<i32>;
+    /// An ioctl that returns a new file descriptor (`VFIO_GROUP_GET_DEVICE_FD`), owned by the
+    /// caller from then on.
+    fn ioctl_new_fd(&self, fd: RawFd, req: u64, arg: IoctlArg<'_>) -> io::Result<OwnedFd>;
+    /// `pread(fd, buf, off)`: reads exactly `buf.len()` bytes or fails.
+    fn pread(&self, fd: RawFd, buf: &mut [u8], off: u64) -> io::Result<()>;
+    /// `pwrite(fd, buf, off)`: writes exactly `buf.len()` bytes or fails.
+    fn pwrite(&self, fd: RawFd, buf: &[u8], off: u64) -> io::Result<()>;
+    /// `mmap(NULL, len, PROT_READ|PROT_WRITE, MAP_SHARED, fd, off)`.
+    fn mmap(&self, fd: RawFd, off: u64, len: usize) -> io::Result<NonNull<u8>>;
+    /// `munmap(ptr, len)` of a mapping made by [`SysOps::mmap`].
+    ///
+    /// # Safety
+    /// `ptr`/`len` come from one earlier `mmap` of this object, and nothing uses the range
+    /// afterwards.
+    unsafe fn munmap(&self, ptr: NonNull<u8>, len: usize) -> io::Result<()>;
+}
+
+/// The real kernel.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RealSys;
+
+fn cvt(r: libc::c_int) -> io::Result<i32> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+impl SysOps for RealSys {
+    fn open(&self, path: &Path) -> io::Result<OwnedFd> {
+        use std::os::unix::ffi::OsStrExt;
+        let c = CString::new(path.as_os_str().as_bytes())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in path"))?;
+        // SAFETY: `c` is a valid NUL-terminated string that outlives the call.
+        let fd = cvt(unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) })?;
+        // SAFETY: `open` just returned this descriptor and nothing else owns it.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    fn ioctl(&self, fd: RawFd, req: u64, arg: IoctlArg<'_>) -> io::Result<i32> {
+        let r = match arg {
+            // SAFETY: VFIO ioctls without an argument read nothing from user memory.
+            IoctlArg::None => unsafe { libc::ioctl(fd, req as libc::c_ulong) },
+            // SAFETY: a by-value argument is never dereferenced by the kernel.
+            IoctlArg::Value(v) => unsafe { libc::ioctl(fd, req as libc::c_ulong, v as libc::c_ulong) },
+            // SAFETY: the kernel reads/writes at most `argsz` bytes, which every caller sets to
+            // at most `buf.len()`; the buffer is exclusively borrowed for the call.
+            IoctlArg::Buf(b) => unsafe { libc::ioctl(fd, req as libc::c_ulong, b.as_mut_ptr()) },
+        };
+        cvt(r)
+    }
+
+    fn ioctl_new_fd(&self, fd: RawFd, req: u64, arg: IoctlArg<'_>) -> io::Result<OwnedFd> {
+        let new = self.ioctl(fd, req, arg)?;
+        // SAFETY: the ioctl succeeded and returned a fresh descriptor that this process owns and
+        // that nothing else will close.
+        Ok(unsafe { OwnedFd::from_raw_fd(new) })
+    }
+
+    fn pread(&self, fd: RawFd, buf: &mut [u8], off: u64) -> io::Result<()> {
+        // SAFETY: `buf` is valid for writes of `buf.len()` bytes for the duration of the call.
+        let n = unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), buf.len(), off as libc::off_t) };
+        match n {
+            n if n < 0 => Err(io::Error::last_os_error()),
+            n if n as usize == buf.len() => Ok(()),
+            n => Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!("short read: {n} of {} bytes", buf.len()))),
+        }
+    }
+
+    fn pwrite(&self, fd: RawFd, buf: &[u8], off: u64) -> io::Result<()> {
+        // SAFETY: `buf` is valid for reads of `buf.len()` bytes for the duration of the call.
+        let n = unsafe { libc::pwrite(fd, buf.as_ptr().cast(), buf.len(), off as libc::off_t) };
+        match n {
+            n if n < 0 => Err(io::Error::last_os_error()),
+            n if n as usize == buf.len() => Ok(()),
+            n => Err(io::Error::new(io::ErrorKind::WriteZero, format!("short write: {n} of {} bytes", buf.len()))),
+        }
+    }
+
+    fn mmap(&self, fd: RawFd, off: u64, len: usize) -> io::Result<NonNull<u8>> {
+        // SAFETY: a new shared mapping at an address the kernel chooses; it aliases no Rust
+        // object, and the returned pointer is only used through raw/volatile accesses.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                off as libc::off_t,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        NonNull::new(p.cast()).ok_or_else(|| io::Error::other("mmap returned NULL"))
+    }
+
+    unsafe fn munmap(&self, ptr: NonNull<u8>, len: usize) -> io::Result<()> {
+        // SAFETY: the caller guarantees that `ptr`/`len` is one earlier mapping, unused after.
+        cvt(unsafe { libc::munmap(ptr.as_ptr().cast(), len) }).map(|_| ())
+    }
+}
+
+/// A raw descriptor of an owned fd, for passing to [`SysOps`].
+pub(crate) fn raw(fd: &OwnedFd) -> RawFd {
+    fd.as_raw_fd()
+}

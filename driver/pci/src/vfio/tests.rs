@@ -1,0 +1,206 @@
+//! The VFIO layer against the fake kernel and a fake sysfs tree.
+
+use std::fs;
+use std::sync::Arc;
+
+use super::fake::{FakeDevice, FakeVfio};
+use super::*;
+use crate::sysfs::fake::add_device;
+
+struct Bed {
+    _dir: tempfile::TempDir,
+    host: Host,
+    k: Arc<FakeVfio>,
+}
+
+const NVME: &str = "0000:00:03.0";
+const SHM: &str = "0000:00:07.0";
+
+/// NVMe in group 3 and ivshmem in group 6, both bound to vfio-pci; ICH9 SATA+SMBus share group 9.
+fn bed(noiommu: bool) -> Bed {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    add_device(root, NVME, 0x1b36, 0x0010, 0x010802, Some("vfio-pci"), Some(3));
+    add_device(root, SHM, 0x1af4, 0x1110, 0x050000, Some("vfio-pci"), Some(6));
+    add_device(root, "0000:00:1f.2", 0x8086, 0x2922, 0x010601, Some("vfio-pci"), Some(9));
+    add_device(root, "0000:00:1f.3", 0x8086, 0x2930, 0x0c0500, Some("i801_smbus"), Some(9));
+    fs::create_dir_all(root.join("dev/vfio")).unwrap();
+    fs::write(root.join("dev/vfio/vfio"), "").unwrap();
+    for g in [3, 6, 9] {
+        let name = if noiommu { format!("noiommu-{g}") } else { g.to_string() };
+        fs::write(root.join("dev/vfio").join(name), "").unwrap();
+    }
+    let k = Arc::new(FakeVfio::default());
+    k.with(|st| {
+        if noiommu {
+            st.models = vec![uapi::NOIOMMU_IOMMU];
+        }
+        for d in [NVME, SHM, "0000:00:1f.2"] {
+            st.devices.insert(d.into(), FakeDevice::simple());
+        }
+        st.not_viable = vec![9];
+    });
+    Bed { host: Host::under(root), _dir: dir, k }
+}
+
+fn open(b: &Bed, mode: IommuMode) -> Result<Arc<Container>, VfioError> {
+    Container::open_with(b.k.clone(), b.host.clone(), mode)
+}
+
+#[test]
+fn type1_two_devices_share_one_container() {
+    let b = bed(false);
+    let c = open(&b, IommuMode::Type1).unwrap();
+    assert!(c.iommu_info().is_none(), "IOMMU model is set only when a group attaches");
+    let nvme = c.device(NVME.parse().unwrap()).unwrap();
+    let shm = c.device(SHM.parse().unwrap()).unwrap();
+    assert_eq!(c.groups(), vec![3, 6]);
+    assert_eq!(b.k.with(|st| st.iommu_set), Some(uapi::TYPE1V2_IOMMU));
+    let info = c.iommu_info().unwrap();
+    assert_eq!(info.iova_ranges, vec![0..=0xfedf_ffff, 0xfef0_0000..=(1 << 39) - 1]);
+    assert_eq!(info.min_page_size(), 4096);
+    assert_eq!(info.dma_avail, Some(65535));
+    assert_eq!(nvme.bdf().to_string(), NVME);
+    assert_eq!(shm.region(0).unwrap().size, 0x4000);
+    // The same group twice is one attachment.
+    let again = c.device(NVME.parse().unwrap()).unwrap();
+    assert_eq!(again.bdf(), nvme.bdf());
+    assert_eq!(b.k.with(|st| st.attached.clone()), vec![3, 6]);
+}
+
+#[test]
+fn dma_map_and_unmap_reach_the_kernel_and_errors_explain() {
+    let b = bed(false);
+    let c = open(&b, IommuMode::Type1).unwrap();
+    let _d = c.device(NVME.parse().unwrap()).unwrap();
+    // SAFETY: the fake kernel never touches the memory; the address is only recorded.
+    unsafe { c.map_dma(0x7000_0000_0000 as *mut u8, 0x20_0000, Iova(0x1_0000_0000)) }.unwrap();
+    assert_eq!(b.k.with(|st| st.mappings.clone()), vec![(0x1_0000_0000, 0x20_0000, 0x7000_0000_0000)]);
+    // SAFETY: as above.
+    let e = unsafe { c.map_dma(0x7000_0000_0000 as *mut u8, 0x1000, Iova(0x1_0000_0000)) }.unwrap_err();
+    assert!(e.to_string().contains("overlaps"), "{e}");
+    b.k.with(|st| st.fail_next_map = Some(libc::ENOMEM));
+    // SAFETY: as above.
+    let e = unsafe { c.map_dma(0x7100_0000_0000 as *mut u8, 0x1000, Iova(0x2_0000_0000)) }.unwrap_err();
+    assert!(e.to_string().contains("ulimit -l"), "{e}");
+    c.unmap_dma(Iova(0x1_0000_0000), 0x20_0000).unwrap();
+    assert!(b.k.with(|st| st.mappings.is_empty()));
+    assert!(c.unmap_dma(Iova(0x1_0000_0000), 0x20_0000).is_err());
+}
+
+#[test]
+fn noiommu_only_when_asked_and_enabled() {
+    // Enabled: model 8 is set, DMA mapping is refused with an explanation.
+    let b = bed(true);
+    let c = open(&b, IommuMode::NoIommu).unwrap();
+    let _d = c.device(NVME.parse().unwrap()).unwrap();
+    assert_eq!(b.k.with(|st| st.iommu_set), Some(uapi::NOIOMMU_IOMMU));
+    assert!(c.iommu_info().is_none());
+    // SAFETY: refused before the kernel is called.
+    let e = unsafe { c.map_dma(0x1000 as *mut u8, 0x1000, Iova(0x1000)) }.unwrap_err();
+    assert!(matches!(e, VfioError::NotInNoIommu));
+    // Type1 requested on a no-IOMMU machine: refused, never downgraded.
+    let b = bed(true);
+    b.k.with(|st| st.models = vec![uapi::TYPE1V2_IOMMU, uapi::NOIOMMU_IOMMU]);
+    let c = open(&b, IommuMode::Type1).unwrap();
+    let e = c.device(NVME.parse().unwrap()).unwrap_err();
+    assert!(e.to_string().contains("pass --noiommu"), "{e}");
+    // No-IOMMU requested but not enabled in the kernel.
+    let b = bed(false);
+    let e = open(&b, IommuMode::NoIommu).unwrap_err();
+    assert!(e.to_string().contains("enable_unsafe_noiommu_mode"), "{e}");
+    // No-IOMMU requested on a machine with an IOMMU.
+    let b = bed(false);
+    b.k.with(|st| st.models.push(uapi::NOIOMMU_IOMMU));
+    let c = open(&b, IommuMode::NoIommu).unwrap();
+    let e = c.device(NVME.parse().unwrap()).unwrap_err();
+    assert!(e.to_string().contains("drop --noiommu"), "{e}");
+}
+
+#[test]
+fn setup_errors_say_what_to_do() {
+    let b = bed(false);
+    fs::remove_file(b.host.dev.join("vfio/vfio")).unwrap();
+    let e = open(&b, IommuMode::Type1).unwrap_err();
+    assert!(e.to_string().contains("modprobe vfio-pci"), "{e}");
+
+    let b = bed(false);
+    b.k.with(|st| st.models.clear());
+    let e = open(&b, IommuMode::Type1).unwrap_err();
+    assert!(e.to_string().contains("intel_iommu=on"), "{e}");
+
+    let b = bed(false);
+    let c = open(&b, IommuMode::Type1).unwrap();
+    let e = c.device("0000:00:1f.2".parse().unwrap()).unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.contains("not viable") && msg.contains("0000:00:1f.3 (i801_smbus)"), "{msg}");
+    assert!(!msg.contains("0000:00:1f.2 ("), "the device itself is not listed: {msg}");
+
+    fs::remove_file(b.host.dev.join("vfio/6")).unwrap();
+    let e = c.device(SHM.parse().unwrap()).unwrap_err();
+    assert!(e.to_string().contains("vfpoll bind 0000:00:07.0"), "{e}");
+
+    b.k.with(|st| st.busy.push(3));
+    let e = c.device(NVME.parse().unwrap()).unwrap_err();
+    assert!(matches!(e, VfioError::GroupBusy { group: 3, .. }), "{e}");
+
+    let e = c.device("0000:00:09.0".parse().unwrap()).unwrap_err();
+    assert!(e.to_string().contains("no PCI device 0000:00:09.0"), "{e}");
+}
+
+#[test]
+fn bars_map_and_access_the_device_memory() {
+    let b = bed(false);
+    b.k.with(|st| {
+        let d = st.devices.get_mut(SHM).unwrap();
+        // BAR2: 1 MiB, mmappable only in its upper half (sparse), like a BAR holding an MSI-X table.
+        d.regions[2] = (0x10_0000, uapi::REGION_FLAG_READ | uapi::REGION_FLAG_WRITE | uapi::REGION_FLAG_MMAP, Some(vec![(0x8_0000, 0x8_0000)]));
+    });
+    let c = open(&b, IommuMode::Type1).unwrap();
+    let d = c.device(SHM.parse().unwrap()).unwrap();
+    let bar0 = d.map_bar(0).unwrap();
+    assert_eq!(bar0.len(), 0x4000);
+    bar0.write32(0x1c, 0x1234_5678);
+    let backing = b.k.with(|st| st.devices[SHM].bars[&0].clone());
+    assert_eq!(backing.read32(0x1c), 0x1234_5678, "the write reached the device's memory");
+    let r2 = d.region(2).unwrap();
+    assert_eq!(r2.sparse, Some(vec![(0x8_0000, 0x8_0000)]));
+    assert!(!r2.mappable());
+    assert!(d.map_bar(2).unwrap_err().to_string().contains("cannot be mmapped"));
+    assert!(d.map_bar(1).unwrap_err().to_string().contains("does not exist"));
+    assert!(d.map_bar(7).unwrap_err().to_string().contains("not a BAR"));
+}
+
+#[test]
+fn bus_master_and_reset() {
+    let b = bed(false);
+    b.k.with(|st| st.devices.get_mut(NVME).unwrap().can_reset = true);
+    let c = open(&b, IommuMode::Type1).unwrap();
+    let d = c.device(NVME.parse().unwrap()).unwrap();
+    let cmd = d.enable_bus_master().unwrap();
+    assert_eq!(cmd, pci_cfg::COMMAND_MEMORY | pci_cfg::COMMAND_MASTER | pci_cfg::COMMAND_INTX_DISABLE);
+    assert_eq!(d.config_read_u16(pci_cfg::COMMAND).unwrap(), cmd);
+    d.disable_bus_master().unwrap();
+    assert_eq!(d.config_read_u16(pci_cfg::COMMAND).unwrap() & pci_cfg::COMMAND_MASTER, 0);
+    assert!(d.can_reset());
+    assert!(d.reset().unwrap());
+    assert_eq!(b.k.with(|st| st.devices[NVME].resets), 1);
+
+    let shm = c.device(SHM.parse().unwrap()).unwrap();
+    assert!(!shm.reset().unwrap(), "no reset offered: reported, nothing done");
+    b.k.with(|st| st.devices.get_mut(SHM).unwrap().command_stuck_zero = pci_cfg::COMMAND_MASTER);
+    let e = shm.enable_bus_master().unwrap_err();
+    assert!(e.to_string().contains("bus mastering"), "{e}");
+}
+
+#[test]
+fn iommu_info_parses_and_falls_back() {
+    let f = IommuInfo::fallback();
+    assert!(!f.iova_ranges.iter().any(|r| r.contains(&0xfee0_0000)), "MSI window excluded");
+    let mut buf = vec![0u8; uapi::IOMMU_INFO_SIZE];
+    uapi::put_u32(&mut buf, 4, uapi::IOMMU_INFO_PGSIZES);
+    uapi::put_u64(&mut buf, 8, 0x20_0000 | 0x4000_0000);
+    let i = IommuInfo::parse(&buf);
+    assert_eq!(i.min_page_size(), 0x20_0000);
+    assert_eq!(i.iova_ranges, f.iova_ranges, "no capability: the fallback ranges");
+}
