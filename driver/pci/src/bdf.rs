@@ -35,12 +35,20 @@ impl Bdf {
         if device > 31 || function > 7 {
             return None;
         }
-        Some(Bdf { domain, bus, device, function })
+        Some(Bdf {
+            domain,
+            bus,
+            device,
+            function,
+        })
     }
 }
 
 fn hex<T: TryFrom<u32>>(s: &str, digits: usize, input: &str, what: &'static str) -> Result<T, BdfParseError> {
-    let err = |why| BdfParseError { input: input.to_owned(), why };
+    let err = |why| BdfParseError {
+        input: input.to_owned(),
+        why,
+    };
     if s.is_empty() || s.len() > digits || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(err(what));
     }
@@ -53,14 +61,23 @@ impl FromStr for Bdf {
 
     fn from_str(input: &str) -> Result<Self, Self::Err> {
         let s = input.trim();
-        let err = |why| BdfParseError { input: input.to_owned(), why };
+        let err = |why| BdfParseError {
+            input: input.to_owned(),
+            why,
+        };
         if s.is_empty() {
             return Err(err("it is empty"));
         }
-        let (rest, func) = s.rsplit_once('.').ok_or_else(|| err("the `.function` part is missing"))?;
+        let (rest, func) = s
+            .rsplit_once('.')
+            .ok_or_else(|| err("the `.function` part is missing"))?;
         let parts: Vec<&str> = rest.split(':').collect();
         let (domain, bus, dev) = match parts.as_slice() {
-            [d, b, v] => (hex::<u16>(d, 4, input, "the domain must be 1-4 hex digits")?, *b, *v),
+            [d, b, v] => (
+                hex::<u16>(d, 4, input, "the domain must be 1-4 hex digits")?,
+                *b,
+                *v,
+            ),
             [b, v] => (0, *b, *v),
             _ => return Err(err("expected domain:bus:device.function")),
         };
@@ -73,13 +90,22 @@ impl FromStr for Bdf {
         if function > 7 {
             return Err(err("the function number must be 0..=7"));
         }
-        Ok(Bdf { domain, bus, device, function })
+        Ok(Bdf {
+            domain,
+            bus,
+            device,
+            function,
+        })
     }
 }
 
 impl fmt::Display for Bdf {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:04x}:{:02x}:{:02x}.{:x}", self.domain, self.bus, self.device, self.function)
+        write!(
+            f,
+            "{:04x}:{:02x}:{:02x}.{:x}",
+            self.domain, self.bus, self.device, self.function
+        )
     }
 }
 

@@ -109,9 +109,17 @@ impl Mmio {
             Some(end) if end <= self.len => {
                 // SAFETY: `off <= self.len`, so the result stays inside (or one past) the mapping.
                 let base = unsafe { self.base.add(off) };
-                Ok(Mmio { map: Arc::clone(&self.map), base, len })
+                Ok(Mmio {
+                    map: Arc::clone(&self.map),
+                    base,
+                    len,
+                })
             }
-            _ => Err(WindowError { off, len, size: self.len }),
+            _ => Err(WindowError {
+                off,
+                len,
+                size: self.len,
+            }),
         }
     }
 
@@ -241,7 +249,11 @@ impl Mmio {
     fn check_range(&self, off: usize, len: usize) -> Result<(), WindowError> {
         match off.checked_add(len) {
             Some(end) if end <= self.len => Ok(()),
-            _ => Err(WindowError { off, len, size: self.len }),
+            _ => Err(WindowError {
+                off,
+                len,
+                size: self.len,
+            }),
         }
     }
 }

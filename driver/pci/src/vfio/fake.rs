@@ -47,11 +47,22 @@ impl FakeDevice {
     /// A device with a 16 KiB BAR0 (mmappable) and config space, no reset.
     pub fn simple() -> Self {
         let mut regions = vec![(0, 0, None); 8];
-        regions[0] = (0x4000, uapi::REGION_FLAG_READ | uapi::REGION_FLAG_WRITE | uapi::REGION_FLAG_MMAP, None);
+        regions[0] = (
+            0x4000,
+            uapi::REGION_FLAG_READ | uapi::REGION_FLAG_WRITE | uapi::REGION_FLAG_MMAP,
+            None,
+        );
         regions[7] = (256, uapi::REGION_FLAG_READ | uapi::REGION_FLAG_WRITE, None);
         let mut bars = HashMap::new();
         bars.insert(0, mmio::anonymous(0x4000).expect("anonymous mapping"));
-        FakeDevice { regions, config: vec![0; 256], command_stuck_zero: 0, can_reset: false, resets: 0, bars }
+        FakeDevice {
+            regions,
+            config: vec![0; 256],
+            command_stuck_zero: 0,
+            can_reset: false,
+            resets: 0,
+            bars,
+        }
     }
 }
 
@@ -160,7 +171,9 @@ impl FakeVfio {
 
     fn region_info(dev: &FakeDevice, buf: &mut [u8]) -> io::Result<i32> {
         let index = uapi::get_u32(buf, 8);
-        let Some((size, flags, sparse)) = dev.regions.get(index as usize) else { return Err(errno(libc::EINVAL)) };
+        let Some((size, flags, sparse)) = dev.regions.get(index as usize) else {
+            return Err(errno(libc::EINVAL));
+        };
         let mut flags = *flags;
         let need = uapi::REGION_INFO_SIZE + sparse.as_ref().map_or(0, |a| 16 + 16 * a.len());
         if sparse.is_some() {
@@ -190,11 +203,17 @@ impl SysOps for FakeVfio {
         if !path.exists() {
             return Err(errno(libc::ENOENT));
         }
-        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         let obj = if name == "vfio" {
             Obj::Container
         } else {
-            let id: u32 = name.trim_start_matches("noiommu-").parse().map_err(|_| errno(libc::ENODEV))?;
+            let id: u32 = name
+                .trim_start_matches("noiommu-")
+                .parse()
+                .map_err(|_| errno(libc::ENODEV))?;
             if self.with(|st| st.busy.contains(&id)) {
                 return Err(errno(libc::EBUSY));
             }
@@ -235,11 +254,23 @@ impl SysOps for FakeVfio {
                     return Err(errno(e));
                 }
                 let (vaddr, iova, len) = (uapi::get_u64(b, 8), uapi::get_u64(b, 16), uapi::get_u64(b, 24));
-                let inside = st.iova_ranges.iter().any(|&(s, e)| iova >= s && iova.checked_add(len - 1).is_some_and(|end| end <= e));
-                if len == 0 || !iova.is_multiple_of(4096) || !len.is_multiple_of(4096) || !vaddr.is_multiple_of(4096) || !inside {
+                let inside = st
+                    .iova_ranges
+                    .iter()
+                    .any(|&(s, e)| iova >= s && iova.checked_add(len - 1).is_some_and(|end| end <= e));
+                if len == 0
+                    || !iova.is_multiple_of(4096)
+                    || !len.is_multiple_of(4096)
+                    || !vaddr.is_multiple_of(4096)
+                    || !inside
+                {
                     return Err(errno(libc::EINVAL));
                 }
-                if st.mappings.iter().any(|&(i, l, _)| iova < i + l && i < iova + len) {
+                if st
+                    .mappings
+                    .iter()
+                    .any(|&(i, l, _)| iova < i + l && i < iova + len)
+                {
                     return Err(errno(libc::EEXIST));
                 }
                 st.mappings.push((iova, len, vaddr));
@@ -285,7 +316,9 @@ impl SysOps for FakeVfio {
                 uapi::put_u32(b, 12, 5);
                 Ok(0)
             }
-            (Some(Err(d)), req::DEVICE_GET_REGION_INFO, IoctlArg::Buf(b)) => Self::region_info(&st.devices[&d], b),
+            (Some(Err(d)), req::DEVICE_GET_REGION_INFO, IoctlArg::Buf(b)) => {
+                Self::region_info(&st.devices[&d], b)
+            }
             (Some(Err(d)), req::DEVICE_RESET, IoctlArg::None) => {
                 let dev = st.devices.get_mut(&d).expect("device");
                 if !dev.can_reset {
@@ -300,7 +333,9 @@ impl SysOps for FakeVfio {
     }
 
     fn ioctl_new_fd(&self, fd: RawFd, request: u64, arg: IoctlArg<'_>) -> io::Result<OwnedFd> {
-        let IoctlArg::Buf(name) = arg else { return Err(errno(libc::EINVAL)) };
+        let IoctlArg::Buf(name) = arg else {
+            return Err(errno(libc::EINVAL));
+        };
         let name = String::from_utf8_lossy(name.split(|&b| b == 0).next().unwrap_or_default()).into_owned();
         let ok = self.with(|st| {
             request == req::GROUP_GET_DEVICE_FD
@@ -318,9 +353,13 @@ impl SysOps for FakeVfio {
 
     fn pread(&self, fd: RawFd, buf: &mut [u8], off: u64) -> io::Result<()> {
         self.with(|st| {
-            let Some(Obj::Device(d)) = st.open.get(&fd) else { return Err(errno(libc::EBADF)) };
+            let Some(Obj::Device(d)) = st.open.get(&fd) else {
+                return Err(errno(libc::EBADF));
+            };
             let dev = &st.devices[d];
-            let o = off.checked_sub(region_offset(uapi::PCI_CONFIG_REGION)).ok_or(errno(libc::EINVAL))? as usize;
+            let o = off
+                .checked_sub(region_offset(uapi::PCI_CONFIG_REGION))
+                .ok_or(errno(libc::EINVAL))? as usize;
             let src = dev.config.get(o..o + buf.len()).ok_or(errno(libc::EINVAL))?;
             buf.copy_from_slice(src);
             Ok(())
@@ -329,10 +368,14 @@ impl SysOps for FakeVfio {
 
     fn pwrite(&self, fd: RawFd, buf: &[u8], off: u64) -> io::Result<()> {
         self.with(|st| {
-            let Some(Obj::Device(d)) = st.open.get(&fd) else { return Err(errno(libc::EBADF)) };
+            let Some(Obj::Device(d)) = st.open.get(&fd) else {
+                return Err(errno(libc::EBADF));
+            };
             let d = d.clone();
             let dev = st.devices.get_mut(&d).expect("device");
-            let o = off.checked_sub(region_offset(uapi::PCI_CONFIG_REGION)).ok_or(errno(libc::EINVAL))? as usize;
+            let o = off
+                .checked_sub(region_offset(uapi::PCI_CONFIG_REGION))
+                .ok_or(errno(libc::EINVAL))? as usize;
             let dst = dev.config.get_mut(o..o + buf.len()).ok_or(errno(libc::EINVAL))?;
             dst.copy_from_slice(buf);
             if o <= 4 && o + buf.len() >= 6 {
@@ -345,7 +388,9 @@ impl SysOps for FakeVfio {
 
     fn mmap(&self, fd: RawFd, off: u64, len: usize) -> io::Result<NonNull<u8>> {
         self.with(|st| {
-            let Some(Obj::Device(d)) = st.open.get(&fd) else { return Err(errno(libc::EBADF)) };
+            let Some(Obj::Device(d)) = st.open.get(&fd) else {
+                return Err(errno(libc::EBADF));
+            };
             let index = (off >> 40) as u32;
             let bar = st.devices[d].bars.get(&index).ok_or(errno(libc::EINVAL))?;
             if len > bar.len() {

@@ -26,8 +26,8 @@ use crate::addr::{BusAddr, Iova};
 use crate::bdf::Bdf;
 use crate::mmio::{BarMapping, Mmio};
 use crate::sysfs::{self, Host};
-pub use sys::{IoctlArg, RealSys, SysOps};
 use sys::raw;
+pub use sys::{IoctlArg, RealSys, SysOps};
 
 /// How devices reach memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -53,13 +53,17 @@ impl std::fmt::Display for IommuMode {
 #[derive(Debug, thiserror::Error)]
 pub enum VfioError {
     /// `/dev/vfio/vfio` is absent.
-    #[error("{path} is missing: the vfio modules are not loaded; run `modprobe vfio-pci` (or `vfpoll setup`)")]
+    #[error(
+        "{path} is missing: the vfio modules are not loaded; run `modprobe vfio-pci` (or `vfpoll setup`)"
+    )]
     NoVfio {
         /// The path looked for.
         path: PathBuf,
     },
     /// A VFIO node exists but cannot be opened for lack of permission.
-    #[error("cannot open {path}: permission denied; run as root, or give your user access (`chown $USER {path}`)")]
+    #[error(
+        "cannot open {path}: permission denied; run as root, or give your user access (`chown $USER {path}`)"
+    )]
     Permission {
         /// The node.
         path: PathBuf,
@@ -104,7 +108,9 @@ pub enum VfioError {
         path: PathBuf,
     },
     /// The group is open elsewhere.
-    #[error("IOMMU group {group} ({bdf}) is in use by another process (another vfpoll, a VM?): stop it first")]
+    #[error(
+        "IOMMU group {group} ({bdf}) is in use by another process (another vfpoll, a VM?): stop it first"
+    )]
     GroupBusy {
         /// The device.
         bdf: Bdf,
@@ -266,12 +272,20 @@ impl Container {
     /// Like [`Container::open`], with the system calls and paths given (tests, other roots).
     pub fn open_with(sys: Arc<dyn SysOps>, host: Host, mode: IommuMode) -> Result<Arc<Self>, VfioError> {
         let path = host.dev.join("vfio/vfio");
-        let fd = sys.open(&path).map_err(|e| open_error(e, &path, || VfioError::NoVfio { path: path.clone() }))?;
-        let v = sys.ioctl(raw(&fd), uapi::req::GET_API_VERSION, IoctlArg::None).map_err(io_err("VFIO_GET_API_VERSION"))?;
+        let fd = sys
+            .open(&path)
+            .map_err(|e| open_error(e, &path, || VfioError::NoVfio { path: path.clone() }))?;
+        let v = sys
+            .ioctl(raw(&fd), uapi::req::GET_API_VERSION, IoctlArg::None)
+            .map_err(io_err("VFIO_GET_API_VERSION"))?;
         if v != uapi::API_VERSION {
             return Err(VfioError::ApiVersion(v));
         }
-        let has = |ext| sys.ioctl(raw(&fd), uapi::req::CHECK_EXTENSION, IoctlArg::Value(ext)).map(|r| r > 0).unwrap_or(false);
+        let has = |ext| {
+            sys.ioctl(raw(&fd), uapi::req::CHECK_EXTENSION, IoctlArg::Value(ext))
+                .map(|r| r > 0)
+                .unwrap_or(false)
+        };
         match mode {
             IommuMode::Type1 if !has(uapi::TYPE1V2_IOMMU) && !has(uapi::TYPE1_IOMMU) => {
                 // Without an attached group the type1 driver may simply not be loaded yet;
@@ -287,7 +301,10 @@ impl Container {
             host,
             fd,
             mode,
-            state: Mutex::new(ContainerState { groups: HashMap::new(), info: None }),
+            state: Mutex::new(ContainerState {
+                groups: HashMap::new(),
+                info: None,
+            }),
         }))
     }
 
@@ -326,10 +343,17 @@ impl Container {
         name.push(0);
         let fd = self
             .sys
-            .ioctl_new_fd(raw(&group.fd), uapi::req::GROUP_GET_DEVICE_FD, IoctlArg::Buf(&mut name))
+            .ioctl_new_fd(
+                raw(&group.fd),
+                uapi::req::GROUP_GET_DEVICE_FD,
+                IoctlArg::Buf(&mut name),
+            )
             .map_err(|e| match e.raw_os_error() {
                 Some(libc::EBUSY) => VfioError::GroupBusy { bdf, group: group_id },
-                _ => VfioError::Io { what: format!("VFIO_GROUP_GET_DEVICE_FD({bdf})"), source: e },
+                _ => VfioError::Io {
+                    what: format!("VFIO_GROUP_GET_DEVICE_FD({bdf})"),
+                    source: e,
+                },
             })?;
         Device::new(Arc::clone(self), group, fd, bdf)
     }
@@ -351,7 +375,10 @@ impl Container {
         };
         let fd = self.sys.open(&path).map_err(|e| match e.raw_os_error() {
             Some(libc::EBUSY) => VfioError::GroupBusy { bdf, group: id },
-            _ => open_error(e, &path, || VfioError::NotBound { bdf, path: path.clone() }),
+            _ => open_error(e, &path, || VfioError::NotBound {
+                bdf,
+                path: path.clone(),
+            }),
         })?;
         let mut status = [0u8; uapi::GROUP_STATUS_SIZE];
         uapi::put_u32(&mut status, 0, uapi::GROUP_STATUS_SIZE as u32);
@@ -359,7 +386,11 @@ impl Container {
             .ioctl(raw(&fd), uapi::req::GROUP_GET_STATUS, IoctlArg::Buf(&mut status))
             .map_err(io_err(format!("VFIO_GROUP_GET_STATUS({})", path.display())))?;
         if uapi::get_u32(&status, 4) & uapi::GROUP_FLAGS_VIABLE == 0 {
-            return Err(VfioError::GroupNotViable { bdf, group: id, members: self.describe_members(id, bdf) });
+            return Err(VfioError::GroupNotViable {
+                bdf,
+                group: id,
+                members: self.describe_members(id, bdf),
+            });
         }
         let mut cfd = raw(&self.fd).to_ne_bytes();
         self.sys
@@ -392,7 +423,10 @@ impl Container {
             }
         }
         if let Some(e) = last {
-            return Err(VfioError::Io { what: "VFIO_SET_IOMMU".into(), source: e });
+            return Err(VfioError::Io {
+                what: "VFIO_SET_IOMMU".into(),
+                source: e,
+            });
         }
         if self.mode == IommuMode::Type1 {
             st.info = Some(self.query_iommu_info()?);
@@ -424,7 +458,10 @@ impl Container {
             .into_iter()
             .filter(|m| *m != bdf)
             .map(|m| {
-                let drv = sysfs::device(&self.host, m).ok().and_then(|d| d.driver).unwrap_or_else(|| "no driver".into());
+                let drv = sysfs::device(&self.host, m)
+                    .ok()
+                    .and_then(|d| d.driver)
+                    .unwrap_or_else(|| "no driver".into());
                 format!("{m} ({drv})")
             })
             .collect();
@@ -489,8 +526,13 @@ impl Container {
 fn open_error(e: io::Error, path: &std::path::Path, absent: impl FnOnce() -> VfioError) -> VfioError {
     match e.raw_os_error() {
         Some(libc::ENOENT) => absent(),
-        Some(libc::EACCES) | Some(libc::EPERM) => VfioError::Permission { path: path.to_owned() },
-        _ => VfioError::Io { what: format!("open {}", path.display()), source: e },
+        Some(libc::EACCES) | Some(libc::EPERM) => VfioError::Permission {
+            path: path.to_owned(),
+        },
+        _ => VfioError::Io {
+            what: format!("open {}", path.display()),
+            source: e,
+        },
     }
 }
 
@@ -587,7 +629,14 @@ impl Device {
             regions.push(Self::query_region(&*sys, &fd, bdf, index)?);
         }
         log::debug!("opened {bdf}: flags {flags:#x}, {} regions", regions.len());
-        Ok(Device { container, _group: group, fd, bdf, flags, regions })
+        Ok(Device {
+            container,
+            _group: group,
+            fd,
+            bdf,
+            flags,
+            regions,
+        })
     }
 
     fn query_region(sys: &dyn SysOps, fd: &OwnedFd, bdf: Bdf, index: u32) -> Result<RegionInfo, VfioError> {
@@ -597,8 +646,12 @@ impl Device {
             buf.fill(0);
             uapi::put_u32(&mut buf, 0, argsz);
             uapi::put_u32(&mut buf, 8, index);
-            sys.ioctl(raw(fd), uapi::req::DEVICE_GET_REGION_INFO, IoctlArg::Buf(&mut buf))
-                .map_err(io_err(format!("VFIO_DEVICE_GET_REGION_INFO({bdf}, {index})")))?;
+            sys.ioctl(
+                raw(fd),
+                uapi::req::DEVICE_GET_REGION_INFO,
+                IoctlArg::Buf(&mut buf),
+            )
+            .map_err(io_err(format!("VFIO_DEVICE_GET_REGION_INFO({bdf}, {index})")))?;
             let want = uapi::get_u32(&buf, 0) as usize;
             if want <= buf.len() {
                 return Ok(RegionInfo::parse(&buf));
@@ -622,19 +675,35 @@ impl Device {
         self.regions
             .get(index as usize)
             .filter(|r| r.size > 0)
-            .ok_or(VfioError::Region { bdf: self.bdf, index, why: "does not exist on this device" })
+            .ok_or(VfioError::Region {
+                bdf: self.bdf,
+                index,
+                why: "does not exist on this device",
+            })
     }
 
     /// Maps BAR `bar` (0..=5) whole and returns an MMIO accessor over it.
     pub fn map_bar(&self, bar: u32) -> Result<Mmio, VfioError> {
         if bar > 5 {
-            return Err(VfioError::Region { bdf: self.bdf, index: bar, why: "is not a BAR (BARs are 0..=5)" });
+            return Err(VfioError::Region {
+                bdf: self.bdf,
+                index: bar,
+                why: "is not a BAR (BARs are 0..=5)",
+            });
         }
         let r = self.region(bar)?;
         if !r.mappable() {
-            return Err(VfioError::Region { bdf: self.bdf, index: bar, why: "cannot be mmapped (I/O port BAR, or VFIO allows only parts of it)" });
+            return Err(VfioError::Region {
+                bdf: self.bdf,
+                index: bar,
+                why: "cannot be mmapped (I/O port BAR, or VFIO allows only parts of it)",
+            });
         }
-        let len = usize::try_from(r.size).map_err(|_| VfioError::Region { bdf: self.bdf, index: bar, why: "is larger than the address space" })?;
+        let len = usize::try_from(r.size).map_err(|_| VfioError::Region {
+            bdf: self.bdf,
+            index: bar,
+            why: "is larger than the address space",
+        })?;
         let ptr = self
             .container
             .sys
@@ -652,7 +721,11 @@ impl Device {
             .copied()
             .flatten()
             .map(|(start, _)| BusAddr(start))
-            .ok_or(VfioError::Region { bdf: self.bdf, index: bar, why: "has no bus address in sysfs" })
+            .ok_or(VfioError::Region {
+                bdf: self.bdf,
+                index: bar,
+                why: "has no bus address in sysfs",
+            })
     }
 
     /// Reads `buf.len()` bytes of configuration space at `off`.
@@ -706,7 +779,9 @@ impl Device {
         if back & (COMMAND_MEMORY | COMMAND_MASTER) != COMMAND_MEMORY | COMMAND_MASTER {
             return Err(VfioError::Io {
                 what: format!("enabling bus mastering on {}", self.bdf),
-                source: io::Error::other(format!("command register reads {back:#06x} after writing {new:#06x}")),
+                source: io::Error::other(format!(
+                    "command register reads {back:#06x} after writing {new:#06x}"
+                )),
             });
         }
         Ok(back)

@@ -95,7 +95,10 @@ impl SysOps for RealSys {
         match n {
             n if n < 0 => Err(io::Error::last_os_error()),
             n if n as usize == buf.len() => Ok(()),
-            n => Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!("short read: {n} of {} bytes", buf.len()))),
+            n => Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("short read: {n} of {} bytes", buf.len()),
+            )),
         }
     }
 
@@ -105,7 +108,10 @@ impl SysOps for RealSys {
         match n {
             n if n < 0 => Err(io::Error::last_os_error()),
             n if n as usize == buf.len() => Ok(()),
-            n => Err(io::Error::new(io::ErrorKind::WriteZero, format!("short write: {n} of {} bytes", buf.len()))),
+            n => Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                format!("short write: {n} of {} bytes", buf.len()),
+            )),
         }
     }
 

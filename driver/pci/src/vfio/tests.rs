@@ -22,12 +22,32 @@ fn bed(noiommu: bool) -> Bed {
     let root = dir.path();
     add_device(root, NVME, 0x1b36, 0x0010, 0x010802, Some("vfio-pci"), Some(3));
     add_device(root, SHM, 0x1af4, 0x1110, 0x050000, Some("vfio-pci"), Some(6));
-    add_device(root, "0000:00:1f.2", 0x8086, 0x2922, 0x010601, Some("vfio-pci"), Some(9));
-    add_device(root, "0000:00:1f.3", 0x8086, 0x2930, 0x0c0500, Some("i801_smbus"), Some(9));
+    add_device(
+        root,
+        "0000:00:1f.2",
+        0x8086,
+        0x2922,
+        0x010601,
+        Some("vfio-pci"),
+        Some(9),
+    );
+    add_device(
+        root,
+        "0000:00:1f.3",
+        0x8086,
+        0x2930,
+        0x0c0500,
+        Some("i801_smbus"),
+        Some(9),
+    );
     fs::create_dir_all(root.join("dev/vfio")).unwrap();
     fs::write(root.join("dev/vfio/vfio"), "").unwrap();
     for g in [3, 6, 9] {
-        let name = if noiommu { format!("noiommu-{g}") } else { g.to_string() };
+        let name = if noiommu {
+            format!("noiommu-{g}")
+        } else {
+            g.to_string()
+        };
         fs::write(root.join("dev/vfio").join(name), "").unwrap();
     }
     let k = Arc::new(FakeVfio::default());
@@ -40,7 +60,11 @@ fn bed(noiommu: bool) -> Bed {
         }
         st.not_viable = vec![9];
     });
-    Bed { host: Host::under(root), _dir: dir, k }
+    Bed {
+        host: Host::under(root),
+        _dir: dir,
+        k,
+    }
 }
 
 fn open(b: &Bed, mode: IommuMode) -> Result<Arc<Container>, VfioError> {
@@ -51,13 +75,19 @@ fn open(b: &Bed, mode: IommuMode) -> Result<Arc<Container>, VfioError> {
 fn type1_two_devices_share_one_container() {
     let b = bed(false);
     let c = open(&b, IommuMode::Type1).unwrap();
-    assert!(c.iommu_info().is_none(), "IOMMU model is set only when a group attaches");
+    assert!(
+        c.iommu_info().is_none(),
+        "IOMMU model is set only when a group attaches"
+    );
     let nvme = c.device(NVME.parse().unwrap()).unwrap();
     let shm = c.device(SHM.parse().unwrap()).unwrap();
     assert_eq!(c.groups(), vec![3, 6]);
     assert_eq!(b.k.with(|st| st.iommu_set), Some(uapi::TYPE1V2_IOMMU));
     let info = c.iommu_info().unwrap();
-    assert_eq!(info.iova_ranges, vec![0..=0xfedf_ffff, 0xfef0_0000..=(1 << 39) - 1]);
+    assert_eq!(
+        info.iova_ranges,
+        vec![0..=0xfedf_ffff, 0xfef0_0000..=(1 << 39) - 1]
+    );
     assert_eq!(info.min_page_size(), 4096);
     assert_eq!(info.dma_avail, Some(65535));
     assert_eq!(nvme.bdf().to_string(), NVME);
@@ -75,7 +105,10 @@ fn dma_map_and_unmap_reach_the_kernel_and_errors_explain() {
     let _d = c.device(NVME.parse().unwrap()).unwrap();
     // SAFETY: the fake kernel never touches the memory; the address is only recorded.
     unsafe { c.map_dma(0x7000_0000_0000 as *mut u8, 0x20_0000, Iova(0x1_0000_0000)) }.unwrap();
-    assert_eq!(b.k.with(|st| st.mappings.clone()), vec![(0x1_0000_0000, 0x20_0000, 0x7000_0000_0000)]);
+    assert_eq!(
+        b.k.with(|st| st.mappings.clone()),
+        vec![(0x1_0000_0000, 0x20_0000, 0x7000_0000_0000)]
+    );
     // SAFETY: as above.
     let e = unsafe { c.map_dma(0x7000_0000_0000 as *mut u8, 0x1000, Iova(0x1_0000_0000)) }.unwrap_err();
     assert!(e.to_string().contains("overlaps"), "{e}");
@@ -133,8 +166,14 @@ fn setup_errors_say_what_to_do() {
     let c = open(&b, IommuMode::Type1).unwrap();
     let e = c.device("0000:00:1f.2".parse().unwrap()).unwrap_err();
     let msg = e.to_string();
-    assert!(msg.contains("not viable") && msg.contains("0000:00:1f.3 (i801_smbus)"), "{msg}");
-    assert!(!msg.contains("0000:00:1f.2 ("), "the device itself is not listed: {msg}");
+    assert!(
+        msg.contains("not viable") && msg.contains("0000:00:1f.3 (i801_smbus)"),
+        "{msg}"
+    );
+    assert!(
+        !msg.contains("0000:00:1f.2 ("),
+        "the device itself is not listed: {msg}"
+    );
 
     fs::remove_file(b.host.dev.join("vfio/6")).unwrap();
     let e = c.device(SHM.parse().unwrap()).unwrap_err();
@@ -154,7 +193,11 @@ fn bars_map_and_access_the_device_memory() {
     b.k.with(|st| {
         let d = st.devices.get_mut(SHM).unwrap();
         // BAR2: 1 MiB, mmappable only in its upper half (sparse), like a BAR holding an MSI-X table.
-        d.regions[2] = (0x10_0000, uapi::REGION_FLAG_READ | uapi::REGION_FLAG_WRITE | uapi::REGION_FLAG_MMAP, Some(vec![(0x8_0000, 0x8_0000)]));
+        d.regions[2] = (
+            0x10_0000,
+            uapi::REGION_FLAG_READ | uapi::REGION_FLAG_WRITE | uapi::REGION_FLAG_MMAP,
+            Some(vec![(0x8_0000, 0x8_0000)]),
+        );
     });
     let c = open(&b, IommuMode::Type1).unwrap();
     let d = c.device(SHM.parse().unwrap()).unwrap();
@@ -162,11 +205,19 @@ fn bars_map_and_access_the_device_memory() {
     assert_eq!(bar0.len(), 0x4000);
     bar0.write32(0x1c, 0x1234_5678);
     let backing = b.k.with(|st| st.devices[SHM].bars[&0].clone());
-    assert_eq!(backing.read32(0x1c), 0x1234_5678, "the write reached the device's memory");
+    assert_eq!(
+        backing.read32(0x1c),
+        0x1234_5678,
+        "the write reached the device's memory"
+    );
     let r2 = d.region(2).unwrap();
     assert_eq!(r2.sparse, Some(vec![(0x8_0000, 0x8_0000)]));
     assert!(!r2.mappable());
-    assert!(d.map_bar(2).unwrap_err().to_string().contains("cannot be mmapped"));
+    assert!(d
+        .map_bar(2)
+        .unwrap_err()
+        .to_string()
+        .contains("cannot be mmapped"));
     assert!(d.map_bar(1).unwrap_err().to_string().contains("does not exist"));
     assert!(d.map_bar(7).unwrap_err().to_string().contains("not a BAR"));
 }
@@ -178,10 +229,16 @@ fn bus_master_and_reset() {
     let c = open(&b, IommuMode::Type1).unwrap();
     let d = c.device(NVME.parse().unwrap()).unwrap();
     let cmd = d.enable_bus_master().unwrap();
-    assert_eq!(cmd, pci_cfg::COMMAND_MEMORY | pci_cfg::COMMAND_MASTER | pci_cfg::COMMAND_INTX_DISABLE);
+    assert_eq!(
+        cmd,
+        pci_cfg::COMMAND_MEMORY | pci_cfg::COMMAND_MASTER | pci_cfg::COMMAND_INTX_DISABLE
+    );
     assert_eq!(d.config_read_u16(pci_cfg::COMMAND).unwrap(), cmd);
     d.disable_bus_master().unwrap();
-    assert_eq!(d.config_read_u16(pci_cfg::COMMAND).unwrap() & pci_cfg::COMMAND_MASTER, 0);
+    assert_eq!(
+        d.config_read_u16(pci_cfg::COMMAND).unwrap() & pci_cfg::COMMAND_MASTER,
+        0
+    );
     assert!(d.can_reset());
     assert!(d.reset().unwrap());
     assert_eq!(b.k.with(|st| st.devices[NVME].resets), 1);
@@ -196,7 +253,10 @@ fn bus_master_and_reset() {
 #[test]
 fn iommu_info_parses_and_falls_back() {
     let f = IommuInfo::fallback();
-    assert!(!f.iova_ranges.iter().any(|r| r.contains(&0xfee0_0000)), "MSI window excluded");
+    assert!(
+        !f.iova_ranges.iter().any(|r| r.contains(&0xfee0_0000)),
+        "MSI window excluded"
+    );
     let mut buf = vec![0u8; uapi::IOMMU_INFO_SIZE];
     uapi::put_u32(&mut buf, 4, uapi::IOMMU_INFO_PGSIZES);
     uapi::put_u64(&mut buf, 8, 0x20_0000 | 0x4000_0000);

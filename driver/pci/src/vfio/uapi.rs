@@ -155,7 +155,11 @@ pub fn caps(buf: &[u8], first: u32) -> Vec<Cap<'_>> {
         let id = get_u16(buf, off);
         let version = get_u16(buf, off + 2);
         let next = get_u32(buf, off + 4) as usize;
-        out.push(Cap { id, version, bytes: &buf[off..] });
+        out.push(Cap {
+            id,
+            version,
+            bytes: &buf[off..],
+        });
         if next <= off {
             break;
         }
