@@ -224,6 +224,143 @@ pub fn bar_resources(host: &Host, bdf: Bdf) -> Result<Vec<Option<(u64, u64)>>, S
     Ok(out)
 }
 
+/// The changes vfpoll makes to the running kernel: attribute writes in sysfs and procfs, and
+/// module loading.
+///
+/// Binding and hugepage reservation go through this trait so that tests can watch the writes and
+/// play the kernel's part on a fake tree (a written `drivers_probe` moves a `driver` link there).
+/// [`LiveKernel`] is the real one.
+pub trait KernelOps {
+    /// Writes `value` to an existing attribute file, as `echo -n value > path` would.
+    fn write_attr(&mut self, path: &Path, value: &str) -> io::Result<()>;
+    /// Loads a kernel module; the error is what the loader said.
+    fn load_module(&mut self, name: &str) -> Result<(), String>;
+}
+
+/// The running kernel: writes go to the files themselves (never creating one), and modules load
+/// through `modprobe`, or `busybox modprobe` where kmod is not installed (the QEMU test guest).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct LiveKernel;
+
+impl KernelOps for LiveKernel {
+    fn write_attr(&mut self, path: &Path, value: &str) -> io::Result<()> {
+        use std::io::Write;
+        log::debug!("write {value:?} > {}", path.display());
+        // sysfs takes one write(2) per attribute; `value` is short, so `write_all` is one call.
+        fs::OpenOptions::new()
+            .write(true)
+            .open(path)?
+            .write_all(value.as_bytes())
+    }
+
+    fn load_module(&mut self, name: &str) -> Result<(), String> {
+        let mut said = Vec::new();
+        for argv in [&["modprobe", name][..], &["busybox", "modprobe", name][..]] {
+            log::debug!("running {}", argv.join(" "));
+            match std::process::Command::new(argv[0]).args(&argv[1..]).output() {
+                Ok(o) if o.status.success() => return Ok(()),
+                Ok(o) => said.push(format!(
+                    "`{}` exited with {}: {}",
+                    argv.join(" "),
+                    o.status,
+                    String::from_utf8_lossy(&o.stderr).trim()
+                )),
+                Err(e) => said.push(format!("`{}`: {e}", argv[0])),
+            }
+        }
+        Err(said.join("; "))
+    }
+}
+
+/// One line of the mount table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mount {
+    /// What is mounted (`/dev/nvme0n1p1`, `nodev`, `/dev/root`).
+    pub source: String,
+    /// Where, as the kernel prints it (octal escapes decoded).
+    pub target: PathBuf,
+    /// File system type (`ext4`, `hugetlbfs`).
+    pub fstype: String,
+    /// Mount and super-block options, comma-separated.
+    pub options: String,
+    /// The device number (`major`, `minor`) of the mounted block device, when the table says it
+    /// (`/proc/self/mountinfo` does, `/proc/mounts` does not).
+    pub devno: Option<(u32, u32)>,
+}
+
+fn unescape_mount_field(s: &str) -> String {
+    // The kernel writes space, tab, newline and backslash in mount fields as `\ooo` octal.
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+            let v = b[i + 1..i + 4]
+                .iter()
+                .fold(0u32, |acc, c| acc * 8 + u32::from(c - b'0'));
+            out.push(v as u8);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The mount table of this process: `/proc/self/mountinfo` when present (it has device numbers,
+/// so a root file system shown as `/dev/root` is still recognised), else `/proc/mounts`.
+pub fn mounts(host: &Host) -> Result<Vec<Mount>, SysfsError> {
+    let info = host.proc.join("self/mountinfo");
+    if let Ok(text) = fs::read_to_string(&info) {
+        let mut out = Vec::new();
+        for line in text.lines() {
+            // id parent major:minor root target options [optional...] - fstype source superoptions
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let Some(dash) = f.iter().position(|x| *x == "-") else {
+                continue;
+            };
+            if f.len() < dash + 3 || dash < 6 {
+                continue;
+            }
+            let devno = f[2]
+                .split_once(':')
+                .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)));
+            let mut options = f[5].to_owned();
+            if let Some(sup) = f.get(dash + 3) {
+                options.push(',');
+                options.push_str(sup);
+            }
+            out.push(Mount {
+                source: unescape_mount_field(f[dash + 2]),
+                target: unescape_mount_field(f[4]).into(),
+                fstype: f[dash + 1].to_owned(),
+                options,
+                devno,
+            });
+        }
+        return Ok(out);
+    }
+    let path = host.proc.join("mounts");
+    let text = read_trimmed(&path)?;
+    Ok(text
+        .lines()
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let [source, target, fstype, options, ..] = f[..] else {
+                return None;
+            };
+            Some(Mount {
+                source: unescape_mount_field(source),
+                target: unescape_mount_field(target).into(),
+                fstype: fstype.to_owned(),
+                options: options.to_owned(),
+                devno: None,
+            })
+        })
+        .collect())
+}
+
 #[cfg(test)]
 pub(crate) mod fake {
     //! A fake sysfs tree for tests.
@@ -254,6 +391,38 @@ pub(crate) mod fake {
             symlink(&gd, d.join("iommu_group")).unwrap();
             symlink(&d, gd.join("devices").join(bdf)).unwrap();
         }
+    }
+
+    /// Gives the NVMe controller at `bdf` the namespace block device `nvme<ctrl>n<ns>` (device
+    /// number 259:`ns`) with the partitions `p1..=p<partitions>` (259:`10*ns + p`), as
+    /// `BDF/nvme/nvme<ctrl>/nvme<ctrl>n<ns>/...`, each with an empty `holders/`.
+    pub fn add_namespace(root: &Path, bdf: &str, ctrl: u32, ns: u32, partitions: u32) -> PathBuf {
+        let disk = format!("nvme{ctrl}n{ns}");
+        let d = root
+            .join("sys/bus/pci/devices")
+            .join(bdf)
+            .join("nvme")
+            .join(format!("nvme{ctrl}"))
+            .join(&disk);
+        fs::create_dir_all(d.join("holders")).unwrap();
+        fs::write(d.join("dev"), format!("259:{ns}\n")).unwrap();
+        for p in 1..=partitions {
+            let pd = d.join(format!("{disk}p{p}"));
+            fs::create_dir_all(pd.join("holders")).unwrap();
+            fs::write(pd.join("dev"), format!("259:{}\n", 10 * ns + p)).unwrap();
+        }
+        d
+    }
+
+    /// Gives the NIC at `bdf` the interface `ifname` with the given `flags` (0x1003 = up).
+    pub fn add_netdev(root: &Path, bdf: &str, ifname: &str, flags: u32) {
+        let d = root
+            .join("sys/bus/pci/devices")
+            .join(bdf)
+            .join("net")
+            .join(ifname);
+        fs::create_dir_all(&d).unwrap();
+        fs::write(d.join("flags"), format!("0x{flags:x}\n")).unwrap();
     }
 }
 
