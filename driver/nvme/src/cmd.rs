@@ -1,0 +1,439 @@
+//! Submission and completion queue entries (NVMe Base 2.0 §4.2, §4.6) and command builders.
+//!
+//! Commands are built in an ordinary local [`Command`] and copied whole into a submission
+//! queue slot; completions are copied out of the completion queue into a [`Completion`] after
+//! the phase check. Neither type is ever referenced in place in DMA memory.
+
+use core::fmt;
+
+/// Admin command opcodes (NVMe Base 2.0 Figure 138).
+pub mod admin_op {
+    /// Delete I/O Submission Queue.
+    pub const DELETE_IO_SQ: u8 = 0x00;
+    /// Create I/O Submission Queue.
+    pub const CREATE_IO_SQ: u8 = 0x01;
+    /// Get Log Page.
+    pub const GET_LOG_PAGE: u8 = 0x02;
+    /// Delete I/O Completion Queue.
+    pub const DELETE_IO_CQ: u8 = 0x04;
+    /// Create I/O Completion Queue.
+    pub const CREATE_IO_CQ: u8 = 0x05;
+    /// Identify.
+    pub const IDENTIFY: u8 = 0x06;
+    /// Abort.
+    pub const ABORT: u8 = 0x08;
+    /// Set Features.
+    pub const SET_FEATURES: u8 = 0x09;
+    /// Get Features.
+    pub const GET_FEATURES: u8 = 0x0a;
+    /// Doorbell Buffer Config.
+    pub const DOORBELL_BUFFER_CONFIG: u8 = 0x7c;
+    /// Format NVM.
+    pub const FORMAT_NVM: u8 = 0x80;
+}
+
+/// NVM command set I/O opcodes (NVM Command Set 1.0 Figure 18).
+pub mod io_op {
+    /// Flush.
+    pub const FLUSH: u8 = 0x00;
+    /// Write.
+    pub const WRITE: u8 = 0x01;
+    /// Read.
+    pub const READ: u8 = 0x02;
+    /// Compare.
+    pub const COMPARE: u8 = 0x05;
+    /// Write Zeroes.
+    pub const WRITE_ZEROES: u8 = 0x08;
+    /// Dataset Management.
+    pub const DATASET_MANAGEMENT: u8 = 0x09;
+}
+
+/// Feature identifiers (NVMe Base 2.0 Figure 271).
+pub mod feature {
+    /// Volatile Write Cache.
+    pub const VOLATILE_WRITE_CACHE: u8 = 0x06;
+    /// Number of Queues.
+    pub const NUMBER_OF_QUEUES: u8 = 0x07;
+}
+
+/// Identify CNS values (NVMe Base 2.0 Figure 273).
+pub mod cns {
+    /// Identify Namespace data structure for the given NSID.
+    pub const NAMESPACE: u32 = 0x00;
+    /// Identify Controller data structure.
+    pub const CONTROLLER: u32 = 0x01;
+    /// Active Namespace ID list.
+    pub const ACTIVE_NS_LIST: u32 = 0x02;
+}
+
+/// Log page identifiers (NVMe Base 2.0 Figure 202).
+pub mod log_page {
+    /// Error Information.
+    pub const ERROR: u8 = 0x01;
+    /// SMART / Health Information.
+    pub const SMART: u8 = 0x02;
+}
+
+/// Data pointer kind in CDW0.PSDT.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Psdt {
+    /// PRPs.
+    Prp = 0,
+    /// SGLs, metadata pointer a buffer address.
+    SglBuffer = 1,
+}
+
+/// A 64-byte submission queue entry, as 16 dwords (NVMe Base 2.0 Figure 88).
+#[derive(Clone, Copy, PartialEq, Eq, Default)]
+#[repr(C, align(64))]
+pub struct Command {
+    /// The 16 command dwords.
+    pub dw: [u32; 16],
+}
+
+const _: () = assert!(core::mem::size_of::<Command>() == 64);
+
+impl Command {
+    /// A command with this opcode and namespace, everything else zero.
+    pub const fn new(opcode: u8, nsid: u32) -> Self {
+        let mut dw = [0u32; 16];
+        dw[0] = opcode as u32;
+        dw[1] = nsid;
+        Command { dw }
+    }
+
+    /// The opcode.
+    pub const fn opcode(&self) -> u8 {
+        self.dw[0] as u8
+    }
+
+    /// The namespace id.
+    pub const fn nsid(&self) -> u32 {
+        self.dw[1]
+    }
+
+    /// The command identifier.
+    pub const fn cid(&self) -> u16 {
+        (self.dw[0] >> 16) as u16
+    }
+
+    /// Sets the command identifier (CDW0 bits 31:16).
+    pub fn set_cid(&mut self, cid: u16) {
+        self.dw[0] = (self.dw[0] & 0xffff) | ((cid as u32) << 16);
+    }
+
+    /// Sets the data pointer kind (CDW0 bits 15:14).
+    pub fn set_psdt(&mut self, psdt: Psdt) {
+        self.dw[0] = (self.dw[0] & !(0b11 << 14)) | ((psdt as u32) << 14);
+    }
+
+    /// The data pointer kind.
+    pub const fn psdt(&self) -> u32 {
+        (self.dw[0] >> 14) & 0b11
+    }
+
+    /// Sets PRP entry 1 (CDW6-7).
+    pub fn set_prp1(&mut self, addr: u64) {
+        self.dw[6] = addr as u32;
+        self.dw[7] = (addr >> 32) as u32;
+    }
+
+    /// Sets PRP entry 2 (CDW8-9).
+    pub fn set_prp2(&mut self, addr: u64) {
+        self.dw[8] = addr as u32;
+        self.dw[9] = (addr >> 32) as u32;
+    }
+
+    /// PRP entry 1.
+    pub const fn prp1(&self) -> u64 {
+        self.dw[6] as u64 | (self.dw[7] as u64) << 32
+    }
+
+    /// PRP entry 2.
+    pub const fn prp2(&self) -> u64 {
+        self.dw[8] as u64 | (self.dw[9] as u64) << 32
+    }
+
+    /// Sets the SGL descriptor in the data pointer (CDW6-9) and PSDT to SGL.
+    pub fn set_sgl(&mut self, desc: SglDescriptor) {
+        let b = desc.0;
+        for i in 0..4 {
+            self.dw[6 + i] = u32::from_le_bytes(b[4 * i..4 * i + 4].try_into().expect("4 bytes"));
+        }
+        self.set_psdt(Psdt::SglBuffer);
+    }
+
+    /// Sets the starting LBA (CDW10-11) and the 0's based block count (CDW12 bits 15:0) of a
+    /// read, write, compare or write zeroes.
+    pub fn set_lba_range(&mut self, slba: u64, blocks: u32) {
+        debug_assert!((1..=65536).contains(&blocks));
+        self.dw[10] = slba as u32;
+        self.dw[11] = (slba >> 32) as u32;
+        self.dw[12] = (self.dw[12] & !0xffff) | (blocks - 1);
+    }
+
+    /// Starting LBA of an I/O command.
+    pub const fn slba(&self) -> u64 {
+        self.dw[10] as u64 | (self.dw[11] as u64) << 32
+    }
+
+    /// Block count (1-based) of an I/O command.
+    pub const fn blocks(&self) -> u32 {
+        (self.dw[12] & 0xffff) + 1
+    }
+
+    /// Sets Force Unit Access (CDW12 bit 30).
+    pub fn set_fua(&mut self, fua: bool) {
+        self.dw[12] = (self.dw[12] & !(1 << 30)) | ((fua as u32) << 30);
+    }
+
+    /// Identify (CNS in CDW10, controller id 0).
+    pub fn identify(cns: u32, nsid: u32) -> Self {
+        let mut c = Command::new(admin_op::IDENTIFY, nsid);
+        c.dw[10] = cns;
+        c
+    }
+
+    /// Create I/O Completion Queue, physically contiguous, interrupts disabled (NVMe Base 2.0
+    /// §5.4).
+    pub fn create_io_cq(qid: u16, entries: u32, base: u64) -> Self {
+        let mut c = Command::new(admin_op::CREATE_IO_CQ, 0);
+        c.set_prp1(base);
+        c.dw[10] = ((entries - 1) << 16) | qid as u32;
+        c.dw[11] = 1; // PC = 1, IEN = 0
+        c
+    }
+
+    /// Create I/O Submission Queue bound to completion queue `cqid`, physically contiguous
+    /// (NVMe Base 2.0 §5.5).
+    pub fn create_io_sq(qid: u16, entries: u32, base: u64, cqid: u16) -> Self {
+        let mut c = Command::new(admin_op::CREATE_IO_SQ, 0);
+        c.set_prp1(base);
+        c.dw[10] = ((entries - 1) << 16) | qid as u32;
+        c.dw[11] = ((cqid as u32) << 16) | 1; // PC = 1, QPRIO = urgent/ignored
+        c
+    }
+
+    /// Delete I/O Submission Queue.
+    pub fn delete_io_sq(qid: u16) -> Self {
+        let mut c = Command::new(admin_op::DELETE_IO_SQ, 0);
+        c.dw[10] = qid as u32;
+        c
+    }
+
+    /// Delete I/O Completion Queue.
+    pub fn delete_io_cq(qid: u16) -> Self {
+        let mut c = Command::new(admin_op::DELETE_IO_CQ, 0);
+        c.dw[10] = qid as u32;
+        c
+    }
+
+    /// Set Features.
+    pub fn set_features(fid: u8, dw11: u32) -> Self {
+        let mut c = Command::new(admin_op::SET_FEATURES, 0);
+        c.dw[10] = fid as u32;
+        c.dw[11] = dw11;
+        c
+    }
+
+    /// Get Features (current value).
+    pub fn get_features(fid: u8) -> Self {
+        let mut c = Command::new(admin_op::GET_FEATURES, 0);
+        c.dw[10] = fid as u32;
+        c
+    }
+
+    /// Get Log Page of `dwords` dwords (NVMe Base 2.0 §5.16), namespace `nsid`.
+    pub fn get_log_page(lid: u8, nsid: u32, dwords: u32, offset: u64) -> Self {
+        let mut c = Command::new(admin_op::GET_LOG_PAGE, nsid);
+        let numd = dwords - 1;
+        c.dw[10] = ((numd & 0xffff) << 16) | lid as u32;
+        c.dw[11] = numd >> 16;
+        c.dw[12] = offset as u32;
+        c.dw[13] = (offset >> 32) as u32;
+        c
+    }
+
+    /// Abort command `cid` on submission queue `sqid`.
+    pub fn abort(sqid: u16, cid: u16) -> Self {
+        let mut c = Command::new(admin_op::ABORT, 0);
+        c.dw[10] = ((cid as u32) << 16) | sqid as u32;
+        c
+    }
+
+    /// Format NVM with LBA format `lbaf`, no secure erase.
+    pub fn format_nvm(nsid: u32, lbaf: u8) -> Self {
+        let mut c = Command::new(admin_op::FORMAT_NVM, nsid);
+        c.dw[10] = (lbaf & 0xf) as u32 | (((lbaf >> 4) & 0x3) as u32) << 12;
+        c
+    }
+
+    /// Doorbell Buffer Config: shadow doorbells at `shadow`, EventIdx at `eventidx`.
+    pub fn doorbell_buffer_config(shadow: u64, eventidx: u64) -> Self {
+        let mut c = Command::new(admin_op::DOORBELL_BUFFER_CONFIG, 0);
+        c.set_prp1(shadow);
+        c.set_prp2(eventidx);
+        c
+    }
+
+    /// An NVM read or write of `blocks` blocks at `slba` (data pointer set separately).
+    pub fn rw(opcode: u8, nsid: u32, slba: u64, blocks: u32) -> Self {
+        let mut c = Command::new(opcode, nsid);
+        c.set_lba_range(slba, blocks);
+        c
+    }
+
+    /// Dataset Management with `ranges` ranges (0's based count in CDW10) and the Deallocate
+    /// attribute (CDW11 bit 2).
+    pub fn deallocate(nsid: u32, ranges: u32) -> Self {
+        let mut c = Command::new(io_op::DATASET_MANAGEMENT, nsid);
+        c.dw[10] = ranges - 1;
+        c.dw[11] = 1 << 2;
+        c
+    }
+}
+
+impl fmt::Debug for Command {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Command(op={:#04x} cid={} nsid={} dw={:08x?})",
+            self.opcode(),
+            self.cid(),
+            self.nsid(),
+            &self.dw
+        )
+    }
+}
+
+/// An SGL descriptor (NVMe Base 2.0 §4.3.2), 16 bytes, little endian.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct SglDescriptor(pub [u8; 16]);
+
+impl SglDescriptor {
+    /// SGL Data Block descriptor (type 0h).
+    pub fn data_block(addr: u64, len: u32) -> Self {
+        Self::with_type(addr, len, 0x0)
+    }
+
+    /// SGL Segment descriptor (type 2h): points to the next segment of `len` bytes.
+    pub fn segment(addr: u64, len: u32) -> Self {
+        Self::with_type(addr, len, 0x2)
+    }
+
+    /// SGL Last Segment descriptor (type 3h).
+    pub fn last_segment(addr: u64, len: u32) -> Self {
+        Self::with_type(addr, len, 0x3)
+    }
+
+    fn with_type(addr: u64, len: u32, ty: u8) -> Self {
+        let mut b = [0u8; 16];
+        b[0..8].copy_from_slice(&addr.to_le_bytes());
+        b[8..12].copy_from_slice(&len.to_le_bytes());
+        b[15] = ty << 4;
+        SglDescriptor(b)
+    }
+}
+
+/// A completion queue entry, copied out of the completion queue (NVMe Base 2.0 Figure 89).
+#[derive(Clone, Copy, PartialEq, Eq, Default)]
+pub struct Completion {
+    /// Command specific result (DW0).
+    pub dw0: u32,
+    /// DW1.
+    pub dw1: u32,
+    /// SQ head pointer.
+    pub sq_head: u16,
+    /// SQ identifier.
+    pub sq_id: u16,
+    /// Command identifier.
+    pub cid: u16,
+    /// Status field with the phase tag in bit 0 (DW3 bits 31:16).
+    pub status: u16,
+}
+
+impl Completion {
+    /// Decodes the four dwords.
+    pub const fn from_dwords(dw: [u32; 4]) -> Self {
+        Completion {
+            dw0: dw[0],
+            dw1: dw[1],
+            sq_head: dw[2] as u16,
+            sq_id: (dw[2] >> 16) as u16,
+            cid: dw[3] as u16,
+            status: (dw[3] >> 16) as u16,
+        }
+    }
+
+    /// The four dwords.
+    pub const fn to_dwords(self) -> [u32; 4] {
+        [
+            self.dw0,
+            self.dw1,
+            self.sq_head as u32 | (self.sq_id as u32) << 16,
+            self.cid as u32 | (self.status as u32) << 16,
+        ]
+    }
+
+    /// The phase tag.
+    pub const fn phase(&self) -> bool {
+        self.status & 1 == 1
+    }
+
+    /// The status without the phase tag, as [`crate::status::Status`].
+    pub const fn status(&self) -> crate::status::Status {
+        crate::status::Status::from_field(self.status)
+    }
+}
+
+impl fmt::Debug for Completion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Completion(cid={} sq={} head={} dw0={:#x} {:?} p={})",
+            self.cid,
+            self.sq_id,
+            self.sq_head,
+            self.dw0,
+            self.status(),
+            self.phase() as u8
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn command_fields_land_in_the_right_dwords() {
+        let mut c = Command::rw(io_op::READ, 1, 0x1_2345_6789, 8);
+        c.set_cid(0xbeef);
+        c.set_prp1(0xdead_0000_1000);
+        c.set_prp2(0x2000);
+        c.set_fua(true);
+        assert_eq!(c.dw[0], 0xbeef_0002);
+        assert_eq!(c.dw[1], 1);
+        assert_eq!((c.dw[6], c.dw[7], c.dw[8]), (0x1000, 0xdead, 0x2000));
+        assert_eq!((c.dw[10], c.dw[11]), (0x2345_6789, 1));
+        assert_eq!(c.dw[12], (1 << 30) | 7);
+        assert_eq!((c.slba(), c.blocks(), c.cid()), (0x1_2345_6789, 8, 0xbeef));
+        let q = Command::create_io_sq(3, 256, 0x10_0000, 3);
+        assert_eq!((q.dw[10], q.dw[11]), (0x00ff_0003, 0x0003_0001));
+        let l = Command::get_log_page(log_page::SMART, 0xffff_ffff, 128, 0);
+        assert_eq!(l.dw[10], (127 << 16) | 2);
+        let mut s = Command::new(io_op::READ, 1);
+        s.set_sgl(SglDescriptor::data_block(0x1234_5000, 4096));
+        assert_eq!((s.psdt(), s.dw[6], s.dw[8], s.dw[9]), (1, 0x1234_5000, 4096, 0));
+        assert_eq!(SglDescriptor::last_segment(0, 32).0[15], 0x30);
+    }
+
+    #[test]
+    fn completion_round_trips() {
+        let c = Completion::from_dwords([7, 0, 0x0002_0011, 0x0001_0042]);
+        assert_eq!((c.dw0, c.sq_head, c.sq_id, c.cid), (7, 0x11, 2, 0x42));
+        assert!(c.phase());
+        assert!(c.status().is_success());
+        assert_eq!(Completion::from_dwords(c.to_dwords()), c);
+    }
+}

@@ -1,0 +1,238 @@
+//! NVMe completion status (NVMe Base 2.0 §4.6.1, Figures 101-106), decoded with names.
+
+use core::fmt;
+
+/// Status Code Type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Sct {
+    /// 0h: Generic Command Status.
+    Generic,
+    /// 1h: Command Specific Status.
+    CommandSpecific,
+    /// 2h: Media and Data Integrity Errors.
+    Media,
+    /// 3h: Path Related Status.
+    Path,
+    /// 7h: Vendor Specific.
+    Vendor,
+    /// 4h-6h: reserved.
+    Reserved(u8),
+}
+
+impl Sct {
+    /// From the 3-bit field.
+    pub const fn from_bits(v: u8) -> Self {
+        match v & 7 {
+            0 => Sct::Generic,
+            1 => Sct::CommandSpecific,
+            2 => Sct::Media,
+            3 => Sct::Path,
+            7 => Sct::Vendor,
+            r => Sct::Reserved(r),
+        }
+    }
+
+    /// The 3-bit field.
+    pub const fn bits(self) -> u8 {
+        match self {
+            Sct::Generic => 0,
+            Sct::CommandSpecific => 1,
+            Sct::Media => 2,
+            Sct::Path => 3,
+            Sct::Vendor => 7,
+            Sct::Reserved(r) => r,
+        }
+    }
+}
+
+/// A completion's status field without the phase tag.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Status(u16);
+
+impl Status {
+    /// Successful completion.
+    pub const SUCCESS: Status = Status(0);
+
+    /// From DW3 bits 31:16 of a completion (phase tag in bit 0 is dropped).
+    pub const fn from_field(field: u16) -> Self {
+        Status(field & !1)
+    }
+
+    /// Builds a status from its parts (for device models and tests).
+    pub const fn new(sct: Sct, sc: u8, dnr: bool) -> Self {
+        Status(((sc as u16) << 1) | ((sct.bits() as u16) << 9) | ((dnr as u16) << 15))
+    }
+
+    /// The raw field (phase bit 0).
+    pub const fn field(self) -> u16 {
+        self.0
+    }
+
+    /// Status Code.
+    pub const fn sc(self) -> u8 {
+        (self.0 >> 1) as u8
+    }
+
+    /// Status Code Type.
+    pub const fn sct(self) -> Sct {
+        Sct::from_bits((self.0 >> 9) as u8)
+    }
+
+    /// Command Retry Delay index.
+    pub const fn crd(self) -> u8 {
+        ((self.0 >> 12) & 3) as u8
+    }
+
+    /// More: the Error Information log has more detail.
+    pub const fn more(self) -> bool {
+        self.0 & (1 << 14) != 0
+    }
+
+    /// Do Not Retry.
+    pub const fn dnr(self) -> bool {
+        self.0 & (1 << 15) != 0
+    }
+
+    /// Whether the command succeeded.
+    pub const fn is_success(self) -> bool {
+        self.sc() == 0 && matches!(self.sct(), Sct::Generic)
+    }
+
+    /// The spec's name for this status, or `None` for a code it does not name here.
+    pub const fn name(self) -> Option<&'static str> {
+        Some(match (self.sct(), self.sc()) {
+            (Sct::Generic, 0x00) => "Successful Completion",
+            (Sct::Generic, 0x01) => "Invalid Command Opcode",
+            (Sct::Generic, 0x02) => "Invalid Field in Command",
+            (Sct::Generic, 0x03) => "Command ID Conflict",
+            (Sct::Generic, 0x04) => "Data Transfer Error",
+            (Sct::Generic, 0x05) => "Commands Aborted due to Power Loss Notification",
+            (Sct::Generic, 0x06) => "Internal Error",
+            (Sct::Generic, 0x07) => "Command Abort Requested",
+            (Sct::Generic, 0x08) => "Command Aborted due to SQ Deletion",
+            (Sct::Generic, 0x09) => "Command Aborted due to Failed Fused Command",
+            (Sct::Generic, 0x0a) => "Command Aborted due to Missing Fused Command",
+            (Sct::Generic, 0x0b) => "Invalid Namespace or Format",
+            (Sct::Generic, 0x0c) => "Command Sequence Error",
+            (Sct::Generic, 0x0d) => "Invalid SGL Segment Descriptor",
+            (Sct::Generic, 0x0e) => "Invalid Number of SGL Descriptors",
+            (Sct::Generic, 0x0f) => "Data SGL Length Invalid",
+            (Sct::Generic, 0x10) => "Metadata SGL Length Invalid",
+            (Sct::Generic, 0x11) => "SGL Descriptor Type Invalid",
+            (Sct::Generic, 0x12) => "Invalid Use of Controller Memory Buffer",
+            (Sct::Generic, 0x13) => "PRP Offset Invalid",
+            (Sct::Generic, 0x14) => "Atomic Write Unit Exceeded",
+            (Sct::Generic, 0x15) => "Operation Denied",
+            (Sct::Generic, 0x16) => "SGL Offset Invalid",
+            (Sct::Generic, 0x1d) => "Sanitize In Progress",
+            (Sct::Generic, 0x1e) => "SGL Data Block Granularity Invalid",
+            (Sct::Generic, 0x20) => "Namespace is Write Protected",
+            (Sct::Generic, 0x21) => "Command Interrupted",
+            (Sct::Generic, 0x22) => "Transient Transport Error",
+            (Sct::Generic, 0x80) => "LBA Out of Range",
+            (Sct::Generic, 0x81) => "Capacity Exceeded",
+            (Sct::Generic, 0x82) => "Namespace Not Ready",
+            (Sct::Generic, 0x83) => "Reservation Conflict",
+            (Sct::Generic, 0x84) => "Format In Progress",
+            (Sct::CommandSpecific, 0x00) => "Completion Queue Invalid",
+            (Sct::CommandSpecific, 0x01) => "Invalid Queue Identifier",
+            (Sct::CommandSpecific, 0x02) => "Invalid Queue Size",
+            (Sct::CommandSpecific, 0x03) => "Abort Command Limit Exceeded",
+            (Sct::CommandSpecific, 0x05) => "Asynchronous Event Request Limit Exceeded",
+            (Sct::CommandSpecific, 0x06) => "Invalid Firmware Slot",
+            (Sct::CommandSpecific, 0x07) => "Invalid Firmware Image",
+            (Sct::CommandSpecific, 0x08) => "Invalid Interrupt Vector",
+            (Sct::CommandSpecific, 0x09) => "Invalid Log Page",
+            (Sct::CommandSpecific, 0x0a) => "Invalid Format",
+            (Sct::CommandSpecific, 0x0c) => "Invalid Queue Deletion",
+            (Sct::CommandSpecific, 0x0d) => "Feature Identifier Not Saveable",
+            (Sct::CommandSpecific, 0x0e) => "Feature Not Changeable",
+            (Sct::CommandSpecific, 0x0f) => "Feature Not Namespace Specific",
+            (Sct::CommandSpecific, 0x80) => "Conflicting Attributes",
+            (Sct::CommandSpecific, 0x81) => "Invalid Protection Information",
+            (Sct::CommandSpecific, 0x82) => "Attempted Write to Read Only Range",
+            (Sct::Media, 0x80) => "Write Fault",
+            (Sct::Media, 0x81) => "Unrecovered Read Error",
+            (Sct::Media, 0x82) => "End-to-end Guard Check Error",
+            (Sct::Media, 0x83) => "End-to-end Application Tag Check Error",
+            (Sct::Media, 0x84) => "End-to-end Reference Tag Check Error",
+            (Sct::Media, 0x85) => "Compare Failure",
+            (Sct::Media, 0x86) => "Access Denied",
+            (Sct::Media, 0x87) => "Deallocated or Unwritten Logical Block",
+            (Sct::Path, 0x00) => "Internal Path Error",
+            (Sct::Path, 0x01) => "Asymmetric Access Persistent Loss",
+            (Sct::Path, 0x02) => "Asymmetric Access Inaccessible",
+            (Sct::Path, 0x03) => "Asymmetric Access Transition",
+            (Sct::Path, 0x60) => "Controller Pathing Error",
+            (Sct::Path, 0x70) => "Host Pathing Error",
+            (Sct::Path, 0x71) => "Command Aborted By Host",
+            _ => return None,
+        })
+    }
+
+    /// Generic status: Invalid Field in Command.
+    pub const INVALID_FIELD: Status = Status::new(Sct::Generic, 0x02, true);
+    /// Generic status: Invalid Command Opcode.
+    pub const INVALID_OPCODE: Status = Status::new(Sct::Generic, 0x01, true);
+    /// Generic status: Data Transfer Error.
+    pub const DATA_TRANSFER_ERROR: Status = Status::new(Sct::Generic, 0x04, false);
+    /// Generic status: Invalid Namespace or Format.
+    pub const INVALID_NAMESPACE: Status = Status::new(Sct::Generic, 0x0b, true);
+    /// Generic status: PRP Offset Invalid.
+    pub const PRP_OFFSET_INVALID: Status = Status::new(Sct::Generic, 0x13, true);
+    /// Generic status: Command Aborted due to SQ Deletion.
+    pub const ABORTED_SQ_DELETION: Status = Status::new(Sct::Generic, 0x08, false);
+    /// Generic status: Command Abort Requested.
+    pub const ABORT_REQUESTED: Status = Status::new(Sct::Generic, 0x07, false);
+    /// Generic status: LBA Out of Range.
+    pub const LBA_OUT_OF_RANGE: Status = Status::new(Sct::Generic, 0x80, true);
+    /// Media status: Compare Failure.
+    pub const COMPARE_FAILURE: Status = Status::new(Sct::Media, 0x85, true);
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.name() {
+            Some(n) => write!(f, "{n}")?,
+            None => write!(f, "status code {:#04x}", self.sc())?,
+        }
+        write!(
+            f,
+            " (SCT {:#x}, SC {:#04x}{})",
+            self.sct().bits(),
+            self.sc(),
+            if self.dnr() { ", DNR" } else { "" }
+        )
+    }
+}
+
+impl fmt::Debug for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Status({self})")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decodes_fields_and_names() {
+        // DW3[31:16] with DNR, SCT=0, SC=0x80, phase=1.
+        let s = Status::from_field(0x8000 | (0x80 << 1) | 1);
+        assert_eq!((s.sct(), s.sc(), s.dnr()), (Sct::Generic, 0x80, true));
+        assert_eq!(s, Status::LBA_OUT_OF_RANGE);
+        assert_eq!(s.to_string(), "LBA Out of Range (SCT 0x0, SC 0x80, DNR)");
+        let m = Status::new(Sct::Media, 0x81, false);
+        assert_eq!(m.to_string(), "Unrecovered Read Error (SCT 0x2, SC 0x81)");
+        assert!(!m.is_success());
+        assert!(Status::from_field(1).is_success());
+        let v = Status::new(Sct::Vendor, 0xc3, false);
+        assert_eq!(v.name(), None);
+        assert!(v.to_string().starts_with("status code 0xc3 (SCT 0x7"));
+        assert_eq!(
+            Status::new(Sct::CommandSpecific, 0x0c, true).name(),
+            Some("Invalid Queue Deletion")
+        );
+    }
+}
