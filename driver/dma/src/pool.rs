@@ -1,0 +1,326 @@
+//! [`DmaPool`]: fixed-size DMA buffers for the hot path.
+//!
+//! One [`DmaRegion`] is carved into `count` buffers of `buf_size` bytes. The size is a power of
+//! two between 512 bytes and the page size, so a buffer never straddles a page and each one is
+//! contiguous on the bus even without an IOMMU. The free list is a stack of indices allocated
+//! once, at construction: `alloc` and `free` never allocate, lock or make a system call.
+
+use std::cell::Cell;
+use std::marker::PhantomData;
+use std::mem::ManuallyDrop;
+use std::ptr::NonNull;
+
+use crate::error::DmaError;
+use crate::hugepage::PageSize;
+use crate::region::DmaRegion;
+use vfpoll_pci::BusAddr;
+
+/// Smallest buffer: one NVMe sector / a comfortable Ethernet frame fragment.
+pub const MIN_BUF_SIZE: usize = 512;
+
+/// How a pool is laid out in its region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolLayout {
+    /// Bytes per buffer.
+    pub buf_size: usize,
+    /// Number of buffers.
+    pub count: usize,
+    /// Buffers per page.
+    pub bufs_per_page: usize,
+    /// Bytes of region needed (whole pages).
+    pub region_len: usize,
+}
+
+impl PoolLayout {
+    /// Checks `buf_size` and `count` against `page_size` and works out the region size.
+    pub fn new(buf_size: usize, count: usize, page_size: PageSize) -> Result<Self, DmaError> {
+        let page = page_size.bytes() as usize;
+        let bad = |reason| DmaError::BadPoolGeometry {
+            buf_size,
+            count,
+            page_size,
+            reason,
+        };
+        if !buf_size.is_power_of_two() || buf_size < MIN_BUF_SIZE {
+            return Err(bad(
+                "the buffer size must be a power of two of at least 512 bytes",
+            ));
+        }
+        if buf_size > page {
+            return Err(bad(
+                "a buffer must fit in one page: use a larger page size, or chain smaller buffers",
+            ));
+        }
+        if count == 0 || u32::try_from(count).is_err() {
+            return Err(bad("the count must be between 1 and 2^32 - 1"));
+        }
+        let region_len = count
+            .checked_mul(buf_size)
+            .and_then(|b| b.checked_next_multiple_of(page))
+            .ok_or_else(|| bad("the pool does not fit the address space: ask for fewer buffers"))?;
+        Ok(PoolLayout {
+            buf_size,
+            count,
+            bufs_per_page: page / buf_size,
+            region_len,
+        })
+    }
+
+    /// Byte offset of buffer `index` in the region.
+    pub fn offset(&self, index: usize) -> usize {
+        index * self.buf_size
+    }
+}
+
+/// A buffer taken from a [`DmaPool`]. It cannot be made or copied outside this crate, so
+/// whoever holds it owns the buffer until giving it back with [`DmaPool::free`].
+///
+/// It carries only addresses: read and write the buffer through the pool
+/// ([`DmaPool::write`], [`DmaPool::read`]), which proves the memory is still alive, or through
+/// the raw pointer with `ptr` copies (never a reference).
+#[derive(Debug)]
+pub struct DmaBuf {
+    index: u32,
+    len: u32,
+    ptr: NonNull<u8>,
+    bus: BusAddr,
+}
+
+// SAFETY: a DmaBuf is a unique handle (not Clone) holding addresses only; no method touches the
+// memory, so handing it to another thread (for example to free it there) is sound.
+unsafe impl Send for DmaBuf {}
+
+impl DmaBuf {
+    /// Start of the buffer in the CPU's address space.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// The address a device uses for the start of the buffer (contiguous for `len()` bytes).
+    pub fn bus_addr(&self) -> BusAddr {
+        self.bus
+    }
+
+    /// Size in bytes (the pool's buffer size).
+    #[expect(clippy::len_without_is_empty, reason = "buffers are never empty")]
+    pub fn len(&self) -> usize {
+        self.len as usize
+    }
+
+    /// The buffer's index in its pool (stable; useful as a tag in a descriptor).
+    pub fn index(&self) -> usize {
+        self.index as usize
+    }
+}
+
+/// Fixed-size DMA buffers with a preallocated free stack. `Send`, not `Sync`: one pool per
+/// queue / thread, `&mut self` to take and give back.
+///
+/// Dropping a pool while buffers are still out leaks its region (logged) instead of freeing
+/// memory that a device may still write into.
+pub struct DmaPool {
+    region: ManuallyDrop<DmaRegion>,
+    layout: PoolLayout,
+    /// Free buffer indices; capacity `count`, never reallocated.
+    free: Vec<u32>,
+    _not_sync: PhantomData<Cell<()>>,
+}
+
+impl std::fmt::Debug for DmaPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DmaPool")
+            .field("layout", &self.layout)
+            .field("available", &self.free.len())
+            .field("region", &*self.region)
+            .finish()
+    }
+}
+
+impl DmaPool {
+    /// A pool over `region`, which must be at least `layout.region_len` bytes.
+    pub(crate) fn new(region: DmaRegion, layout: PoolLayout) -> Self {
+        assert!(
+            region.len() >= layout.region_len,
+            "pool region too small for its layout"
+        );
+        debug_assert!(region.page_size().bytes() as usize & (layout.buf_size - 1) == 0);
+        // Reversed, so the first alloc hands out buffer 0.
+        let mut free = Vec::with_capacity(layout.count);
+        free.extend((0..layout.count as u32).rev());
+        DmaPool {
+            region: ManuallyDrop::new(region),
+            layout,
+            free,
+            _not_sync: PhantomData,
+        }
+    }
+
+    /// Takes a buffer; `None` when all are out. Never allocates.
+    #[inline]
+    pub fn alloc(&mut self) -> Option<DmaBuf> {
+        let index = self.free.pop()?;
+        let off = self.layout.offset(index as usize);
+        let ptr = NonNull::new(self.region.as_ptr().wrapping_add(off)).expect("region pointer is non-null");
+        Some(DmaBuf {
+            index,
+            len: self.layout.buf_size as u32,
+            ptr,
+            bus: self.region.bus_addr(off),
+        })
+    }
+
+    /// Gives a buffer back. Never allocates.
+    ///
+    /// A buffer of another pool is a bug: it panics in debug builds and is logged and dropped
+    /// (not reused) in release builds.
+    #[inline]
+    pub fn free(&mut self, buf: DmaBuf) {
+        if !self.owns(&buf) {
+            debug_assert!(
+                false,
+                "DmaBuf {} at {:p} freed into a pool it does not belong to",
+                buf.index, buf.ptr
+            );
+            log::error!(
+                "DmaBuf {} at {:p} freed into a foreign pool: dropped",
+                buf.index,
+                buf.ptr
+            );
+            return;
+        }
+        debug_assert!(self.free.len() < self.free.capacity());
+        self.free.push(buf.index);
+    }
+
+    fn owns(&self, buf: &DmaBuf) -> bool {
+        let i = buf.index as usize;
+        i < self.layout.count && buf.ptr.as_ptr() == self.region.as_ptr().wrapping_add(self.layout.offset(i))
+    }
+
+    fn checked(&self, buf: &DmaBuf, offset: usize, len: usize) -> Result<usize, DmaError> {
+        if !self.owns(buf) {
+            debug_assert!(
+                false,
+                "DmaBuf {} used with a pool it does not belong to",
+                buf.index
+            );
+            return Err(DmaError::ForeignBuffer {
+                index: buf.index as usize,
+            });
+        }
+        match offset.checked_add(len) {
+            Some(end) if end <= self.layout.buf_size => Ok(self.layout.offset(buf.index as usize) + offset),
+            _ => Err(DmaError::OutOfBounds {
+                offset,
+                len,
+                size: self.layout.buf_size,
+            }),
+        }
+    }
+
+    /// Copies `src` into `buf` at `offset`.
+    pub fn write(&mut self, buf: &DmaBuf, offset: usize, src: &[u8]) -> Result<(), DmaError> {
+        let at = self.checked(buf, offset, src.len())?;
+        self.region.write(at, src)
+    }
+
+    /// Copies from `buf` at `offset` into `dst`.
+    pub fn read(&self, buf: &DmaBuf, offset: usize, dst: &mut [u8]) -> Result<(), DmaError> {
+        let at = self.checked(buf, offset, dst.len())?;
+        self.region.read(at, dst)
+    }
+
+    /// Buffers free now.
+    pub fn available(&self) -> usize {
+        self.free.len()
+    }
+
+    /// Buffers in all.
+    pub fn capacity(&self) -> usize {
+        self.layout.count
+    }
+
+    /// Bytes per buffer.
+    pub fn buf_size(&self) -> usize {
+        self.layout.buf_size
+    }
+
+    /// The region the buffers live in.
+    pub fn region(&self) -> &DmaRegion {
+        &self.region
+    }
+}
+
+impl Drop for DmaPool {
+    fn drop(&mut self) {
+        let out = self.layout.count - self.free.len();
+        if out == 0 {
+            // SAFETY: `region` is dropped exactly once, here, and not used afterwards.
+            unsafe { ManuallyDrop::drop(&mut self.region) };
+        } else {
+            log::warn!(
+                "DMA pool dropped with {out} of {} buffers still out: leaking its {:#x}-byte region so a device cannot write into freed memory",
+                self.layout.count,
+                self.region.len()
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_math() {
+        let l = PoolLayout::new(2048, 1000, PageSize::Huge2M).unwrap();
+        assert_eq!((l.bufs_per_page, l.region_len), (1024, 2 << 20));
+        assert_eq!(l.offset(1023), 1023 * 2048);
+        let l = PoolLayout::new(4096, 3, PageSize::Base4K).unwrap();
+        assert_eq!((l.bufs_per_page, l.region_len), (1, 3 * 4096));
+        let l = PoolLayout::new(512, 9, PageSize::Base4K).unwrap();
+        assert_eq!((l.bufs_per_page, l.region_len), (8, 8192));
+        let l = PoolLayout::new(1 << 30, 2, PageSize::Huge1G).unwrap();
+        assert_eq!(l.region_len, 2 << 30);
+    }
+
+    #[test]
+    fn bad_geometry_is_refused() {
+        for (size, count, page) in [
+            (256, 1, PageSize::Base4K),
+            (3000, 1, PageSize::Base4K),
+            (8192, 1, PageSize::Base4K),
+            (4 << 20, 1, PageSize::Huge2M),
+            (512, 0, PageSize::Base4K),
+            (4096, usize::MAX / 2, PageSize::Base4K),
+        ] {
+            let e = PoolLayout::new(size, count, page).unwrap_err();
+            assert!(
+                matches!(e, DmaError::BadPoolGeometry { .. }),
+                "{size} x {count}: {e:?}"
+            );
+        }
+        let msg = PoolLayout::new(8192, 1, PageSize::Base4K)
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("use a larger page size"), "{msg}");
+    }
+
+    #[test]
+    fn every_buffer_stays_inside_one_page() {
+        for page in [PageSize::Base4K, PageSize::Huge2M] {
+            for shift in 9..=page.bytes().trailing_zeros() {
+                let l = PoolLayout::new(1 << shift, 5000, page).unwrap();
+                for i in 0..l.count {
+                    let (first, last) = (l.offset(i), l.offset(i) + l.buf_size - 1);
+                    assert_eq!(
+                        first as u64 / page.bytes(),
+                        last as u64 / page.bytes(),
+                        "buffer {i} straddles"
+                    );
+                    assert!(last < l.region_len);
+                }
+            }
+        }
+    }
+}
