@@ -50,6 +50,7 @@ pub mod pool;
 mod rawmem;
 pub mod region;
 pub mod register;
+mod vfio_mapper;
 
 use std::fmt;
 use std::ops::RangeInclusive;

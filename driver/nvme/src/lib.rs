@@ -1,11 +1,51 @@
 //! # vfpoll-nvme: a polled userspace NVMe driver
 //!
-//! Layers, bottom up: [`regs`] (the controller's registers in BAR0), [`cmd`] (queue entries and
-//! command builders), [`status`] (completion status with names), [`prp`] (data pointers).
+//! Layers, bottom up:
+//! - [`regs`]: the controller's registers in BAR0;
+//! - [`cmd`], [`status`], [`identify`]: queue entries, completion status with names, Identify
+//!   and log page structures;
+//! - [`prp`]: data pointers (PRP entries and lists);
+//! - [`Controller`]: bring-up, admin commands, namespaces, shutdown;
+//! - [`QueuePair`]: I/O submission and polled completion, one per thread.
+//!
+//! The only `unsafe` code is in the private `qmem` module (queue memory access).
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use vfpoll_nvme::{Controller, ControllerOptions, QpairOptions};
+//! use vfpoll_pci::vfio::{Container, IommuMode};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let container = Container::open(IommuMode::Type1)?;
+//! let (ctrl, dma) = Controller::open_first(&container, "0000:00:03.0".parse()?, ControllerOptions::default())?;
+//! let mut pool = dma.pool(4096, 64, vfpoll_dma::PageSize::Huge2M)?;
+//! let mut qp = ctrl.create_qpair::<vfpoll_dma::DmaBuf>(&QpairOptions::default())?;
+//! let buf = pool.alloc().expect("a free buffer");
+//! qp.read(1, 0, buf, 7).map_err(|r| r.error)?;
+//! while qp.poll(16, |done| {
+//!     assert_eq!(done.tag, 7);
+//!     done.result.expect("read ok");
+//!     pool.free(done.buf.expect("data buffer back"));
+//! }) == 0 {}
+//! # Ok(()) }
+//! ```
 
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks, missing_docs)]
 
+pub mod admin;
+pub mod buffer;
 pub mod cmd;
+mod ctrlr;
+pub mod error;
+pub mod identify;
 pub mod prp;
+mod qmem;
+mod qpair;
+mod queue;
 pub mod regs;
 pub mod status;
+
+pub use buffer::{IoBuffer, RegionBuf};
+pub use ctrlr::{Controller, ControllerOptions, Namespace, PAGE_SIZE};
+pub use error::{NvmeError, Result};
+pub use qpair::{Done, QpairOptions, QpairStats, QueuePair, Rejected};
+pub use status::{Sct, Status};

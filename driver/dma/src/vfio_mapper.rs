@@ -1,0 +1,111 @@
+//! [`DmaMapper`] for a VFIO container: type1 `VFIO_IOMMU_MAP_DMA` / `UNMAP_DMA`, or no-IOMMU
+//! mode, where nothing is mapped and devices use physical addresses.
+
+use std::ops::RangeInclusive;
+
+use vfpoll_pci::vfio::{Container, IommuInfo, IommuMode};
+use vfpoll_pci::Iova;
+
+use crate::error::DmaError;
+use crate::mapper::{DmaMapper, MapKind};
+
+impl DmaMapper for Container {
+    fn kind(&self) -> MapKind {
+        match self.mode() {
+            IommuMode::Type1 => MapKind::Iommu,
+            IommuMode::NoIommu => MapKind::NoIommu,
+        }
+    }
+
+    /// The container's IOVA ranges once a device has been opened through it (the IOMMU model is
+    /// chosen then); before that, the conservative fallback of [`IommuInfo::fallback`].
+    fn iova_ranges(&self) -> Vec<RangeInclusive<u64>> {
+        self.iommu_info().unwrap_or_else(IommuInfo::fallback).iova_ranges
+    }
+
+    fn min_page_size(&self) -> u64 {
+        self.iommu_info().map_or(4096, |i| i.min_page_size())
+    }
+
+    unsafe fn map(&self, vaddr: *mut u8, len: u64, iova: Iova) -> Result<(), DmaError> {
+        // SAFETY: the caller upholds `DmaMapper::map`'s contract, which is `map_dma`'s.
+        unsafe { self.map_dma(vaddr, len, iova) }.map_err(|e| DmaError::Map {
+            iova,
+            len,
+            source: Box::new(e),
+        })
+    }
+
+    fn unmap(&self, iova: Iova, len: u64) -> Result<(), DmaError> {
+        self.unmap_dma(iova, len).map_err(|e| DmaError::Unmap {
+            iova,
+            len,
+            source: Box::new(e),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+    use std::sync::Arc;
+
+    use vfpoll_pci::vfio::fake::{FakeDevice, FakeVfio};
+    use vfpoll_pci::vfio::{Container, IommuMode};
+    use vfpoll_pci::Host;
+
+    use crate::{DmaContext, MapKind, PageSize};
+
+    /// A fake sysfs + /dev/vfio with one NVMe in group 3, bound to vfio-pci.
+    fn bed() -> (tempfile::TempDir, Host, Arc<FakeVfio>) {
+        let dir = tempfile::tempdir().unwrap();
+        let r = dir.path();
+        let d = r.join("sys/devices/pci0000:00/0000:00:03.0");
+        fs::create_dir_all(&d).unwrap();
+        for (f, v) in [("vendor", "0x1b36"), ("device", "0x0010"), ("class", "0x010802")] {
+            fs::write(d.join(f), v).unwrap();
+        }
+        fs::create_dir_all(r.join("sys/bus/pci/devices")).unwrap();
+        std::os::unix::fs::symlink(&d, r.join("sys/bus/pci/devices/0000:00:03.0")).unwrap();
+        let g = r.join("sys/kernel/iommu_groups/3");
+        fs::create_dir_all(g.join("devices")).unwrap();
+        std::os::unix::fs::symlink(&g, d.join("iommu_group")).unwrap();
+        fs::create_dir_all(r.join("dev/vfio")).unwrap();
+        fs::write(r.join("dev/vfio/vfio"), "").unwrap();
+        fs::write(r.join("dev/vfio/3"), "").unwrap();
+        let k = Arc::new(FakeVfio::default());
+        k.with(|st| {
+            st.devices.insert("0000:00:03.0".into(), FakeDevice::simple());
+            // A narrow IOVA window makes the allocator's use of it visible.
+            st.iova_ranges = vec![(0x10_0000, 0x1000_0000 - 1)];
+        });
+        (dir, Host::under(r), k)
+    }
+
+    #[test]
+    fn regions_map_through_the_container_and_unmap_on_drop() {
+        let (_dir, host, k) = bed();
+        let c = Container::open_with(k.clone(), host, IommuMode::Type1).unwrap();
+        let _dev = c.device("0000:00:03.0".parse().unwrap()).unwrap();
+        let ctx = DmaContext::new(c.clone());
+        assert_eq!(ctx.kind(), MapKind::Iommu);
+        let r = ctx.alloc_region(3 * 4096, PageSize::Base4K).unwrap();
+        let iova = r.iova().unwrap().get();
+        assert!(
+            (0x10_0000..0x1000_0000).contains(&iova),
+            "{iova:#x} from the container's window"
+        );
+        assert_eq!(
+            k.with(|st| st.mappings.clone()),
+            vec![(iova, 3 * 4096, r.as_ptr() as u64)]
+        );
+        drop(r);
+        assert!(k.with(|st| st.mappings.is_empty()), "unmapped on drop");
+        // A refused map surfaces as a DMA error naming the cause, and leaks no IOVA.
+        let free = ctx.iova_total_free();
+        k.with(|st| st.fail_next_map = Some(libc::ENOMEM));
+        let e = ctx.alloc_region(4096, PageSize::Base4K).unwrap_err();
+        assert!(e.to_string().contains("ulimit -l"), "{e}");
+        assert_eq!(ctx.iova_total_free(), free);
+    }
+}

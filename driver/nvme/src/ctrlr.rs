@@ -1,0 +1,636 @@
+//! Controller bring-up, admin commands and shutdown (NVMe Base 2.0 §3.5, §5).
+//!
+//! Bring-up is a sequence of named, polled steps with deadlines from CAP.TO:
+//! [`Controller::new`] runs `disable` → `admin queue` → `configure` → `enable` → `identify` →
+//! `queues`. Dropping the last handle (the controller and every queue pair made from it) shuts
+//! the controller down cleanly (CC.SHN, waits for CSTS.SHST).
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use vfpoll_dma::{DmaContext, PageSize};
+use vfpoll_pci::mmio::Mmio;
+use vfpoll_pci::vfio::{Container, Device};
+use vfpoll_pci::Bdf;
+
+use crate::admin::{AdminQueue, DataDir};
+use crate::cmd::{cns, feature, log_page, Command, Completion};
+use crate::error::{NvmeError, Result};
+use crate::identify::{parse_ns_list, ErrorLogEntry, IdentifyController, IdentifyNamespace, SmartLog};
+use crate::regs::{self, off, Cap, Cc, Csts, Shutdown, ShutdownStatus, Version};
+
+/// The memory page size vfpoll programs into CC.MPS.
+pub const PAGE_SIZE: usize = 4096;
+
+/// Options of [`Controller::new`].
+#[derive(Debug, Clone)]
+pub struct ControllerOptions {
+    /// Page size of the DMA memory for queues and the admin buffer: hugepages in production,
+    /// [`PageSize::Base4K`] for device models and tests.
+    pub page_size: PageSize,
+    /// Admin queue entries (2..=4096).
+    pub admin_entries: u16,
+    /// Deadline of one admin command.
+    pub admin_timeout: Duration,
+    /// I/O queue pairs to ask for with Set Features (Number of Queues); the controller may grant
+    /// fewer.
+    pub io_queues: u16,
+}
+
+impl Default for ControllerOptions {
+    fn default() -> Self {
+        ControllerOptions {
+            page_size: PageSize::Huge2M,
+            admin_entries: 32,
+            admin_timeout: Duration::from_secs(10),
+            io_queues: 64,
+        }
+    }
+}
+
+/// An active namespace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Namespace {
+    /// Namespace ID.
+    pub nsid: u32,
+    /// Data bytes per logical block.
+    pub lba_size: usize,
+    /// Size in logical blocks.
+    pub blocks: u64,
+    /// Metadata bytes per logical block.
+    pub metadata_size: u16,
+    /// The whole Identify Namespace page.
+    pub identify: IdentifyNamespace,
+}
+
+impl Namespace {
+    /// Capacity in bytes.
+    pub fn bytes(&self) -> u64 {
+        self.blocks * self.lba_size as u64
+    }
+}
+
+pub(crate) struct Shared {
+    pub bar: Mmio,
+    pub cap: Cap,
+    pub version: Version,
+    pub dma: DmaContext,
+    pub opts: ControllerOptions,
+    /// `None` only after a failed shutdown leaked the queue's memory.
+    admin: Mutex<Option<AdminQueue>>,
+    pub identify: IdentifyController,
+    pub namespaces: Vec<Namespace>,
+    /// I/O submission/completion queues granted by the controller.
+    pub io_queues_granted: u16,
+    qids: Mutex<Vec<bool>>,
+    device: Option<Device>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Controller")
+            .field("serial", &self.identify.serial)
+            .field("model", &self.identify.model)
+            .field("version", &self.version)
+            .field(
+                "namespaces",
+                &self.namespaces.iter().map(|n| n.nsid).collect::<Vec<_>>(),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+/// An NVMe controller, brought up and ready for I/O queue pairs.
+///
+/// Cheap to clone; `Send + Sync`. Admin commands are serialised internally. I/O goes through
+/// [`crate::QueuePair`]s, one per thread.
+#[derive(Debug, Clone)]
+pub struct Controller {
+    pub(crate) shared: Arc<Shared>,
+}
+
+fn csts(bar: &Mmio) -> Csts {
+    Csts(bar.read32(off::CSTS))
+}
+
+/// Polls CSTS until `done` holds or CAP.TO passes.
+fn wait_csts(bar: &Mmio, cap: Cap, step: &'static str, mut done: impl FnMut(Csts) -> bool) -> Result<()> {
+    let limit = Duration::from_millis(cap.timeout_ms().max(500));
+    let start = Instant::now();
+    loop {
+        let s = csts(bar);
+        if s.device_gone() {
+            return Err(NvmeError::DeviceGone);
+        }
+        if done(s) {
+            return Ok(());
+        }
+        if s.fatal() && step != "disable" {
+            return Err(NvmeError::ControllerFatal { csts: s.0 });
+        }
+        let waited = start.elapsed();
+        if waited > limit {
+            return Err(NvmeError::InitTimeout {
+                step,
+                waited,
+                limit,
+                csts: s.0,
+            });
+        }
+        std::thread::sleep(Duration::from_micros(100));
+    }
+}
+
+impl Controller {
+    /// Opens `bdf` through `container` (its IOMMU group is attached if needed), enables bus
+    /// mastering, maps BAR0 and brings the controller up, with DMA memory from `dma`.
+    ///
+    /// `dma` must be the context of `container` (made with `DmaContext::new(container.clone())`
+    /// *after* the first device was opened, so that it knows the IOMMU's IOVA ranges); use
+    /// [`Controller::open_first`] when this is the container's first device.
+    pub fn open(
+        container: &Arc<Container>,
+        bdf: Bdf,
+        dma: DmaContext,
+        opts: ControllerOptions,
+    ) -> Result<Self> {
+        let device = container.device(bdf)?;
+        Self::from_device(device, dma, opts)
+    }
+
+    /// Opens `bdf` as the first device of `container` and makes the container's DMA context,
+    /// which later devices of the same container share (returned beside the controller).
+    pub fn open_first(
+        container: &Arc<Container>,
+        bdf: Bdf,
+        opts: ControllerOptions,
+    ) -> Result<(Self, DmaContext)> {
+        let device = container.device(bdf)?;
+        let dma = DmaContext::new(container.clone());
+        Ok((Self::from_device(device, dma.clone(), opts)?, dma))
+    }
+
+    fn from_device(device: Device, dma: DmaContext, opts: ControllerOptions) -> Result<Self> {
+        let info = vfpoll_pci::sysfs::device(device.container().host(), device.bdf())
+            .map_err(vfpoll_pci::vfio::VfioError::from)?;
+        if !info.is_nvme() {
+            return Err(NvmeError::Unsupported(format!(
+                "{} is not an NVMe controller (class {:#08x}, expected 0x010802)",
+                device.bdf(),
+                info.class
+            )));
+        }
+        device.enable_bus_master()?;
+        let bar = device.map_bar(0)?;
+        Self::bring_up(bar, dma, opts, Some(device))
+    }
+
+    /// Brings up the controller whose BAR0 is `bar` (a VFIO mapping, or a device model's).
+    pub fn new(bar: Mmio, dma: DmaContext, opts: ControllerOptions) -> Result<Self> {
+        Self::bring_up(bar, dma, opts, None)
+    }
+
+    fn bring_up(bar: Mmio, dma: DmaContext, opts: ControllerOptions, device: Option<Device>) -> Result<Self> {
+        if !(2..=4096).contains(&opts.admin_entries) {
+            return Err(NvmeError::InvalidOption(format!(
+                "admin queue entries {} not in 2..=4096",
+                opts.admin_entries
+            )));
+        }
+        let cap = Cap(bar.read64(off::CAP));
+        let version = Version(bar.read32(off::VS));
+        if cap.0 == u64::MAX {
+            return Err(NvmeError::DeviceGone);
+        }
+        log::debug!("CAP {cap:?}, VS {version}");
+        if cap.command_sets() & 1 == 0 {
+            return Err(NvmeError::Unsupported("CAP.CSS lacks the NVM command set".into()));
+        }
+        if cap.mps_min() > PAGE_SIZE || cap.mps_max() < PAGE_SIZE {
+            return Err(NvmeError::Unsupported(format!(
+                "memory page sizes {}..={} exclude 4 KiB",
+                cap.mps_min(),
+                cap.mps_max()
+            )));
+        }
+        let admin_entries = opts.admin_entries.min(cap.max_queue_entries().min(4096) as u16);
+
+        // §3.5.1 step 1 (and §3.5.2): a controller left enabled is disabled first; CC.EN 1 → 0
+        // resets it, and CSTS.RDY follows within CAP.TO.
+        let cc = Cc(bar.read32(off::CC));
+        if cc.enabled() {
+            // If RDY has not caught up with EN yet, wait for it first (§3.1.3.5: changing EN
+            // while RDY differs from it is undefined).
+            wait_csts(&bar, cap, "disable", |s| s.ready())?;
+            bar.write32(off::CC, cc.with_enable(false).0);
+        }
+        wait_csts(&bar, cap, "disable", |s| !s.ready())?;
+        // Polling only: mask every interrupt vector (§3.1.3.3; vfpoll never enables MSI-X).
+        bar.write32(off::INTMS, u32::MAX);
+
+        // §3.5.1 step 2: the admin queue.
+        let (admin, asq, acq) = AdminQueue::new(
+            &bar,
+            cap.doorbell_stride(),
+            &dma,
+            opts.page_size,
+            admin_entries,
+            opts.admin_timeout,
+        )?;
+        bar.write32(off::AQA, regs::aqa(admin_entries as u32, admin_entries as u32));
+        bar.write64(off::ASQ, asq);
+        bar.write64(off::ACQ, acq);
+
+        // §3.5.1 steps 3-4: NVM command set, 4 KiB pages, 64 B SQEs and 16 B CQEs, round robin.
+        let cc = Cc(0)
+            .with_command_set(0)
+            .with_page_size(PAGE_SIZE)
+            .with_entry_sizes(6, 4);
+        bar.write32(off::CC, cc.0);
+        // §3.5.1 steps 5-6: enable and wait for ready.
+        bar.write32(off::CC, cc.with_enable(true).0);
+        wait_csts(&bar, cap, "enable", |s| s.ready())?;
+
+        let mut guard = EnabledGuard {
+            bar: bar.clone(),
+            cap,
+            admin: Some(admin),
+        };
+        let admin = guard.admin.as_mut().expect("set above");
+        // §3.5.1 step 7: Identify Controller.
+        let mut page = vec![0u8; 4096];
+        let ident = Command::identify(cns::CONTROLLER, 0);
+        admin.exec(
+            "Identify Controller",
+            ident,
+            DataDir::FromDevice(4096),
+            &[],
+            &mut || check_csts(&bar),
+        )?;
+        admin.read_data(&mut page);
+        let identify = IdentifyController::parse(&page);
+        log::debug!("{identify:?}");
+        if identify.sqes & 0xf > 6 || identify.cqes & 0xf > 4 {
+            return Err(NvmeError::Unsupported(format!(
+                "entry sizes SQES={:#x} CQES={:#x}",
+                identify.sqes, identify.cqes
+            )));
+        }
+
+        // §3.5.1 step 9: the active namespaces and their formats.
+        let list = Command::identify(cns::ACTIVE_NS_LIST, 0);
+        admin.exec(
+            "Identify Active Namespaces",
+            list,
+            DataDir::FromDevice(4096),
+            &[],
+            &mut || check_csts(&bar),
+        )?;
+        admin.read_data(&mut page);
+        let mut namespaces = Vec::new();
+        for nsid in parse_ns_list(&page) {
+            let cmd = Command::identify(cns::NAMESPACE, nsid);
+            admin.exec(
+                "Identify Namespace",
+                cmd,
+                DataDir::FromDevice(4096),
+                &[],
+                &mut || check_csts(&bar),
+            )?;
+            let mut p = vec![0u8; 4096];
+            admin.read_data(&mut p);
+            if let Some(id) = IdentifyNamespace::parse(&p) {
+                let f = id.lba_format();
+                namespaces.push(Namespace {
+                    nsid,
+                    lba_size: f.data_size(),
+                    blocks: id.nsze,
+                    metadata_size: f.ms,
+                    identify: id,
+                });
+            }
+        }
+
+        // §3.5.1 step 11: how many I/O queues (0's based in and out, §5.27.1.5).
+        let want = opts.io_queues.max(1) as u32 - 1;
+        let c = admin.exec(
+            "Set Features (Number of Queues)",
+            Command::set_features(feature::NUMBER_OF_QUEUES, want | (want << 16)),
+            DataDir::None,
+            &[],
+            &mut || check_csts(&bar),
+        )?;
+        let granted = ((c.dw0 & 0xffff).min(c.dw0 >> 16) + 1).min(opts.io_queues.max(1) as u32) as u16;
+        log::debug!("I/O queues: asked {}, granted {granted}", want + 1);
+
+        let admin = guard.admin.take().expect("still there");
+        Ok(Controller {
+            shared: Arc::new(Shared {
+                bar,
+                cap,
+                version,
+                dma,
+                opts,
+                admin: Mutex::new(Some(admin)),
+                identify,
+                namespaces,
+                io_queues_granted: granted,
+                qids: Mutex::new(vec![false; granted as usize + 1]),
+                device,
+            }),
+        })
+    }
+
+    /// CAP.
+    pub fn cap(&self) -> Cap {
+        self.shared.cap
+    }
+
+    /// VS.
+    pub fn version(&self) -> Version {
+        self.shared.version
+    }
+
+    /// Identify Controller, as read at bring-up.
+    pub fn identify(&self) -> &IdentifyController {
+        &self.shared.identify
+    }
+
+    /// The active namespaces, as read at bring-up.
+    pub fn namespaces(&self) -> &[Namespace] {
+        &self.shared.namespaces
+    }
+
+    /// One namespace, or [`NvmeError::NoSuchNamespace`].
+    pub fn namespace(&self, nsid: u32) -> Result<&Namespace> {
+        self.shared.namespace(nsid)
+    }
+
+    /// MDTS in bytes (`None` = the controller sets no limit).
+    pub fn mdts_bytes(&self) -> Option<usize> {
+        self.shared.identify.mdts_bytes(self.shared.cap.mps_min())
+    }
+
+    /// How many I/O queue pairs the controller granted.
+    pub fn io_queues_granted(&self) -> u16 {
+        self.shared.io_queues_granted
+    }
+
+    /// The VFIO device, when opened through VFIO.
+    pub fn device(&self) -> Option<&Device> {
+        self.shared.device.as_ref()
+    }
+
+    /// The DMA context the controller allocates from.
+    pub fn dma(&self) -> &DmaContext {
+        &self.shared.dma
+    }
+
+    /// BAR0 (registers and doorbells).
+    pub fn bar(&self) -> &Mmio {
+        &self.shared.bar
+    }
+
+    /// CSTS now.
+    pub fn status(&self) -> Csts {
+        csts(&self.shared.bar)
+    }
+
+    /// Runs an admin command. `dir` says whether data flows; `data` is what is sent for
+    /// [`DataDir::ToDevice`]; for [`DataDir::FromDevice`] the returned vector holds the data.
+    /// Raw passthrough: the caller is responsible for what the command does (a Format or a
+    /// Sanitize destroys data).
+    pub fn admin(&self, cmd: Command, dir: DataDir, data: &[u8]) -> Result<(Completion, Vec<u8>)> {
+        self.shared.admin_exec("admin command", cmd, dir, data)
+    }
+
+    /// Identify with any CNS; returns the 4096-byte page.
+    pub fn identify_raw(&self, cns: u32, nsid: u32) -> Result<Vec<u8>> {
+        Ok(self
+            .shared
+            .admin_exec(
+                "Identify",
+                Command::identify(cns, nsid),
+                DataDir::FromDevice(4096),
+                &[],
+            )?
+            .1)
+    }
+
+    /// Get Features (current value): returns CDW0.
+    pub fn get_feature(&self, fid: u8) -> Result<u32> {
+        Ok(self
+            .shared
+            .admin_exec("Get Features", Command::get_features(fid), DataDir::None, &[])?
+            .0
+            .dw0)
+    }
+
+    /// Set Features: returns CDW0.
+    pub fn set_feature(&self, fid: u8, dw11: u32) -> Result<u32> {
+        Ok(self
+            .shared
+            .admin_exec(
+                "Set Features",
+                Command::set_features(fid, dw11),
+                DataDir::None,
+                &[],
+            )?
+            .0
+            .dw0)
+    }
+
+    /// Turns the volatile write cache on or off (Set Features 06h).
+    pub fn set_volatile_write_cache(&self, on: bool) -> Result<()> {
+        if !self.shared.identify.has_volatile_write_cache() {
+            return Err(NvmeError::Unsupported(
+                "the controller has no volatile write cache".into(),
+            ));
+        }
+        self.set_feature(feature::VOLATILE_WRITE_CACHE, on as u32)
+            .map(|_| ())
+    }
+
+    /// Get Log Page: `len` bytes (a multiple of 4) of log `lid` for `nsid`.
+    pub fn log_page(&self, lid: u8, nsid: u32, len: usize) -> Result<Vec<u8>> {
+        if len == 0 || !len.is_multiple_of(4) {
+            return Err(NvmeError::InvalidOption(format!(
+                "log page length {len} must be a non-zero multiple of 4"
+            )));
+        }
+        let cmd = Command::get_log_page(lid, nsid, (len / 4) as u32, 0);
+        Ok(self
+            .shared
+            .admin_exec("Get Log Page", cmd, DataDir::FromDevice(len), &[])?
+            .1)
+    }
+
+    /// The SMART / Health Information log (controller-wide).
+    pub fn smart_log(&self) -> Result<SmartLog> {
+        Ok(SmartLog::parse(&self.log_page(
+            log_page::SMART,
+            0xffff_ffff,
+            512,
+        )?))
+    }
+
+    /// The Error Information log: the non-empty entries, newest first.
+    pub fn error_log(&self) -> Result<Vec<ErrorLogEntry>> {
+        let n = (self.shared.identify.elpe as usize + 1).min(64);
+        let page = self.log_page(log_page::ERROR, 0, n * ErrorLogEntry::SIZE)?;
+        Ok(page
+            .chunks_exact(ErrorLogEntry::SIZE)
+            .map(ErrorLogEntry::parse)
+            .filter(|e| e.error_count != 0)
+            .collect())
+    }
+
+    /// Asks the controller to abort command `cid` of queue `sqid`. Returns whether it says it
+    /// aborted it (CDW0 bit 0 clear).
+    pub fn abort(&self, sqid: u16, cid: u16) -> Result<bool> {
+        let (c, _) = self
+            .shared
+            .admin_exec("Abort", Command::abort(sqid, cid), DataDir::None, &[])?;
+        Ok(c.dw0 & 1 == 0)
+    }
+
+    /// Format NVM: erases every block of `nsid` and selects LBA format `lbaf`. Destroys data, so
+    /// it runs only with `confirm` set.
+    pub fn format(&self, nsid: u32, lbaf: u8, confirm: bool) -> Result<()> {
+        if !confirm {
+            return Err(NvmeError::Unconfirmed("Format NVM"));
+        }
+        self.namespace(nsid)?;
+        self.shared
+            .admin_exec("Format NVM", Command::format_nvm(nsid, lbaf), DataDir::None, &[])
+            .map(|_| ())
+    }
+}
+
+impl Shared {
+    pub(crate) fn namespace(&self, nsid: u32) -> Result<&Namespace> {
+        self.namespaces
+            .iter()
+            .find(|n| n.nsid == nsid)
+            .ok_or_else(|| NvmeError::NoSuchNamespace {
+                nsid,
+                active: self.namespaces.iter().map(|n| n.nsid).collect(),
+            })
+    }
+
+    fn admin_lock(&self) -> MutexGuard<'_, Option<AdminQueue>> {
+        self.admin.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn admin_exec(
+        &self,
+        op: &'static str,
+        cmd: Command,
+        dir: DataDir,
+        data: &[u8],
+    ) -> Result<(Completion, Vec<u8>)> {
+        let mut guard = self.admin_lock();
+        let q = guard
+            .as_mut()
+            .ok_or_else(|| NvmeError::Failed("the admin queue was lost in a failed shutdown".into()))?;
+        let op = if op == "admin command" {
+            crate::admin::name_of(cmd.opcode())
+        } else {
+            op
+        };
+        let c = q.exec(op, cmd, dir, data, &mut || check_csts(&self.bar))?;
+        let mut out = Vec::new();
+        if let DataDir::FromDevice(n) = dir {
+            out.resize(n, 0);
+            q.read_data(&mut out);
+        }
+        Ok((c, out))
+    }
+
+    /// Takes a free I/O queue id.
+    pub(crate) fn alloc_qid(&self) -> Result<u16> {
+        let mut q = self.qids.lock().unwrap_or_else(|e| e.into_inner());
+        match q.iter().skip(1).position(|used| !used) {
+            Some(i) => {
+                q[i + 1] = true;
+                Ok(i as u16 + 1)
+            }
+            None => Err(NvmeError::InvalidOption(format!(
+                "all {} I/O queue pairs the controller granted are in use",
+                self.io_queues_granted
+            ))),
+        }
+    }
+
+    pub(crate) fn free_qid(&self, qid: u16) {
+        let mut q = self.qids.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(u) = q.get_mut(qid as usize) {
+            *u = false;
+        }
+    }
+
+    /// Normal shutdown (§3.6.1): CC.SHN = 01b, wait for CSTS.SHST = 10b, then clear CC.EN so
+    /// the controller does no more DMA before its memory is released.
+    fn shutdown(&self) -> Result<()> {
+        let cc = Cc(self.bar.read32(off::CC));
+        self.bar.write32(off::CC, cc.with_shutdown(Shutdown::Normal).0);
+        let r = wait_csts(&self.bar, self.cap, "shutdown", |s| {
+            s.shutdown_status() == ShutdownStatus::Complete
+        });
+        self.bar
+            .write32(off::CC, Cc(self.bar.read32(off::CC)).with_enable(false).0);
+        r.and(wait_csts(&self.bar, self.cap, "disable", |s| !s.ready()))
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        match self.shutdown() {
+            Ok(()) => log::debug!("controller {} shut down", self.identify.serial),
+            Err(e) => {
+                // The controller may still write into the admin queue: never free that memory.
+                log::error!(
+                    "controller {} did not shut down cleanly ({e}); leaking its admin queue memory",
+                    self.identify.serial
+                );
+                if let Some(q) = self.admin.get_mut().unwrap_or_else(|e| e.into_inner()).as_mut() {
+                    q.leak();
+                }
+            }
+        }
+    }
+}
+
+fn check_csts(bar: &Mmio) -> Result<()> {
+    let s = csts(bar);
+    if s.device_gone() {
+        Err(NvmeError::DeviceGone)
+    } else if s.fatal() {
+        Err(NvmeError::ControllerFatal { csts: s.0 })
+    } else {
+        Ok(())
+    }
+}
+
+/// Disables the controller if bring-up fails after CC.EN was set, before the admin queue's
+/// memory is released; if even that fails, the memory is leaked rather than freed under a
+/// controller that may still write to it.
+struct EnabledGuard {
+    bar: Mmio,
+    cap: Cap,
+    admin: Option<AdminQueue>,
+}
+
+impl Drop for EnabledGuard {
+    fn drop(&mut self) {
+        if let Some(admin) = self.admin.take() {
+            self.bar
+                .write32(off::CC, Cc(self.bar.read32(off::CC)).with_enable(false).0);
+            if let Err(e) = wait_csts(&self.bar, self.cap, "disable", |s| !s.ready()) {
+                log::error!("bring-up failed and the controller did not disable ({e}); leaking its admin queue memory");
+                let mut admin = admin;
+                admin.leak();
+            }
+        }
+    }
+}

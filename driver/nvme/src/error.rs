@@ -1,0 +1,137 @@
+//! Errors of the NVMe driver. Each message says what happened and, where there is something to
+//! do about it, what.
+
+use std::time::Duration;
+
+use crate::status::Status;
+
+/// An NVMe driver error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum NvmeError {
+    /// The controller completed the command with an error status.
+    #[error("{op} failed: {status}")]
+    Status {
+        /// The command, e.g. `Read` or `Identify`.
+        op: &'static str,
+        /// The decoded status (SCT, SC, DNR and the spec's name).
+        status: Status,
+    },
+    /// A bring-up step did not finish within CAP.TO.
+    #[error("controller bring-up step `{step}` timed out after {waited:?} (CAP.TO allows {limit:?}); CSTS={csts:#x}. Reset the device (`vfpoll reset`) and retry; if it persists the controller is unusable")]
+    InitTimeout {
+        /// The step.
+        step: &'static str,
+        /// How long it waited.
+        waited: Duration,
+        /// CAP.TO.
+        limit: Duration,
+        /// CSTS at the end.
+        csts: u32,
+    },
+    /// CSTS.CFS is set: the controller hit a fatal error.
+    #[error("the controller reports a fatal status (CSTS.CFS, CSTS={csts:#x}); it must be reset before further use")]
+    ControllerFatal {
+        /// CSTS.
+        csts: u32,
+    },
+    /// CSTS reads all ones: the device no longer answers (surprise removal, link down, reset).
+    #[error("the controller no longer answers (CSTS reads 0xffffffff): the device was removed or reset")]
+    DeviceGone,
+    /// The controller does not support what vfpoll needs.
+    #[error("unsupported controller: {0}")]
+    Unsupported(String),
+    /// A command did not complete in time.
+    #[error("{op} (queue {qid}, command id {cid}) did not complete within {timeout:?}")]
+    Timeout {
+        /// The command.
+        op: &'static str,
+        /// The queue.
+        qid: u16,
+        /// The command id.
+        cid: u16,
+        /// The limit.
+        timeout: Duration,
+    },
+    /// No free slot in the queue: poll for completions, then submit again.
+    #[error(
+        "queue {qid} is full ({outstanding} commands outstanding): poll for completions and submit again"
+    )]
+    QueueFull {
+        /// The queue.
+        qid: u16,
+        /// Commands in flight.
+        outstanding: usize,
+    },
+    /// The namespace does not exist on this controller.
+    #[error("namespace {nsid} does not exist on this controller (active namespaces: {active:?}); `vfpoll identify` lists them")]
+    NoSuchNamespace {
+        /// The NSID given.
+        nsid: u32,
+        /// The active ones.
+        active: Vec<u32>,
+    },
+    /// The LBA range is outside the namespace.
+    #[error("LBA range {slba}..{end} is outside namespace {nsid} ({blocks} blocks of {lba_size} bytes)")]
+    LbaOutOfRange {
+        /// The namespace.
+        nsid: u32,
+        /// First LBA asked for.
+        slba: u64,
+        /// One past the last LBA asked for.
+        end: u64,
+        /// The namespace size in blocks.
+        blocks: u64,
+        /// The LBA size.
+        lba_size: usize,
+    },
+    /// The buffer length is not a multiple of the LBA size, or zero.
+    #[error(
+        "transfer length {len} is not a non-zero multiple of the LBA size {lba_size} of namespace {nsid}"
+    )]
+    BadLength {
+        /// The namespace.
+        nsid: u32,
+        /// The length given.
+        len: usize,
+        /// The LBA size.
+        lba_size: usize,
+    },
+    /// The buffer cannot be described to the controller.
+    #[error("buffer unusable for DMA: {0}")]
+    Buffer(#[from] crate::prp::PrpError),
+    /// The transfer exceeds MDTS and splitting was not allowed.
+    #[error("a transfer of {len} bytes exceeds the controller's maximum data transfer size ({mdts} bytes): split it or submit through the splitting API")]
+    TooLarge {
+        /// Bytes asked for.
+        len: usize,
+        /// MDTS in bytes.
+        mdts: usize,
+    },
+    /// A destructive command was issued without its explicit guard.
+    #[error("{0} destroys data: pass the explicit confirmation flag to do it")]
+    Unconfirmed(&'static str),
+    /// The queue pair or controller was shut down after an unrecoverable error.
+    #[error("the queue pair is unusable after an earlier failure: {0}")]
+    Failed(String),
+    /// The controller sent a completion that does not match any command in flight.
+    #[error("queue {qid}: completion for command id {cid}, which is not in flight (a controller bug); the command it belongs to will time out")]
+    BogusCompletion {
+        /// The queue.
+        qid: u16,
+        /// The command id in the completion.
+        cid: u16,
+    },
+    /// DMA memory could not be had.
+    #[error(transparent)]
+    Dma(#[from] vfpoll_dma::DmaError),
+    /// VFIO failed.
+    #[error(transparent)]
+    Vfio(#[from] vfpoll_pci::vfio::VfioError),
+    /// A bad option value.
+    #[error("invalid option: {0}")]
+    InvalidOption(String),
+}
+
+/// `Result` with [`NvmeError`].
+pub type Result<T, E = NvmeError> = std::result::Result<T, E>;

@@ -1,0 +1,160 @@
+//! Raw access to queue memory: submission queue slots, completion queue entries, PRP list pages
+//! and shadow doorbells, all inside one [`DmaRegion`] owned by the queue.
+//!
+//! This is the only module of the crate with `unsafe` code. It never forms a reference into the
+//! region: SQ entries are stored with volatile writes, completion entries are read with
+//! volatile loads (the phase tag first, then the rest after a barrier), list entries are
+//! volatile stores. Offsets are checked against the region length.
+
+use std::mem::ManuallyDrop;
+use std::sync::atomic::{compiler_fence, fence, Ordering};
+
+use vfpoll_dma::DmaRegion;
+
+use crate::cmd::{Command, Completion};
+
+/// A queue's DMA memory.
+pub(crate) struct QueueMem {
+    region: ManuallyDrop<DmaRegion>,
+    base: *mut u8,
+    len: usize,
+    /// Set when the controller may still access the memory: it is then never freed.
+    leak: bool,
+}
+
+impl Drop for QueueMem {
+    fn drop(&mut self) {
+        if !self.leak {
+            // SAFETY: dropped exactly once, here; `base` is not used afterwards.
+            unsafe { ManuallyDrop::drop(&mut self.region) };
+        }
+    }
+}
+
+// SAFETY: the memory is owned by `region` (Send) and reached only through `&mut self` for stores
+// or `&self` for volatile loads; the raw pointer is tied to the region it came from.
+unsafe impl Send for QueueMem {}
+
+impl std::fmt::Debug for QueueMem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "QueueMem({:?})", self.region)
+    }
+}
+
+/// Orders the stores to queue memory before a following doorbell store (MMIO).
+///
+/// On x86-64 stores are not reordered with other stores and an uncached MMIO store is not
+/// reordered with earlier write-back stores, so a compiler barrier is enough; elsewhere a full
+/// fence (SPDK: `spdk_wmb`).
+#[inline(always)]
+pub(crate) fn wmb() {
+    if cfg!(target_arch = "x86_64") {
+        compiler_fence(Ordering::SeqCst);
+    } else {
+        fence(Ordering::SeqCst);
+    }
+}
+
+/// Orders the load of a completion's phase tag before the loads of its other fields.
+#[inline(always)]
+fn rmb() {
+    if cfg!(target_arch = "x86_64") {
+        compiler_fence(Ordering::SeqCst);
+    } else {
+        fence(Ordering::SeqCst);
+    }
+}
+
+impl QueueMem {
+    pub(crate) fn new(mut region: DmaRegion) -> Self {
+        let len = region.len();
+        // Start from zeroes: completion queues need phase tags of 0, list pages are rewritten.
+        region.fill(0, len, 0).expect("whole region is in bounds");
+        let base = region.as_ptr();
+        QueueMem {
+            region: ManuallyDrop::new(region),
+            base,
+            len,
+            leak: false,
+        }
+    }
+
+    /// Never free this memory (nor unmap it): the controller may still read or write it.
+    pub(crate) fn leak(&mut self) {
+        self.leak = true;
+    }
+
+    pub(crate) fn region(&self) -> &DmaRegion {
+        &self.region
+    }
+
+    /// Bus address of `off`.
+    pub(crate) fn bus(&self, off: usize) -> u64 {
+        self.region.bus_addr(off).get()
+    }
+
+    #[inline(always)]
+    fn check(&self, off: usize, size: usize) {
+        assert!(
+            off.is_multiple_of(size.min(8)) && off + size <= self.len,
+            "queue memory access {off:#x}+{size} out of bounds"
+        );
+    }
+
+    /// Stores a 64-byte command at `off` (an SQ slot).
+    #[inline]
+    pub(crate) fn write_command(&mut self, off: usize, cmd: &Command) {
+        self.check(off, 64);
+        let dst = self.base.wrapping_add(off).cast::<u64>();
+        for i in 0..8 {
+            let v = cmd.dw[2 * i] as u64 | (cmd.dw[2 * i + 1] as u64) << 32;
+            let p = dst.wrapping_add(i);
+            // SAFETY: `check` proved `off..off+64` is inside the region and 8-byte aligned; the
+            // region is live (owned by self). Volatile: the device reads this memory.
+            unsafe { p.write_volatile(v) };
+        }
+    }
+
+    /// Loads the status/phase dword (DW3) of the completion entry at `off`.
+    #[inline]
+    pub(crate) fn completion_dw3(&self, off: usize) -> u32 {
+        self.check(off, 16);
+        let p = self.base.wrapping_add(off + 12).cast::<u32>();
+        // SAFETY: in bounds and aligned (checked); volatile because the device writes it.
+        unsafe { p.read_volatile() }
+    }
+
+    /// Loads the completion entry at `off` (call after its phase tag matched).
+    #[inline]
+    pub(crate) fn completion(&self, off: usize, dw3: u32) -> Completion {
+        self.check(off, 16);
+        rmb();
+        let p = self.base.wrapping_add(off).cast::<u32>();
+        let mut dw = [0u32, 0, 0, dw3];
+        for (i, d) in dw.iter_mut().take(3).enumerate() {
+            let q = p.wrapping_add(i);
+            // SAFETY: in bounds and aligned (checked); volatile because the device wrote it.
+            *d = unsafe { q.read_volatile() };
+        }
+        Completion::from_dwords(dw)
+    }
+
+    /// Stores a 64-bit little-endian word at `off` (PRP list entries, SGL descriptors).
+    #[inline]
+    pub(crate) fn write_u64(&mut self, off: usize, v: u64) {
+        self.check(off, 8);
+        let p = self.base.wrapping_add(off).cast::<u64>();
+        // SAFETY: in bounds and aligned (checked); the region is live.
+        unsafe { p.write_volatile(v.to_le()) };
+    }
+
+    /// Copies `dst.len()` bytes out of the region at `off` (admin data pages).
+    pub(crate) fn read(&self, off: usize, dst: &mut [u8]) {
+        self.region.read(off, dst).expect("admin data read in bounds")
+    }
+
+    /// Copies `src` into the region at `off` (admin data pages, DSM ranges).
+    pub(crate) fn write(&mut self, off: usize, src: &[u8]) {
+        self.region.write(off, src).expect("admin data write in bounds")
+    }
+}

@@ -1,0 +1,798 @@
+//! I/O queue pairs: submit, poll, complete (NVMe Base 2.0 §3.3, NVM Command Set 1.0 §3).
+//!
+//! One queue pair belongs to one thread: it is `Send` but not `Sync`, and every operation takes
+//! `&mut self`, so the hot path needs no lock and no atomic. Submitting writes the command into
+//! the submission queue but does not ring the doorbell; [`QueuePair::poll`] (or
+//! [`QueuePair::flush`]) rings it once for the whole batch, then consumes completions and rings
+//! the completion doorbell once.
+//!
+//! Completions are delivered to a closure given to `poll`, with the caller's 64-bit tag and the
+//! buffer given back. A tag (rather than a boxed callback per request) costs no allocation,
+//! maps directly onto C (`void *` context / index) and onto async runtimes (a slot index), and
+//! lets one closure capture the caller's state for the whole batch.
+
+use std::cell::Cell;
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::buffer::IoBuffer;
+use crate::cmd::{io_op, Command, SglDescriptor};
+use crate::ctrlr::{Controller, Shared, PAGE_SIZE};
+use crate::error::{NvmeError, Result};
+use crate::prp::{self, PrpListMem};
+use crate::qmem::QueueMem;
+use crate::queue::{Layout, Ring, CQE_SIZE, SQE_SIZE};
+use crate::status::Status;
+
+/// Options of an I/O queue pair.
+#[derive(Debug, Clone)]
+pub struct QpairOptions {
+    /// Queue entries (2..=CAP.MQES); at most `entries - 1` commands are in flight.
+    pub entries: u16,
+    /// Describe data with an SGL Data Block descriptor where the controller supports SGLs and
+    /// the buffer is bus-contiguous (one descriptor instead of a PRP list); PRPs otherwise.
+    pub sgl: bool,
+    /// How long a command may take before the queue pair asks the controller to abort it.
+    pub timeout: Duration,
+    /// Largest transfer per command in bytes (rounded down to a power of two); larger requests are
+    /// split. `None`: MDTS, or 2 MiB where the controller sets no limit.
+    pub max_transfer: Option<usize>,
+}
+
+impl Default for QpairOptions {
+    fn default() -> Self {
+        QpairOptions {
+            entries: 256,
+            sgl: false,
+            timeout: Duration::from_secs(30),
+            max_transfer: None,
+        }
+    }
+}
+
+/// A completed request.
+#[derive(Debug)]
+pub struct Done<B> {
+    /// The tag given at submit.
+    pub tag: u64,
+    /// Command specific DW0 on success, the error otherwise (of the first failing part of a
+    /// split request).
+    pub result: Result<u32>,
+    /// The buffer given at submit, back to the caller. `None` for commands without data, and
+    /// for a buffer the device may still write into after an unrecoverable failure (it is
+    /// leaked, never freed).
+    pub buf: Option<B>,
+}
+
+/// A submission that was refused; the buffer comes back.
+#[derive(Debug)]
+pub struct Rejected<B> {
+    /// Why.
+    pub error: NvmeError,
+    /// The buffer, untouched.
+    pub buf: B,
+}
+
+/// Counters of one queue pair.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QpairStats {
+    /// Requests accepted.
+    pub requests: u64,
+    /// Commands written to the submission queue (split requests count once per part).
+    pub commands: u64,
+    /// Completions consumed.
+    pub completions: u64,
+    /// Requests completed with an error.
+    pub errors: u64,
+    /// SQ tail doorbell writes.
+    pub sq_doorbells: u64,
+    /// CQ head doorbell writes.
+    pub cq_doorbells: u64,
+    /// Completions whose command id matched no command in flight.
+    pub bogus_completions: u64,
+    /// Commands the queue pair asked the controller to abort after a timeout.
+    pub aborts: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Tracker {
+    req: u16,
+}
+
+#[derive(Debug)]
+struct Request<B> {
+    tag: u64,
+    parts: u16,
+    dw0: u32,
+    error: Option<Status>,
+    op: &'static str,
+    buf: Option<B>,
+    submitted: Instant,
+    first_cid: u16,
+    aborted: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct NsInfo {
+    nsid: u32,
+    lba_shift: u32,
+    blocks: u64,
+}
+
+const UNUSED: u16 = u16::MAX;
+
+/// An I/O submission + completion queue pair with its request trackers. See the module docs.
+pub struct QueuePair<B: IoBuffer> {
+    ring: Ring,
+    mem: QueueMem,
+    trackers: Box<[Tracker]>,
+    free_cids: Vec<u16>,
+    reqs: Box<[Option<Request<B>>]>,
+    free_reqs: Vec<u16>,
+    lists_off: usize,
+    list_pages: usize,
+    max_xfer: usize,
+    use_sgl: bool,
+    namespaces: Vec<NsInfo>,
+    stats: QpairStats,
+    timeout: Duration,
+    idle_polls: u32,
+    failed: Option<String>,
+    ctrl: Arc<Shared>,
+    _not_sync: PhantomData<Cell<()>>,
+}
+
+impl<B: IoBuffer> std::fmt::Debug for QueuePair<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueuePair")
+            .field("qid", &self.ring.qid)
+            .field("entries", &self.ring.entries)
+            .field("outstanding", &self.outstanding())
+            .field("max_transfer", &self.max_xfer)
+            .finish()
+    }
+}
+
+/// The list pages of one tracker.
+struct TrackerLists<'a> {
+    mem: &'a mut QueueMem,
+    off: usize,
+    pages: usize,
+}
+
+impl PrpListMem for TrackerLists<'_> {
+    fn pages(&self) -> usize {
+        self.pages
+    }
+    fn page_bus(&self, page: usize) -> u64 {
+        self.mem.bus(self.off + page * PAGE_SIZE)
+    }
+    fn write(&mut self, page: usize, idx: usize, entry: u64) {
+        self.mem.write_u64(self.off + page * PAGE_SIZE + idx * 8, entry);
+    }
+}
+
+impl Controller {
+    /// Creates an I/O queue pair (Create I/O CQ, then Create I/O SQ), for buffers of type `B`.
+    pub fn create_qpair<B: IoBuffer>(&self, opts: &QpairOptions) -> Result<QueuePair<B>> {
+        QueuePair::create(self, opts)
+    }
+}
+
+impl<B: IoBuffer> QueuePair<B> {
+    fn create(ctrl: &Controller, opts: &QpairOptions) -> Result<Self> {
+        let sh = &ctrl.shared;
+        let mqes = sh.cap.max_queue_entries().min(65536);
+        if opts.entries < 2 || opts.entries as u32 > mqes {
+            return Err(NvmeError::InvalidOption(format!(
+                "queue entries {} not in 2..={mqes} (CAP.MQES)",
+                opts.entries
+            )));
+        }
+        let mdts = sh.identify.mdts_bytes(sh.cap.mps_min()).unwrap_or(2 << 20);
+        let mut max_xfer = opts.max_transfer.unwrap_or(mdts).min(mdts);
+        // NLB is 16 bits: at most 65536 blocks of the smallest LBA size in use.
+        let min_lba = sh.namespaces.iter().map(|n| n.lba_size).min().unwrap_or(512);
+        max_xfer = max_xfer.min(65536 * min_lba);
+        if max_xfer < PAGE_SIZE {
+            return Err(NvmeError::InvalidOption(format!(
+                "max transfer {max_xfer} below {PAGE_SIZE} bytes"
+            )));
+        }
+        max_xfer = 1 << max_xfer.ilog2();
+        // List pages per tracker: enough for a max_xfer PRP list at the worst offset.
+        let mut list_pages = 1;
+        while prp::max_transfer(list_pages, PAGE_SIZE) < max_xfer {
+            list_pages += 1;
+        }
+        let entries = opts.entries as usize;
+        let sq_bytes = (entries * SQE_SIZE).next_multiple_of(PAGE_SIZE);
+        let cq_bytes = (entries * CQE_SIZE).next_multiple_of(PAGE_SIZE);
+        let lists_off = sq_bytes + cq_bytes;
+        let total = lists_off + (entries - 1) * list_pages * PAGE_SIZE;
+        let region = sh.dma.alloc_region(total, sh.opts.page_size)?;
+        let mem = QueueMem::new(region);
+        // Each queue must be physically contiguous (CAP.CQR): both fit in the region's first page
+        // or are covered by its contiguity.
+        if mem.region().contiguous_len(0) < lists_off {
+            return Err(NvmeError::InvalidOption(format!(
+                "{entries} entries need {lists_off} contiguous bytes for the queues, more than one {} page",
+                sh.opts.page_size
+            )));
+        }
+        let qid = sh.alloc_qid()?;
+        let (sq_bus, cq_bus) = (mem.bus(0), mem.bus(sq_bytes));
+        let created = (|| {
+            sh.admin_exec(
+                "Create I/O Completion Queue",
+                Command::create_io_cq(qid, entries as u32, cq_bus),
+                crate::admin::DataDir::None,
+                &[],
+            )?;
+            if let Err(e) = sh.admin_exec(
+                "Create I/O Submission Queue",
+                Command::create_io_sq(qid, entries as u32, sq_bus, qid),
+                crate::admin::DataDir::None,
+                &[],
+            ) {
+                let _ = sh.admin_exec(
+                    "Delete I/O Completion Queue",
+                    Command::delete_io_cq(qid),
+                    crate::admin::DataDir::None,
+                    &[],
+                );
+                return Err(e);
+            }
+            Ok(())
+        })();
+        if let Err(e) = created {
+            sh.free_qid(qid);
+            return Err(e);
+        }
+        let ring = Ring::new(
+            &sh.bar,
+            sh.cap.doorbell_stride(),
+            qid,
+            Layout {
+                sq_off: 0,
+                cq_off: sq_bytes,
+                entries: opts.entries,
+            },
+        );
+        let n = entries - 1;
+        log::debug!("I/O queue pair {qid}: {entries} entries, max transfer {max_xfer}, {list_pages} list page(s) per command");
+        Ok(QueuePair {
+            ring,
+            mem,
+            trackers: vec![Tracker { req: UNUSED }; n].into_boxed_slice(),
+            free_cids: (0..n as u16).rev().collect(),
+            reqs: (0..n).map(|_| None).collect(),
+            free_reqs: (0..n as u16).rev().collect(),
+            lists_off,
+            list_pages,
+            max_xfer,
+            use_sgl: opts.sgl && sh.identify.sgl_supported(),
+            namespaces: sh
+                .namespaces
+                .iter()
+                .map(|n| NsInfo {
+                    nsid: n.nsid,
+                    lba_shift: n.lba_size.trailing_zeros(),
+                    blocks: n.blocks,
+                })
+                .collect(),
+            stats: QpairStats::default(),
+            timeout: opts.timeout,
+            idle_polls: 0,
+            failed: None,
+            ctrl: Arc::clone(sh),
+            _not_sync: PhantomData,
+        })
+    }
+
+    /// The queue id.
+    pub fn qid(&self) -> u16 {
+        self.ring.qid
+    }
+
+    /// Requests in flight.
+    pub fn outstanding(&self) -> usize {
+        self.reqs.len() - self.free_reqs.len()
+    }
+
+    /// Commands that can still be submitted now.
+    pub fn free_slots(&self) -> usize {
+        self.free_cids.len()
+    }
+
+    /// The largest transfer of one command (larger requests are split).
+    pub fn max_transfer(&self) -> usize {
+        self.max_xfer
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> QpairStats {
+        self.stats
+    }
+
+    #[inline]
+    fn ns(&self, nsid: u32) -> Result<NsInfo> {
+        match self.namespaces.iter().find(|n| n.nsid == nsid) {
+            Some(n) => Ok(*n),
+            None => Err(NvmeError::NoSuchNamespace {
+                nsid,
+                active: self.namespaces.iter().map(|n| n.nsid).collect(),
+            }),
+        }
+    }
+
+    #[inline]
+    fn check_range(&self, ns: NsInfo, slba: u64, blocks: u64) -> Result<()> {
+        match slba.checked_add(blocks) {
+            Some(end) if end <= ns.blocks && blocks > 0 => Ok(()),
+            _ => Err(NvmeError::LbaOutOfRange {
+                nsid: ns.nsid,
+                slba,
+                end: slba.saturating_add(blocks),
+                blocks: ns.blocks,
+                lba_size: 1 << ns.lba_shift,
+            }),
+        }
+    }
+
+    fn check_usable(&self) -> Result<()> {
+        match &self.failed {
+            Some(why) => Err(NvmeError::Failed(why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Reads `buf.len()` bytes from `slba` of `nsid` into `buf`.
+    #[inline]
+    pub fn read(&mut self, nsid: u32, slba: u64, buf: B, tag: u64) -> Result<(), Rejected<B>> {
+        self.submit_data(io_op::READ, "Read", nsid, slba, buf, tag, false)
+    }
+
+    /// Writes `buf` to `slba` of `nsid`.
+    #[inline]
+    pub fn write(&mut self, nsid: u32, slba: u64, buf: B, tag: u64) -> Result<(), Rejected<B>> {
+        self.submit_data(io_op::WRITE, "Write", nsid, slba, buf, tag, false)
+    }
+
+    /// Writes with Force Unit Access: completes only once the data is on non-volatile media.
+    #[inline]
+    pub fn write_fua(&mut self, nsid: u32, slba: u64, buf: B, tag: u64) -> Result<(), Rejected<B>> {
+        self.submit_data(io_op::WRITE, "Write (FUA)", nsid, slba, buf, tag, true)
+    }
+
+    /// Compares `buf` with the blocks at `slba`: completes with "Compare Failure" on a mismatch.
+    #[inline]
+    pub fn compare(&mut self, nsid: u32, slba: u64, buf: B, tag: u64) -> Result<(), Rejected<B>> {
+        self.submit_data(io_op::COMPARE, "Compare", nsid, slba, buf, tag, false)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn submit_data(
+        &mut self,
+        opcode: u8,
+        op: &'static str,
+        nsid: u32,
+        slba: u64,
+        buf: B,
+        tag: u64,
+        fua: bool,
+    ) -> Result<(), Rejected<B>> {
+        let reject = |error, buf| Err(Rejected { error, buf });
+        if let Err(e) = self.check_usable() {
+            return reject(e, buf);
+        }
+        let ns = match self.ns(nsid) {
+            Ok(n) => n,
+            Err(e) => return reject(e, buf),
+        };
+        let len = buf.len();
+        let lba_size = 1usize << ns.lba_shift;
+        if len == 0 || len & (lba_size - 1) != 0 {
+            return reject(NvmeError::BadLength { nsid, len, lba_size }, buf);
+        }
+        let blocks = (len >> ns.lba_shift) as u64;
+        if let Err(e) = self.check_range(ns, slba, blocks) {
+            return reject(e, buf);
+        }
+        let parts = len.div_ceil(self.max_xfer);
+        if parts > self.free_cids.len() || self.free_reqs.is_empty() {
+            let outstanding = self.outstanding();
+            return reject(
+                NvmeError::QueueFull {
+                    qid: self.ring.qid,
+                    outstanding,
+                },
+                buf,
+            );
+        }
+        if buf.bus_addr(0).get() & 3 != 0 {
+            return reject(
+                NvmeError::Buffer(prp::PrpError::Misaligned(buf.bus_addr(0).get())),
+                buf,
+            );
+        }
+        let rid = self.free_reqs.pop().expect("checked above");
+        let mut done = 0usize;
+        let mut first_cid = 0;
+        for part in 0..parts {
+            let plen = self.max_xfer.min(len - done);
+            let cid = self.free_cids.pop().expect("checked above");
+            if part == 0 {
+                first_cid = cid;
+            }
+            let mut cmd = Command::rw(
+                opcode,
+                nsid,
+                slba + (done >> ns.lba_shift) as u64,
+                (plen >> ns.lba_shift) as u32,
+            );
+            cmd.set_fua(fua);
+            if let Err(e) = self.set_data_pointer(&mut cmd, cid, &buf, done, plen) {
+                // Nothing of this request reached the device yet if this is the first part; a
+                // later part cannot fail here (same buffer, same alignment), but handle it.
+                self.free_cids.push(cid);
+                if part == 0 {
+                    self.free_reqs.push(rid);
+                    return reject(e, buf);
+                }
+                unreachable!("PRP building failed on part {part} after succeeding on part 0: {e}");
+            }
+            cmd.set_cid(cid);
+            self.trackers[cid as usize] = Tracker { req: rid };
+            self.ring.push(&mut self.mem, &cmd);
+            done += plen;
+        }
+        self.stats.requests += 1;
+        self.stats.commands += parts as u64;
+        self.reqs[rid as usize] = Some(Request {
+            tag,
+            parts: parts as u16,
+            dw0: 0,
+            error: None,
+            op,
+            buf: Some(buf),
+            submitted: Instant::now(),
+            first_cid,
+            aborted: false,
+        });
+        Ok(())
+    }
+
+    /// Fills the data pointer of `cmd` for `len` bytes of `buf` from `off`.
+    #[inline]
+    fn set_data_pointer(
+        &mut self,
+        cmd: &mut Command,
+        cid: u16,
+        buf: &B,
+        off: usize,
+        len: usize,
+    ) -> Result<()> {
+        let start = buf.bus_addr(off).get();
+        if self.use_sgl && buf.contiguous_len(off) >= len {
+            cmd.set_sgl(SglDescriptor::data_block(start, len as u32));
+            return Ok(());
+        }
+        let first = start as usize & (PAGE_SIZE - 1);
+        let lists_off = self.lists_off + cid as usize * self.list_pages * PAGE_SIZE;
+        let mut lists = TrackerLists {
+            mem: &mut self.mem,
+            off: lists_off,
+            pages: self.list_pages,
+        };
+        // Page i (i >= 1) of the transfer starts at byte i * PAGE - first of the part.
+        let (p1, p2) = prp::build(
+            start,
+            len,
+            PAGE_SIZE,
+            |i| buf.bus_addr(off + i * PAGE_SIZE - first).get(),
+            &mut lists,
+        )?;
+        cmd.set_prp1(p1);
+        cmd.set_prp2(p2);
+        Ok(())
+    }
+
+    fn submit_nodata(&mut self, cmd: Command, op: &'static str, tag: u64) -> Result<()> {
+        self.check_usable()?;
+        if self.free_cids.is_empty() || self.free_reqs.is_empty() {
+            return Err(NvmeError::QueueFull {
+                qid: self.ring.qid,
+                outstanding: self.outstanding(),
+            });
+        }
+        let rid = self.free_reqs.pop().expect("checked");
+        let cid = self.free_cids.pop().expect("checked");
+        let mut cmd = cmd;
+        cmd.set_cid(cid);
+        self.trackers[cid as usize] = Tracker { req: rid };
+        self.ring.push(&mut self.mem, &cmd);
+        self.stats.requests += 1;
+        self.stats.commands += 1;
+        self.reqs[rid as usize] = Some(Request {
+            tag,
+            parts: 1,
+            dw0: 0,
+            error: None,
+            op,
+            buf: None,
+            submitted: Instant::now(),
+            first_cid: cid,
+            aborted: false,
+        });
+        Ok(())
+    }
+
+    /// Flush: commits the namespace's volatile write cache to media.
+    pub fn flush(&mut self, nsid: u32, tag: u64) -> Result<()> {
+        self.ns(nsid)?;
+        self.submit_nodata(Command::new(io_op::FLUSH, nsid), "Flush", tag)
+    }
+
+    /// Write Zeroes: `blocks` (1..=65536) blocks from `slba` read back as zeroes.
+    pub fn write_zeroes(&mut self, nsid: u32, slba: u64, blocks: u32, tag: u64) -> Result<()> {
+        let ns = self.ns(nsid)?;
+        if !(1..=65536).contains(&blocks) {
+            return Err(NvmeError::InvalidOption(format!(
+                "write zeroes of {blocks} blocks: must be 1..=65536"
+            )));
+        }
+        self.check_range(ns, slba, blocks as u64)?;
+        self.submit_nodata(
+            Command::rw(io_op::WRITE_ZEROES, nsid, slba, blocks),
+            "Write Zeroes",
+            tag,
+        )
+    }
+
+    /// Dataset Management / Deallocate (trim) of up to 256 ranges `(slba, blocks)`.
+    pub fn deallocate(&mut self, nsid: u32, ranges: &[(u64, u32)], tag: u64) -> Result<()> {
+        let ns = self.ns(nsid)?;
+        if ranges.is_empty() || ranges.len() > 256 {
+            return Err(NvmeError::InvalidOption(format!(
+                "{} deallocate ranges: must be 1..=256",
+                ranges.len()
+            )));
+        }
+        for &(slba, n) in ranges {
+            self.check_range(ns, slba, n as u64)?;
+        }
+        self.check_usable()?;
+        let Some(&cid) = self.free_cids.last() else {
+            return Err(NvmeError::QueueFull {
+                qid: self.ring.qid,
+                outstanding: self.outstanding(),
+            });
+        };
+        // The range list (16 bytes per range, NVM Command Set 1.0 Figure 39) goes into the list
+        // page of the tracker this command will get.
+        let off = self.lists_off + cid as usize * self.list_pages * PAGE_SIZE;
+        for (i, &(slba, n)) in ranges.iter().enumerate() {
+            self.mem.write_u64(off + i * 16, (n as u64) << 32);
+            self.mem.write_u64(off + i * 16 + 8, slba);
+        }
+        let mut cmd = Command::deallocate(nsid, ranges.len() as u32);
+        cmd.set_prp1(self.mem.bus(off));
+        self.submit_nodata(cmd, "Dataset Management", tag)
+    }
+
+    /// Rings the submission doorbell for everything submitted since the last ring.
+    #[inline]
+    pub fn flush_submissions(&mut self) {
+        if self.ring.unrung != 0 {
+            self.ring.ring_sq();
+            self.stats.sq_doorbells += 1;
+        }
+    }
+
+    /// Rings the submission doorbell, then delivers up to `max` completed requests to `f` and
+    /// rings the completion doorbell once. Returns how many requests completed.
+    ///
+    /// Also detects, every few thousand idle polls, commands past their timeout (asks the
+    /// controller to abort them) and a controller fatal status (fails every request).
+    #[inline]
+    pub fn poll(&mut self, max: usize, mut f: impl FnMut(Done<B>)) -> usize {
+        self.flush_submissions();
+        let mut delivered = 0;
+        let mut consumed = 0u32;
+        while delivered < max {
+            let Some(c) = self.ring.pop(&self.mem) else { break };
+            consumed += 1;
+            let cid = c.cid as usize;
+            let Some(t) = self.trackers.get(cid).copied().filter(|t| t.req != UNUSED) else {
+                self.stats.bogus_completions += 1;
+                log::error!(
+                    "queue {}: completion for command id {} which is not in flight: {c:?}",
+                    self.ring.qid,
+                    c.cid
+                );
+                continue;
+            };
+            self.trackers[cid].req = UNUSED;
+            self.free_cids.push(c.cid);
+            let st = c.status();
+            let req = self.reqs[t.req as usize]
+                .as_mut()
+                .expect("tracker points at a live request");
+            if !st.is_success() && req.error.is_none() {
+                req.error = Some(st);
+            }
+            req.dw0 = c.dw0;
+            req.parts -= 1;
+            if req.parts == 0 {
+                let req = self.reqs[t.req as usize].take().expect("live");
+                self.free_reqs.push(t.req);
+                let result = match req.error {
+                    None => Ok(req.dw0),
+                    Some(status) => {
+                        self.stats.errors += 1;
+                        Err(NvmeError::Status { op: req.op, status })
+                    }
+                };
+                delivered += 1;
+                f(Done {
+                    tag: req.tag,
+                    result,
+                    buf: req.buf,
+                });
+            }
+        }
+        if consumed != 0 {
+            self.stats.completions += consumed as u64;
+            self.ring.ring_cq();
+            self.stats.cq_doorbells += 1;
+            self.idle_polls = 0;
+        } else if self.outstanding() != 0 {
+            self.idle_polls += 1;
+            if self.idle_polls.is_multiple_of(4096) {
+                delivered += self.check_health(&mut f);
+            }
+        }
+        delivered
+    }
+
+    /// Timeouts and controller health, off the hot path.
+    #[cold]
+    fn check_health(&mut self, f: &mut impl FnMut(Done<B>)) -> usize {
+        let s = crate::regs::Csts(self.ctrl.bar.read32(crate::regs::off::CSTS));
+        if s.device_gone() || s.fatal() {
+            let why = if s.device_gone() {
+                NvmeError::DeviceGone
+            } else {
+                NvmeError::ControllerFatal { csts: s.0 }
+            };
+            return self.fail_all(why.to_string(), f);
+        }
+        let now = Instant::now();
+        let mut expired = Vec::new();
+        for r in self.reqs.iter_mut().flatten() {
+            if now.duration_since(r.submitted) > self.timeout {
+                expired.push((r.first_cid, r.aborted));
+                r.aborted = true;
+                r.submitted = now;
+            }
+        }
+        for (cid, already) in expired {
+            if already {
+                // Asked to abort one timeout ago and still nothing: the controller is not
+                // processing this queue. Give up on it.
+                let why = format!(
+                    "command id {cid} on queue {} did not complete even after an abort",
+                    self.ring.qid
+                );
+                return self.fail_all(why, f);
+            }
+            self.stats.aborts += 1;
+            log::warn!(
+                "queue {}: command id {cid} timed out after {:?}; aborting it",
+                self.ring.qid,
+                self.timeout
+            );
+            if let Err(e) = (Controller {
+                shared: Arc::clone(&self.ctrl),
+            })
+            .abort(self.ring.qid, cid)
+            {
+                log::warn!("abort of command id {cid} failed: {e}");
+            }
+        }
+        0
+    }
+
+    /// Completes every request with an error after an unrecoverable failure. The buffers are
+    /// leaked, never returned: the device may still write into them.
+    #[cold]
+    fn fail_all(&mut self, why: String, f: &mut impl FnMut(Done<B>)) -> usize {
+        log::error!(
+            "queue {}: {why}; failing {} requests",
+            self.ring.qid,
+            self.outstanding()
+        );
+        self.failed = Some(why.clone());
+        let mut n = 0;
+        for (i, slot) in self.reqs.iter_mut().enumerate() {
+            if let Some(req) = slot.take() {
+                std::mem::forget(req.buf);
+                self.stats.errors += 1;
+                n += 1;
+                self.free_reqs.push(i as u16);
+                f(Done {
+                    tag: req.tag,
+                    result: Err(NvmeError::Failed(why.clone())),
+                    buf: None,
+                });
+            }
+        }
+        n
+    }
+
+    /// Polls until every request in flight has completed or `timeout` passes; returns how many
+    /// completed. For tests, teardown and simple synchronous use.
+    pub fn drain(&mut self, timeout: Duration, mut f: impl FnMut(Done<B>)) -> Result<usize> {
+        let start = Instant::now();
+        let mut n = 0;
+        while self.outstanding() != 0 {
+            n += self.poll(usize::MAX, &mut f);
+            if start.elapsed() > timeout {
+                let cid = self.reqs.iter().flatten().next().map_or(0, |r| r.first_cid);
+                return Err(NvmeError::Timeout {
+                    op: "drain",
+                    qid: self.ring.qid,
+                    cid,
+                    timeout,
+                });
+            }
+            std::hint::spin_loop();
+        }
+        Ok(n)
+    }
+}
+
+impl<B: IoBuffer> Drop for QueuePair<B> {
+    fn drop(&mut self) {
+        let qid = self.ring.qid;
+        if self.outstanding() != 0 {
+            let _ = self.drain(Duration::from_millis(500).min(self.timeout), |_| {});
+        }
+        // Deleting the SQ aborts whatever is left (§5.6); after both deletions succeed the
+        // controller no longer touches this queue's memory or its buffers.
+        let none = crate::admin::DataDir::None;
+        let deleted = self.failed.is_none()
+            && self
+                .ctrl
+                .admin_exec(
+                    "Delete I/O Submission Queue",
+                    Command::delete_io_sq(qid),
+                    none,
+                    &[],
+                )
+                .is_ok()
+            && self
+                .ctrl
+                .admin_exec(
+                    "Delete I/O Completion Queue",
+                    Command::delete_io_cq(qid),
+                    none,
+                    &[],
+                )
+                .is_ok();
+        if deleted {
+            self.ctrl.free_qid(qid);
+        } else {
+            log::error!(
+                "queue pair {qid} could not be deleted; leaking its memory and {} buffers",
+                self.outstanding()
+            );
+            for r in self.reqs.iter_mut().flatten() {
+                std::mem::forget(r.buf.take());
+            }
+            self.mem.leak();
+        }
+    }
+}

@@ -1,0 +1,112 @@
+//! One submission/completion queue pair at the ring level (NVMe Base 2.0 §3.3.1, §4.1): slots,
+//! tail and head pointers, the phase tag, doorbells. Request tracking lives above it.
+
+use vfpoll_pci::mmio::Mmio;
+
+use crate::cmd::{Command, Completion};
+use crate::qmem::{wmb, QueueMem};
+use crate::regs;
+
+/// Size of a submission queue entry.
+pub const SQE_SIZE: usize = 64;
+/// Size of a completion queue entry.
+pub const CQE_SIZE: usize = 16;
+
+/// Where a queue's pieces sit in its memory.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Layout {
+    pub sq_off: usize,
+    pub cq_off: usize,
+    pub entries: u16,
+}
+
+/// Ring state of a queue pair. Hot fields first.
+#[derive(Debug)]
+pub(crate) struct Ring {
+    pub sq_tail: u16,
+    pub cq_head: u16,
+    pub phase: bool,
+    /// The controller's SQ head, from the last completion.
+    pub sq_head: u16,
+    pub entries: u16,
+    /// Commands written since the last SQ doorbell.
+    pub unrung: u16,
+    /// Completions consumed since the last CQ doorbell.
+    pub unacked: u16,
+    sq_off: usize,
+    cq_off: usize,
+    sq_db: Mmio,
+    cq_db: Mmio,
+    pub qid: u16,
+}
+
+impl Ring {
+    pub(crate) fn new(bar: &Mmio, stride: usize, qid: u16, layout: Layout) -> Self {
+        let window = |off| bar.window(off, 4).expect("doorbell inside BAR0");
+        Ring {
+            sq_tail: 0,
+            cq_head: 0,
+            phase: true,
+            sq_head: 0,
+            entries: layout.entries,
+            unrung: 0,
+            unacked: 0,
+            sq_off: layout.sq_off,
+            cq_off: layout.cq_off,
+            sq_db: window(regs::sq_tail_doorbell(qid, stride)),
+            cq_db: window(regs::cq_head_doorbell(qid, stride)),
+            qid,
+        }
+    }
+
+    /// Writes `cmd` at the tail and advances it. The caller guarantees a free slot (it keeps
+    /// at most `entries - 1` commands outstanding). The doorbell is not rung.
+    #[inline]
+    pub(crate) fn push(&mut self, mem: &mut QueueMem, cmd: &Command) {
+        mem.write_command(self.sq_off + self.sq_tail as usize * SQE_SIZE, cmd);
+        self.sq_tail = if self.sq_tail + 1 == self.entries {
+            0
+        } else {
+            self.sq_tail + 1
+        };
+        self.unrung += 1;
+    }
+
+    /// Rings the SQ tail doorbell if commands were written since the last ring.
+    #[inline]
+    pub(crate) fn ring_sq(&mut self) {
+        if self.unrung != 0 {
+            wmb();
+            self.sq_db.write32(0, self.sq_tail as u32);
+            self.unrung = 0;
+        }
+    }
+
+    /// The next completion if its phase tag says the controller posted it; advances the head.
+    #[inline]
+    pub(crate) fn pop(&mut self, mem: &QueueMem) -> Option<Completion> {
+        let off = self.cq_off + self.cq_head as usize * CQE_SIZE;
+        let dw3 = mem.completion_dw3(off);
+        if (dw3 >> 16) & 1 != self.phase as u32 {
+            return None;
+        }
+        let c = mem.completion(off, dw3);
+        self.cq_head += 1;
+        if self.cq_head == self.entries {
+            self.cq_head = 0;
+            self.phase = !self.phase;
+        }
+        self.sq_head = c.sq_head;
+        self.unacked += 1;
+        Some(c)
+    }
+
+    /// Rings the CQ head doorbell if completions were consumed since the last ring.
+    #[inline]
+    pub(crate) fn ring_cq(&mut self) {
+        if self.unacked != 0 {
+            self.cq_db.write32(0, self.cq_head as u32);
+            self.unacked = 0;
+        }
+    }
+}
