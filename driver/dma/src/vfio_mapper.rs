@@ -79,7 +79,8 @@ mod tests {
             // A narrow IOVA window makes the allocator's use of it visible.
             st.iova_ranges = vec![(0x10_0000, 0x1000_0000 - 1)];
         });
-        (dir, Host::under(r), k)
+        let host = Host::under(r);
+        (dir, host, k)
     }
 
     #[test]
