@@ -1,3 +1,125 @@
-//! vfpoll developer tasks (being written).
+//! vfpoll developer tasks: the QEMU test bed and the project's test runner.
+//!
+//! ```text
+//! cargo xtask setup                      # host packages + guest assets (cached; once per machine)
+//! cargo xtask vm [OPTIONS] -- CMD ARGS   # boot the guest, run CMD in it, exit with its code
+//! cargo xtask test [--host-only] [--filter S] [--mode iommu|noiommu|both]   # everything
+//! ```
+//!
+//! Each command has a `--help`. Everything the test bed makes lives under `target/testbed/`.
+//!
+//! # The guest
+//!
+//! QEMU 7.2 `q35` under TCG (`-accel tcg -cpu max`; this machine's KVM cannot run a stock
+//! kernel), 2 vCPUs and 2 GiB unless `--smp`/`--mem`, Debian's own 6.1 kernel (the one
+//! `linux-image-amd64` depends on), a busybox initramfs. The guest's `/` is the host's `/`
+//! (9p, read-only, with a tmpfs overlay: writes vanish at power-off), so host paths work
+//! unchanged; the command runs there as root, in the directory `cargo xtask vm` was started in,
+//! with `PATH=<target>/debug:<target>/release:/usr/local/sbin:...:/bin`. A boot takes 4-8 s.
+//!
+//! Fixed PCI layout (Linux BDF `0000:00:0N.0`):
+//!
+//! | BDF          | device                          | ids       | details |
+//! |--------------|---------------------------------|-----------|---------|
+//! | 0000:00:01.0 | virtio-9p `hostroot`            | 1af4:1009 | the host's `/`, read-only |
+//! | 0000:00:02.0 | virtio-9p `out`                 | 1af4:1009 | `<run-dir>/out`, read-write, at `/out` |
+//! | 0000:00:03.0 | NVMe controller A               | 1b36:0010 | serial `vfpoll-a`, 16 MiB CMB (BAR2); nsid 1: 64 MiB, 512 B blocks (`nvme-a-ns1.img`); nsid 2: 32 MiB, 4 KiB blocks (`nvme-a-ns2.img`) |
+//! | 0000:00:04.0 | NVMe controller B               | 1b36:0010 | serial `vfpoll-b`; nsid 1: 64 MiB, 512 B blocks (`nvme-b-ns1.img`) |
+//! | 0000:00:05.0 | e1000e, MAC 52:54:00:00:00:01   | 8086:10d3 | on QEMU hub 0 with the other NIC, nothing else |
+//! | 0000:00:06.0 | e1000e, MAC 52:54:00:00:00:02   | 8086:10d3 | frames sent by one arrive at the other |
+//! | 0000:00:07.0 | ivshmem-plain (GPU-BAR stand-in)| 1af4:1110 | BAR2: 64 MiB, backed by `<run-dir>/gpubar.shm` |
+//!
+//! Modes: `iommu` (default): emulated VT-d (`intel-iommu,caching-mode=on`, `intel_iommu=on`),
+//! one IOMMU group per device, type1 containers. `noiommu` (`--noiommu`): no vIOMMU, a rebuilt
+//! `vfio.ko` with `vfio.enable_unsafe_noiommu_mode=1` (`/dev/vfio/noiommu-N`; bus address =
+//! guest-physical address).
+//!
+//! Before the command: `nvme,e1000e,vfio-pci,vfio_iommu_type1` are loaded (`--modules`
+//! overrides), so the devices start on their kernel drivers and NVMe controllers are live;
+//! `/dev/hugepages` is hugetlbfs, no pages reserved unless `--hugepages N`. The host has no
+//! kmod: inside the guest use `busybox modprobe`.
+//!
+//! Environment of the command: `RUST_LOG`, `RUST_BACKTRACE` and every `VFPOLL_*` of the host,
+//! plus `VFPOLL_TESTBED=iommu|noiommu` and `VFPOLL_TESTBED_OUT=/out`.
+//!
+//! # The run dir
+//!
+//! `target/testbed/run/<iommu|noiommu>` (or `--run-dir`), recreated at each boot and kept after
+//! it: zero-filled sparse `nvme-a-ns1.img`, `nvme-a-ns2.img`, `nvme-b-ns1.img`, a zeroed
+//! `gpubar.shm`, `out/` (the guest's `/out`; `job.sh` and `exit-code` live there),
+//! `console.log` (the raw serial console) and `qemu-cmd.txt`.
+//!
+//! # Test-bed tests (`cargo xtask test`)
+//!
+//! Integration tests of the crate `vfpoll-tests` (`tests/tests/*.rs`). In each binary:
+//! - `#[test] #[ignore = "test bed"] fn guest_*()`: run in the guest, one boot per binary and
+//!   mode, as `<binary> --ignored --test-threads=1 --exact <the guest_ tests>`, in `tests/`.
+//! - `#[test] #[ignore = "test bed"] fn host_check_*()`: run on the host after that boot, with
+//!   `VFPOLL_RUN_DIR=<its run dir>` and `VFPOLL_RUN_MODE=iommu|noiommu`; they read the image
+//!   files and `gpubar.shm`, the oracle no driver code can fake.
+//!
+//! Both runs get the same fresh `VFPOLL_SEED` (a decimal u64). The run dir of a binary `x` is
+//! `target/testbed/run/x-<mode>`. `--filter S` selects tests whose name (or binary name)
+//! contains `S`; name a host check `host_check_<x>` after its `guest_<x>` so one filter picks
+//! both. `tests/tests/xtask_selftest.rs` is the harness's own test.
 #![forbid(unsafe_code)]
-fn main() {}
+
+mod cli;
+mod cpio;
+mod json;
+mod setup;
+mod test;
+mod util;
+mod vm;
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Paths of the cargo workspace this xtask belongs to.
+pub struct Workspace {
+    /// The workspace root (where `Cargo.lock` is).
+    pub root: PathBuf,
+    /// Cargo's target directory (`$CARGO_TARGET_DIR` or `<root>/target`).
+    pub target: PathBuf,
+}
+
+impl Workspace {
+    /// The workspace xtask was built in.
+    pub fn locate() -> Self {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .expect("xtask lives in a workspace folder")
+            .to_path_buf();
+        let target = match std::env::var_os("CARGO_TARGET_DIR") {
+            Some(t) => root.join(t),
+            None => root.join("target"),
+        };
+        Workspace { root, target }
+    }
+
+    /// `target/testbed`: every test-bed asset and run dir.
+    pub fn testbed(&self) -> PathBuf {
+        self.target.join("testbed")
+    }
+}
+
+fn main() -> ExitCode {
+    let ws = Workspace::locate();
+    let result = cli::parse(std::env::args_os().skip(1).collect()).and_then(|task| match task {
+        cli::Task::Help(text) => {
+            let _ = writeln!(std::io::stdout(), "{text}");
+            Ok(0)
+        }
+        cli::Task::Setup => setup::setup(&ws).map(|_| 0),
+        cli::Task::Vm(args) => vm::main(&ws, &args),
+        cli::Task::Test(args) => test::main(&ws, &args),
+    });
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("xtask: error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}

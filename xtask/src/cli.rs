@@ -1,0 +1,369 @@
+//! The command line: a small hand-written parser (`--flag`, `--opt VALUE`, `--opt=VALUE`, `--`).
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::util::{err, Result};
+use crate::vm::Mode;
+
+const HELP: &str = "\
+vfpoll developer tasks
+
+Usage: cargo xtask <COMMAND> [OPTIONS]
+
+Commands:
+  setup   Install the host packages and build the QEMU test-bed assets (cached)
+  vm      Boot the test-bed guest and run one command in it
+  test    Run every test: fmt, clippy, host tests, then the test-bed tests in the guest
+  help    Print this help, or the help of a command (`cargo xtask help vm`)
+
+Each command has its own --help.";
+
+const SETUP_HELP: &str = "\
+Install the host packages and build the test-bed assets
+
+Usage: cargo xtask setup
+
+Installs the missing apt packages (qemu-system-x86 busybox-static fio nvme-cli gcc make bc
+python3 xz-utils libelf1 libssl3), fetches the Debian guest kernel that linux-image-amd64 depends
+on (apt-get download + dpkg -x, nothing installed), rebuilds vfio.ko with no-IOMMU support and
+builds both initramfs images. Everything lands under target/testbed/, keyed by kernel version;
+a second run only checks. Prints one line per step with its duration.";
+
+const VM_HELP: &str = "\
+Boot the test-bed guest (QEMU, TCG) and run one command in it
+
+Usage: cargo xtask vm [OPTIONS] -- <COMMAND> [ARGS]...
+
+The command runs as root in the guest, chrooted into the host's / (read-only, with a tmpfs
+overlay), in the current directory, with target/{debug,release} first on PATH. Exits with the
+command's exit code: 124 on timeout, 125 when the guest reported none.
+
+Options:
+      --noiommu          No vIOMMU; vfio.ko with enable_unsafe_noiommu_mode=1
+      --timeout <SECS>   Kill the guest after SECS seconds [default: 600]
+      --mem <SIZE>       Guest memory, as QEMU's -m takes it [default: 2G]
+      --smp <N>          Guest CPUs [default: 2]
+      --modules <A,B>    Modules to load before the command (empty: none)
+                         [default: nvme,e1000e,vfio-pci,vfio_iommu_type1]
+      --hugepages <N>    Reserve N 2 MiB hugepages before the command [default: 0]
+      --run-dir <DIR>    Where images, gpubar.shm and out/ go
+                         [default: target/testbed/run/<iommu|noiommu>]
+      --keep-run-dir     Reuse the run dir as it is (images keep their data) instead of
+                         recreating it
+      --no-build         Do not run `cargo build --workspace --bins` first
+      --print-cmd        Print the QEMU command line and exit (builds and boots nothing)
+  -v, --verbose          Show the guest init's lines and kernel warnings
+  -h, --help             Print this help";
+
+const TEST_HELP: &str = "\
+Run every test of the project
+
+Usage: cargo xtask test [OPTIONS]
+
+Steps: setup; cargo fmt --check; cargo clippy -D warnings; cargo test --workspace; then, for each
+integration-test binary of vfpoll-tests and each mode, one guest boot running its guest_* tests
+(ignored, --test-threads=1) followed by its host_check_* tests on the host, with
+VFPOLL_RUN_DIR=<run dir> and the boot's VFPOLL_SEED. Ends with a summary table; exits non-zero
+when any step failed.
+
+Options:
+      --host-only          Only fmt, clippy and the host tests (no setup, no guest)
+      --filter <SUBSTR>    Only tests whose name (or binary name) contains SUBSTR; also passed
+                           to `cargo test --workspace`
+      --mode <MODE>        iommu, noiommu or both [default: both]
+      --timeout <SECS>     Per guest boot [default: 900]
+  -v, --verbose            Show the guest init's lines and kernel warnings
+  -h, --help               Print this help";
+
+/// What the command line asks for.
+#[derive(Debug)]
+pub enum Task {
+    /// Print this text and exit 0.
+    Help(&'static str),
+    /// `setup`.
+    Setup,
+    /// `vm`.
+    Vm(VmArgs),
+    /// `test`.
+    Test(TestArgs),
+}
+
+/// Options of `cargo xtask vm`.
+#[derive(Debug, Clone)]
+pub struct VmArgs {
+    /// Boot without vIOMMU, in vfio no-IOMMU mode.
+    pub mode: Mode,
+    /// Limit for the whole boot.
+    pub timeout: Duration,
+    /// `-m`.
+    pub mem: String,
+    /// `-smp`.
+    pub smp: u32,
+    /// Modules to load before the command; `None`: the default list.
+    pub modules: Option<Vec<String>>,
+    /// 2 MiB pages to reserve.
+    pub hugepages: u32,
+    /// Run dir; `None`: the default for the mode.
+    pub run_dir: Option<PathBuf>,
+    /// Reuse the run dir's images.
+    pub keep_run_dir: bool,
+    /// Skip `cargo build`.
+    pub no_build: bool,
+    /// Print the QEMU command line only.
+    pub print_cmd: bool,
+    /// Show init lines and kernel warnings.
+    pub verbose: bool,
+    /// The command and its arguments.
+    pub command: Vec<OsString>,
+}
+
+/// Options of `cargo xtask test`.
+#[derive(Debug, Clone)]
+pub struct TestArgs {
+    /// Skip setup and the guest.
+    pub host_only: bool,
+    /// Test-name substring.
+    pub filter: Option<String>,
+    /// Modes to boot, in order.
+    pub modes: Vec<Mode>,
+    /// Limit per boot.
+    pub timeout: Duration,
+    /// Show init lines and kernel warnings.
+    pub verbose: bool,
+}
+
+/// Parses the arguments after `cargo xtask`.
+pub fn parse(args: Vec<OsString>) -> Result<Task> {
+    let mut p = Parser {
+        args: args.into_iter(),
+    };
+    let Some(cmd) = p.next_str()? else {
+        return Ok(Task::Help(HELP));
+    };
+    match cmd.as_str() {
+        "-h" | "--help" | "help" => Ok(Task::Help(match p.next_str()?.as_deref() {
+            Some("setup") => SETUP_HELP,
+            Some("vm") => VM_HELP,
+            Some("test") => TEST_HELP,
+            _ => HELP,
+        })),
+        "setup" => {
+            if let Some(a) = p.next_str()? {
+                return match a.as_str() {
+                    "-h" | "--help" => Ok(Task::Help(SETUP_HELP)),
+                    _ => Err(err!("setup: unexpected argument {a:?}")),
+                };
+            }
+            Ok(Task::Setup)
+        }
+        "vm" => parse_vm(p),
+        "test" => parse_test(p),
+        _ => Err(err!("unknown command {cmd:?}; try `cargo xtask --help`")),
+    }
+}
+
+fn parse_vm(mut p: Parser) -> Result<Task> {
+    let mut a = VmArgs {
+        mode: Mode::Iommu,
+        timeout: Duration::from_secs(600),
+        mem: "2G".into(),
+        smp: 2,
+        modules: None,
+        hugepages: 0,
+        run_dir: None,
+        keep_run_dir: false,
+        no_build: false,
+        print_cmd: false,
+        verbose: false,
+        command: Vec::new(),
+    };
+    while let Some(arg) = p.args.next() {
+        let s = arg.to_string_lossy().into_owned();
+        let (name, inline) = split_eq(&s);
+        match name {
+            "--" => {
+                a.command = p.args.by_ref().collect();
+                break;
+            }
+            "-h" | "--help" => return Ok(Task::Help(VM_HELP)),
+            "--noiommu" => a.mode = Mode::NoIommu,
+            "--keep-run-dir" => a.keep_run_dir = true,
+            "--no-build" => a.no_build = true,
+            "--print-cmd" => a.print_cmd = true,
+            "-v" | "--verbose" => a.verbose = true,
+            "--timeout" => a.timeout = secs(&p.value(name, inline)?)?,
+            "--mem" => a.mem = p.value(name, inline)?,
+            "--smp" => a.smp = number(name, &p.value(name, inline)?)?,
+            "--hugepages" => a.hugepages = number(name, &p.value(name, inline)?)?,
+            "--run-dir" => a.run_dir = Some(p.value(name, inline)?.into()),
+            "--modules" => {
+                let v = p.value(name, inline)?;
+                a.modules = Some(v.split(',').filter(|m| !m.is_empty()).map(String::from).collect());
+            }
+            _ if s.starts_with('-') => return Err(err!("vm: unknown option {s:?}")),
+            _ => {
+                // The command may also follow the options without `--`.
+                a.command.push(arg);
+                a.command.extend(p.args.by_ref());
+                break;
+            }
+        }
+    }
+    if a.command.is_empty() && !a.print_cmd {
+        return Err(err!(
+            "vm: no command given; usage: cargo xtask vm [OPTIONS] -- <COMMAND> [ARGS]..."
+        ));
+    }
+    if a.smp == 0 {
+        return Err(err!("vm: --smp must be at least 1"));
+    }
+    Ok(Task::Vm(a))
+}
+
+fn parse_test(mut p: Parser) -> Result<Task> {
+    let mut a = TestArgs {
+        host_only: false,
+        filter: None,
+        modes: vec![Mode::Iommu, Mode::NoIommu],
+        timeout: Duration::from_secs(900),
+        verbose: false,
+    };
+    while let Some(s) = p.next_str()? {
+        let (name, inline) = split_eq(&s);
+        match name {
+            "-h" | "--help" => return Ok(Task::Help(TEST_HELP)),
+            "--host-only" => a.host_only = true,
+            "-v" | "--verbose" => a.verbose = true,
+            "--filter" => a.filter = Some(p.value(name, inline)?),
+            "--timeout" => a.timeout = secs(&p.value(name, inline)?)?,
+            "--mode" => {
+                a.modes = match p.value(name, inline)?.as_str() {
+                    "iommu" => vec![Mode::Iommu],
+                    "noiommu" => vec![Mode::NoIommu],
+                    "both" => vec![Mode::Iommu, Mode::NoIommu],
+                    v => return Err(err!("test: --mode takes iommu, noiommu or both, not {v:?}")),
+                }
+            }
+            _ => return Err(err!("test: unexpected argument {s:?}")),
+        }
+    }
+    Ok(Task::Test(a))
+}
+
+struct Parser {
+    args: std::vec::IntoIter<OsString>,
+}
+
+impl Parser {
+    fn next_str(&mut self) -> Result<Option<String>> {
+        self.args
+            .next()
+            .map(|a| a.into_string().map_err(|a| err!("argument {a:?} is not UTF-8")))
+            .transpose()
+    }
+
+    /// The value of option `name`: after `=`, or the next argument.
+    fn value(&mut self, name: &str, inline: Option<&str>) -> Result<String> {
+        match inline {
+            Some(v) => Ok(v.to_string()),
+            None => self.next_str()?.ok_or_else(|| err!("{name} needs a value")),
+        }
+    }
+}
+
+/// `--opt=value` → (`--opt`, `Some("value")`); anything else → (arg, `None`).
+fn split_eq(s: &str) -> (&str, Option<&str>) {
+    match s.split_once('=') {
+        Some((n, v)) if n.starts_with("--") => (n, Some(v)),
+        _ => (s, None),
+    }
+}
+
+fn number(name: &str, v: &str) -> Result<u32> {
+    v.parse()
+        .map_err(|_| err!("{name} takes a whole number, not {v:?}"))
+}
+
+fn secs(v: &str) -> Result<Duration> {
+    let n: u64 = v
+        .parse()
+        .map_err(|_| err!("--timeout takes seconds, not {v:?}"))?;
+    Ok(Duration::from_secs(n))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &[&str]) -> Vec<OsString> {
+        s.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn vm_options_and_command() {
+        let Task::Vm(a) = parse(args(&[
+            "vm",
+            "--noiommu",
+            "--timeout=30",
+            "--modules",
+            "",
+            "--hugepages",
+            "8",
+            "--",
+            "sh",
+            "-c",
+            "exit 3",
+        ]))
+        .unwrap() else {
+            panic!("not vm")
+        };
+        assert_eq!(a.mode, Mode::NoIommu);
+        assert_eq!(a.timeout, Duration::from_secs(30));
+        assert_eq!(a.modules, Some(vec![]));
+        assert_eq!(a.hugepages, 8);
+        assert_eq!(a.command, args(&["sh", "-c", "exit 3"]));
+    }
+
+    #[test]
+    fn vm_command_options_are_not_ours() {
+        let Task::Vm(a) = parse(args(&["vm", "ls", "--help"])).unwrap() else {
+            panic!("not vm")
+        };
+        assert_eq!(a.command, args(&["ls", "--help"]));
+        assert!(parse(args(&["vm"])).is_err());
+        assert!(parse(args(&["vm", "--bogus", "--", "x"])).is_err());
+    }
+
+    #[test]
+    fn test_options() {
+        let Task::Test(a) = parse(args(&[
+            "test",
+            "--mode",
+            "noiommu",
+            "--filter=nvme",
+            "--host-only",
+        ]))
+        .unwrap() else {
+            panic!("not test")
+        };
+        assert_eq!(a.modes, vec![Mode::NoIommu]);
+        assert_eq!(a.filter.as_deref(), Some("nvme"));
+        assert!(a.host_only);
+        assert!(parse(args(&["test", "--mode", "kvm"])).is_err());
+    }
+
+    #[test]
+    fn help() {
+        assert!(matches!(parse(args(&[])).unwrap(), Task::Help(HELP)));
+        assert!(matches!(
+            parse(args(&["vm", "--help"])).unwrap(),
+            Task::Help(VM_HELP)
+        ));
+        assert!(matches!(
+            parse(args(&["help", "test"])).unwrap(),
+            Task::Help(TEST_HELP)
+        ));
+    }
+}

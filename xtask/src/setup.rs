@@ -1,0 +1,656 @@
+//! `cargo xtask setup`: host packages and the guest assets (kernel, modules, initramfs images).
+//!
+//! The guest kernel is Debian's own `linux-image-<ver>-amd64`, the one `linux-image-amd64`
+//! depends on. It is fetched with `apt-get download` and unpacked with `dpkg -x` under
+//! `target/testbed/kernel-<ver>/`; nothing of it is installed on the host. Debian builds it with
+//! `CONFIG_VFIO_NOIOMMU` unset, so `vfio.ko` alone is rebuilt out of tree from the matching
+//! `linux-source` with the no-IOMMU mode compiled in; it goes only into the no-IOMMU initramfs.
+//!
+//! Each asset is built once per kernel version; the initramfs images are rebuilt when anything
+//! that goes into them changes (the `guest/init` script, the module list, busybox, `vfio.ko`).
+
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use crate::cpio;
+use crate::util::{err, mkdir, read_opt, run_quiet, stdout_of, step, write, Context, Fnv, Note, Result};
+use crate::Workspace;
+
+/// Debian packages the test bed needs on the host. `gcc`, `make`, `bc`, `xz-utils` and the
+/// libraries of `linux-kbuild` build `vfio.ko`; `fio` and `nvme-cli` are for jobs in the guest.
+/// `binutils` (`strip`) comes with `gcc`.
+const PACKAGES: &[&str] = &[
+    "qemu-system-x86",
+    "busybox-static",
+    "fio",
+    "nvme-cli",
+    "gcc",
+    "make",
+    "bc",
+    "python3",
+    "xz-utils",
+    "libelf1",
+    "libssl3",
+];
+
+/// Modules copied into the initramfs, with everything they depend on.
+const MODULES: &[&str] = &[
+    "virtio_pci",
+    "9pnet_virtio",
+    "9p",
+    "overlay",
+    "nvme",
+    "e1000e",
+    "e1000",
+    "igb",
+    "vfio",
+    "vfio_iommu_type1",
+    "vfio_pci",
+    "uio_pci_generic",
+    "virtio_net",
+    "virtio_blk",
+];
+
+/// The guest's `/init`.
+pub const INIT: &str = include_str!("../guest/init");
+
+/// Bumped when the initramfs layout changes in a way the stamp cannot see.
+const INITRAMFS_FORMAT: &str = "vfpoll-initramfs-1";
+
+const BUSYBOX: &str = "/bin/busybox";
+/// Debian's Python, which has `lzma` (a `python3` first on `PATH` may be a build without it).
+const PYTHON: &str = "/usr/bin/python3";
+const QEMU: &str = "qemu-system-x86_64";
+
+/// Drive cache/AIO options, best first; `setup` keeps the first one QEMU accepts here.
+const DRIVE_OPTIONS: &[&str] = &[
+    "cache=none,aio=io_uring",
+    "cache=none,aio=threads",
+    "cache=writeback,aio=threads",
+];
+
+/// What a boot needs, all present on disk.
+#[derive(Debug, Clone)]
+pub struct Assets {
+    /// Guest kernel release, e.g. `6.1.0-56-amd64`.
+    pub kver: String,
+    /// Uncompressed kernel (ELF with a PVH entry point).
+    pub vmlinux: PathBuf,
+    /// Initramfs with Debian's modules.
+    pub initramfs_iommu: PathBuf,
+    /// Initramfs with the rebuilt, no-IOMMU-capable `vfio.ko`.
+    pub initramfs_noiommu: PathBuf,
+    /// Module names in the initramfs (with `_`, as the kernel spells them).
+    pub modules: Vec<String>,
+    /// Cache and AIO options for the NVMe image files.
+    pub drive_options: String,
+}
+
+/// Where the assets of one kernel version live.
+struct KernelDir {
+    kver: String,
+    dir: PathBuf,
+}
+
+impl KernelDir {
+    fn new(ws: &Workspace, kver: &str) -> Self {
+        KernelDir {
+            kver: kver.to_string(),
+            dir: ws.testbed().join(format!("kernel-{kver}")),
+        }
+    }
+    fn kroot(&self) -> PathBuf {
+        self.dir.join("kroot")
+    }
+    fn module_dir(&self) -> PathBuf {
+        self.kroot().join("lib/modules").join(&self.kver)
+    }
+    fn kroot_done(&self) -> PathBuf {
+        self.dir.join("kroot.done")
+    }
+    /// The Debian version of the kernel package, e.g. `6.1.192-2`.
+    fn package_version(&self) -> PathBuf {
+        self.dir.join("package-version")
+    }
+    fn vmlinux(&self) -> PathBuf {
+        self.dir.join("vmlinux")
+    }
+    fn kdev(&self) -> PathBuf {
+        self.dir.join("kdev")
+    }
+    fn vfio_ko(&self) -> PathBuf {
+        self.dir.join("vfio-noiommu.ko")
+    }
+    fn initramfs(&self, mode: &str) -> PathBuf {
+        self.dir.join(format!("initramfs-{mode}.cpio"))
+    }
+    fn complete(&self) -> bool {
+        self.kroot_done().exists() && self.vmlinux().exists() && self.vfio_ko().exists()
+    }
+}
+
+/// `cargo xtask setup`: everything, one line per step.
+pub fn setup(ws: &Workspace) -> Result<Assets> {
+    let mut apt = Apt::default();
+    step("setup", "apt packages", || apt.ensure_packages(PACKAGES))?;
+    let kd = step("setup", "kernel version", || {
+        let kver = apt.kernel_version()?;
+        Ok((KernelDir::new(ws, &kver), Note::Text(kver)))
+    })?;
+    mkdir(&kd.dir)?;
+    step("setup", "guest kernel", || fetch_kernel(&mut apt, ws, &kd))?;
+    step("setup", "vmlinux (PVH)", || extract_vmlinux(&kd))?;
+    step("setup", "vfio.ko (no-IOMMU)", || {
+        build_vfio_noiommu(&mut apt, ws, &kd)
+    })?;
+    let modules = step("setup", "initramfs (iommu)", || initramfs(&kd, "iommu", None))?;
+    step("setup", "initramfs (noiommu)", || {
+        initramfs(&kd, "noiommu", Some(&kd.vfio_ko()))
+    })?;
+    let drive_options = step("setup", "qemu drive options", || {
+        let o = probe_drive_options(ws)?;
+        Ok((o.clone(), Note::Text(o)))
+    })?;
+    write(&ws.testbed().join("current-kernel"), &kd.kver)?;
+    Ok(assets(&kd, modules, drive_options))
+}
+
+/// The assets of the last `setup`, brought up to date when that is cheap (initramfs images);
+/// runs the whole [`setup`] when anything else is missing.
+pub fn ensure(ws: &Workspace) -> Result<Assets> {
+    let tb = ws.testbed();
+    let kver = read_opt(&tb.join("current-kernel")).map(|s| s.trim().to_string());
+    let drive = read_opt(&tb.join("drive-options")).map(|s| s.trim().to_string());
+    let host_ok = Path::new(BUSYBOX).exists() && which(QEMU);
+    match (kver, drive) {
+        (Some(kver), Some(drive)) if host_ok && KernelDir::new(ws, &kver).complete() => {
+            let kd = KernelDir::new(ws, &kver);
+            let modules = ensure_initramfs(&kd, "iommu", None)?;
+            ensure_initramfs(&kd, "noiommu", Some(&kd.vfio_ko()))?;
+            Ok(assets(&kd, modules, drive))
+        }
+        _ => {
+            eprintln!("vm: test-bed assets missing, running `cargo xtask setup`");
+            setup(ws)
+        }
+    }
+}
+
+/// The assets as they are, without building anything (for `--print-cmd`).
+pub fn current(ws: &Workspace) -> Result<Assets> {
+    let tb = ws.testbed();
+    let kver = read_opt(&tb.join("current-kernel"))
+        .ok_or_else(|| err!("no test-bed assets yet: run `cargo xtask setup`"))?;
+    let kd = KernelDir::new(ws, kver.trim());
+    let drive = read_opt(&tb.join("drive-options")).unwrap_or_default();
+    let modules = module_closure(&kd)?.0;
+    Ok(assets(&kd, modules, drive.trim().to_string()))
+}
+
+fn assets(kd: &KernelDir, modules: Vec<String>, drive_options: String) -> Assets {
+    Assets {
+        kver: kd.kver.clone(),
+        vmlinux: kd.vmlinux(),
+        initramfs_iommu: kd.initramfs("iommu"),
+        initramfs_noiommu: kd.initramfs("noiommu"),
+        modules,
+        drive_options,
+    }
+}
+
+fn ensure_initramfs(kd: &KernelDir, mode: &str, vfio: Option<&Path>) -> Result<Vec<String>> {
+    let (modules, files) = module_closure(kd)?;
+    if read_opt(&stamp_path(kd, mode)).as_deref() == Some(&stamp(kd, &files, vfio)?) {
+        return Ok(modules);
+    }
+    step("setup", &format!("initramfs ({mode})"), || {
+        initramfs(kd, mode, vfio)
+    })
+}
+
+/// Is `prog` on `PATH`?
+fn which(prog: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(prog).is_file()))
+}
+
+/// apt, refreshing its package lists at most once, when they turn out to be missing or stale.
+#[derive(Default)]
+struct Apt {
+    updated: bool,
+}
+
+impl Apt {
+    fn update(&mut self) -> Result<bool> {
+        if self.updated {
+            return Ok(false);
+        }
+        eprintln!("setup: apt-get update");
+        run_quiet(Command::new("apt-get").args(["update", "-q"]))?;
+        self.updated = true;
+        Ok(true)
+    }
+
+    fn ensure_packages(&mut self, pkgs: &[&str]) -> Result<((), Note)> {
+        let out = Command::new("dpkg-query")
+            .args(["-W", "-f", "${Package} ${db:Status-Status}\\n"])
+            .args(pkgs)
+            .stderr(Stdio::null())
+            .output()
+            .context("cannot run dpkg-query (a Debian host is required)")?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let installed: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_suffix(" installed"))
+            .collect();
+        let missing: Vec<&str> = pkgs.iter().copied().filter(|p| !installed.contains(p)).collect();
+        if missing.is_empty() {
+            return Ok(((), Note::Cached));
+        }
+        eprintln!("setup: apt-get install {}", missing.join(" "));
+        let install = || {
+            run_quiet(
+                Command::new("apt-get")
+                    .args(["install", "-y", "-q", "--no-install-recommends"])
+                    .args(&missing)
+                    .env("DEBIAN_FRONTEND", "noninteractive"),
+            )
+        };
+        if install().is_err() && self.update()? {
+            install()?;
+        }
+        Ok(((), Note::Text(format!("installed {}", missing.join(" ")))))
+    }
+
+    /// The kernel release `linux-image-amd64` depends on, e.g. `6.1.0-56-amd64`.
+    fn kernel_version(&mut self) -> Result<String> {
+        loop {
+            let out = Command::new("apt-cache")
+                .args(["depends", "linux-image-amd64"])
+                .output()
+                .context("cannot run apt-cache")?;
+            let text = String::from_utf8_lossy(&out.stdout);
+            let kver = text.lines().find_map(|l| {
+                l.trim()
+                    .strip_prefix("Depends: linux-image-")
+                    .map(|v| v.trim().to_string())
+            });
+            match kver {
+                Some(v) => return Ok(v),
+                None if self.update()? => continue,
+                None => return Err(err!("apt-cache knows no linux-image-amd64\n{text}")),
+            }
+        }
+    }
+
+    /// `apt-get download` into `dir`; returns the `.deb` files, in the order of `pkgs`.
+    fn download(&mut self, dir: &Path, pkgs: &[String]) -> Result<Vec<PathBuf>> {
+        mkdir(dir)?;
+        let get = || {
+            run_quiet(
+                Command::new("apt-get")
+                    .arg("download")
+                    .args(pkgs)
+                    .current_dir(dir),
+            )
+        };
+        if let Err(e) = get() {
+            if !self.update()? {
+                return Err(e);
+            }
+            get()?;
+        }
+        pkgs.iter()
+            .map(|p| {
+                let name = p.split('=').next().unwrap_or(p);
+                find_deb(dir, name)
+            })
+            .collect()
+    }
+}
+
+fn find_deb(dir: &Path, name: &str) -> Result<PathBuf> {
+    let prefix = format!("{name}_");
+    for e in fs::read_dir(dir)? {
+        let p = e?.path();
+        let f = p.file_name().unwrap_or_default().to_string_lossy();
+        if f.starts_with(&prefix) && f.ends_with(".deb") {
+            return Ok(p);
+        }
+    }
+    Err(err!("apt-get download left no {name}_*.deb in {}", dir.display()))
+}
+
+fn dpkg_x(deb: &Path, into: &Path) -> Result<()> {
+    run_quiet(Command::new("dpkg").arg("-x").arg(deb).arg(into))?;
+    Ok(())
+}
+
+/// `linux-image-<kver>` unpacked into `kroot/`, with `modules.dep` from busybox's depmod
+/// (Debian generates it at install time; the host may not even have kmod).
+fn fetch_kernel(apt: &mut Apt, ws: &Workspace, kd: &KernelDir) -> Result<((), Note)> {
+    if kd.kroot_done().exists() {
+        return Ok(((), Note::Cached));
+    }
+    let debs = ws.testbed().join("debs");
+    let _ = fs::remove_dir_all(&debs);
+    let deb = &apt.download(&debs, &[format!("linux-image-{}", kd.kver)])?[0];
+    let version = stdout_of(Command::new("dpkg-deb").args(["-f"]).arg(deb).arg("Version"))?;
+    let _ = fs::remove_dir_all(kd.kroot());
+    dpkg_x(deb, &kd.kroot())?;
+    run_quiet(
+        Command::new(BUSYBOX)
+            .args(["depmod", "-b"])
+            .arg(kd.kroot())
+            .arg(&kd.kver),
+    )?;
+    write(&kd.package_version(), version.trim())?;
+    write(&kd.kroot_done(), "")?;
+    fs::remove_dir_all(&debs)?;
+    Ok((
+        (),
+        Note::Text(format!("linux-image-{} {}", kd.kver, version.trim())),
+    ))
+}
+
+/// The uncompressed kernel: QEMU boots it through its PVH entry point, which skips the
+/// real-mode setup and the in-guest XZ decompression (about 5 s of every boot under TCG).
+fn extract_vmlinux(kd: &KernelDir) -> Result<((), Note)> {
+    if kd.vmlinux().exists() {
+        return Ok(((), Note::Cached));
+    }
+    let script = "import sys, lzma\n\
+                  d = open(sys.argv[1], 'rb').read()\n\
+                  i = d.find(b'\\xfd7zXZ\\x00')\n\
+                  assert i >= 0, 'no XZ stream in the bzImage'\n\
+                  open(sys.argv[2], 'wb').write(lzma.LZMADecompressor().decompress(d[i:]))\n";
+    let tmp = kd.dir.join("vmlinux.tmp");
+    run_quiet(
+        Command::new(PYTHON)
+            .arg("-c")
+            .arg(script)
+            .arg(kd.kroot().join(format!("boot/vmlinuz-{}", kd.kver)))
+            .arg(&tmp),
+    )?;
+    if fs::read(&tmp)?.get(..4) != Some(b"\x7fELF") {
+        return Err(err!("{}: not an ELF file", tmp.display()));
+    }
+    fs::rename(&tmp, kd.vmlinux())?;
+    Ok(((), Note::None))
+}
+
+/// Rebuilds `vfio.ko` with `CONFIG_VFIO_NOIOMMU`: in 6.1 the whole no-IOMMU mode lives in
+/// `drivers/vfio/{vfio_main,container}.c`, so `vfio-pci.ko` and `vfio_iommu_type1.ko` stay Debian's.
+fn build_vfio_noiommu(apt: &mut Apt, ws: &Workspace, kd: &KernelDir) -> Result<((), Note)> {
+    if kd.vfio_ko().exists() {
+        return Ok(((), Note::Cached));
+    }
+    let kver = &kd.kver;
+    let version =
+        read_opt(&kd.package_version()).ok_or_else(|| err!("missing {}", kd.package_version().display()))?;
+    let version = version.trim();
+    // 6.1.0-56-amd64 -> series 6.1, common headers 6.1.0-56
+    let series = kver.split('.').take(2).collect::<Vec<_>>().join(".");
+    let common = kver.strip_suffix("-amd64").unwrap_or(kver);
+    let pkgs = [
+        format!("linux-source-{series}={version}"),
+        format!("linux-headers-{kver}={version}"),
+        format!("linux-headers-{common}-common={version}"),
+        format!("linux-kbuild-{series}={version}"),
+    ];
+    let debs_dir = ws.testbed().join("debs");
+    let _ = fs::remove_dir_all(&debs_dir);
+    let debs = apt.download(&debs_dir, &pkgs)?;
+    let kdev = kd.kdev();
+    let _ = fs::remove_dir_all(&kdev);
+    for deb in &debs {
+        dpkg_x(deb, &kdev)?;
+    }
+    fs::remove_dir_all(&debs_dir)?;
+
+    // Debian's headers Makefile includes the common headers by absolute path.
+    let headers = kdev.join(format!("usr/src/linux-headers-{kver}"));
+    let makefile = headers.join("Makefile");
+    let text = fs::read_to_string(&makefile).context(makefile.display())?;
+    let fixed = text.replace(
+        "include /usr/src/",
+        &format!("include {}/usr/src/", kdev.display()),
+    );
+    write(&makefile, fixed)?;
+
+    let tarball = kdev.join(format!("usr/src/linux-source-{series}.tar.xz"));
+    run_quiet(
+        Command::new("tar")
+            .arg("-xJf")
+            .arg(&tarball)
+            .arg(format!("linux-source-{series}/drivers/vfio"))
+            .current_dir(&kdev),
+    )?;
+    fs::remove_file(&tarball)?;
+    let src = kdev.join(format!("linux-source-{series}/drivers/vfio"));
+    let build = mkdir(kdev.join("vfio-noiommu"))?;
+    for f in ["vfio_main.c", "iova_bitmap.c", "container.c", "vfio.h"] {
+        fs::copy(src.join(f), build.join(f)).context(src.join(f).display())?;
+    }
+    write(
+        &build.join("Kbuild"),
+        "ccflags-y += -DCONFIG_VFIO_NOIOMMU=1\n\
+         obj-m += vfio.o\n\
+         vfio-y += vfio_main.o iova_bitmap.o container.o\n",
+    )?;
+    run_quiet(
+        Command::new("make")
+            .arg("-C")
+            .arg(&headers)
+            .arg(format!("M={}", build.display()))
+            .arg(format!("-j{}", num_cpus()))
+            .arg("modules"),
+    )?;
+    let ko = fs::read(build.join("vfio.ko"))?;
+    if !contains(&ko, b"parm=enable_unsafe_noiommu_mode") {
+        return Err(err!("the rebuilt vfio.ko lacks enable_unsafe_noiommu_mode"));
+    }
+    if !contains(&ko, format!("vermagic={kver} ").as_bytes()) {
+        return Err(err!("the rebuilt vfio.ko has the wrong vermagic"));
+    }
+    // Debian ships its modules without debug info; so does this one.
+    run_quiet(
+        Command::new("strip")
+            .arg("--strip-debug")
+            .arg(build.join("vfio.ko")),
+    )?;
+    fs::copy(build.join("vfio.ko"), kd.vfio_ko())?;
+    Ok(((), Note::Text(format!("from linux-source-{series} {version}"))))
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+fn num_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Kernel module name as the kernel spells it (`vfio-pci` and `vfio_pci` are one module).
+pub fn module_name(s: &str) -> String {
+    s.replace('-', "_")
+}
+
+/// The modules of [`MODULES`] and everything they depend on: (names, files relative to the
+/// module dir), from the unpacked kernel's `modules.dep`.
+fn module_closure(kd: &KernelDir) -> Result<(Vec<String>, Vec<String>)> {
+    let dep_path = kd.module_dir().join("modules.dep");
+    let deps = fs::read_to_string(&dep_path).context(dep_path.display())?;
+    let mut by_name = std::collections::HashMap::new();
+    for line in deps.lines() {
+        let Some((file, rest)) = line.split_once(':') else {
+            continue;
+        };
+        let stem = file.rsplit('/').next().unwrap_or(file);
+        let name = stem.split(".ko").next().unwrap_or(stem);
+        let rest: Vec<&str> = rest.split_whitespace().collect();
+        by_name.insert(module_name(name), (file, rest));
+    }
+    let mut files = std::collections::BTreeSet::new();
+    for m in MODULES {
+        let (file, rest) = by_name
+            .get(&module_name(m))
+            .ok_or_else(|| err!("module {m} is not in {}", dep_path.display()))?;
+        files.insert(file.to_string());
+        files.extend(rest.iter().map(|s| s.to_string()));
+    }
+    let mut names: Vec<String> = files
+        .iter()
+        .map(|f| {
+            let stem = f.rsplit('/').next().unwrap_or(f);
+            module_name(stem.split(".ko").next().unwrap_or(stem))
+        })
+        .collect();
+    names.sort();
+    Ok((names, files.into_iter().collect()))
+}
+
+fn stamp_path(kd: &KernelDir, mode: &str) -> PathBuf {
+    kd.dir.join(format!("initramfs-{mode}.stamp"))
+}
+
+/// A hash of everything that goes into an initramfs.
+fn stamp(kd: &KernelDir, files: &[String], vfio: Option<&Path>) -> Result<String> {
+    let bb = fs::metadata(BUSYBOX).context(BUSYBOX)?;
+    let mut h = Fnv::new()
+        .add(INITRAMFS_FORMAT.as_bytes())
+        .add(kd.kver.as_bytes())
+        .add(INIT.as_bytes())
+        .add(&bb.len().to_le_bytes())
+        .add(&bb.mtime().to_le_bytes());
+    for f in files {
+        h = h.add(f.as_bytes());
+    }
+    if let Some(ko) = vfio {
+        h = h.add(&fs::read(ko).context(ko.display())?);
+    }
+    Ok(h.hex())
+}
+
+/// Builds `initramfs-<mode>.cpio`: static busybox, `/init`, `/dev/console` and the module closure
+/// (with `vfio` replaced by `vfio_ko` when given), `modules.dep` made by busybox's depmod.
+fn initramfs(kd: &KernelDir, mode: &str, vfio_ko: Option<&Path>) -> Result<(Vec<String>, Note)> {
+    let (names, files) = module_closure(kd)?;
+    let stamp_now = stamp(kd, &files, vfio_ko)?;
+    let out = kd.initramfs(mode);
+    if out.exists() && read_opt(&stamp_path(kd, mode)).as_deref() == Some(&stamp_now) {
+        return Ok((names, Note::Cached));
+    }
+
+    // Stage the module tree so that busybox depmod can index exactly these modules.
+    let stage = kd.dir.join(format!("initramfs-{mode}.d"));
+    let _ = fs::remove_dir_all(&stage);
+    let mdir_rel = format!("lib/modules/{}", kd.kver);
+    let mdir = stage.join(&mdir_rel);
+    for f in &files {
+        let dst = mdir.join(f);
+        mkdir(dst.parent().unwrap_or(&mdir))?;
+        let is_vfio = f.rsplit('/').next().is_some_and(|s| s.starts_with("vfio.ko"));
+        match vfio_ko {
+            Some(ko) if is_vfio => {
+                if f.ends_with(".ko") {
+                    fs::copy(ko, &dst).context(ko.display())?;
+                } else {
+                    return Err(err!("{f}: cannot replace a compressed module"));
+                }
+            }
+            _ => {
+                fs::copy(kd.module_dir().join(f), &dst).context(f)?;
+            }
+        }
+    }
+    for f in ["modules.builtin", "modules.builtin.modinfo", "modules.order"] {
+        let src = kd.module_dir().join(f);
+        if src.exists() {
+            fs::copy(&src, mdir.join(f))?;
+        }
+    }
+    run_quiet(
+        Command::new(BUSYBOX)
+            .args(["depmod", "-b"])
+            .arg(&stage)
+            .arg(&kd.kver),
+    )?;
+
+    let tmp = out.with_extension("tmp");
+    let file = fs::File::create(&tmp).context(tmp.display())?;
+    let mut w = cpio::Writer::new(std::io::BufWriter::new(file));
+    for d in ["bin", "dev", "lib", "lib/modules"] {
+        w.dir(d, 0o755)?;
+    }
+    w.char_dev("dev/console", 0o600, 5, 1)?;
+    w.file("bin/busybox", 0o755, &fs::read(BUSYBOX).context(BUSYBOX)?)?;
+    w.file("init", 0o755, INIT.as_bytes())?;
+    add_tree(&mut w, &stage, &mdir_rel)?;
+    w.finish()?;
+    fs::rename(&tmp, &out)?;
+    fs::remove_dir_all(&stage)?;
+    write(&stamp_path(kd, mode), &stamp_now)?;
+    let size = fs::metadata(&out)?.len();
+    Ok((
+        names,
+        Note::Text(format!(
+            "{} modules, {:.1} MiB",
+            files.len(),
+            size as f64 / (1 << 20) as f64
+        )),
+    ))
+}
+
+/// Adds `root/rel` and everything below it, sorted so the archive is reproducible.
+fn add_tree<W: std::io::Write>(w: &mut cpio::Writer<W>, root: &Path, rel: &str) -> Result<()> {
+    let path = root.join(rel);
+    let meta = fs::metadata(&path)?;
+    let perm = meta.permissions().mode() & 0o7777;
+    if meta.is_dir() {
+        w.dir(rel, perm)?;
+        let mut names: Vec<String> = fs::read_dir(&path)?
+            .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+            .collect::<Result<_, _>>()?;
+        names.sort();
+        for n in names {
+            add_tree(w, root, &format!("{rel}/{n}"))?;
+        }
+    } else {
+        w.file(rel, perm, &fs::read(&path)?)?;
+    }
+    Ok(())
+}
+
+/// Finds the best drive options QEMU accepts for image files under `target/testbed/run`
+/// (`cache=none` needs O_DIRECT from the file system, `aio=io_uring` a kernel that allows it).
+fn probe_drive_options(ws: &Workspace) -> Result<String> {
+    let dir = mkdir(ws.testbed().join("run"))?;
+    let img = dir.join("probe.img");
+    fs::File::create(&img)?.set_len(1 << 20)?;
+    let mut found = None;
+    for opts in DRIVE_OPTIONS {
+        let mut child = Command::new(QEMU)
+            .args(["-machine", "none", "-nodefaults", "-display", "none"])
+            .args(["-monitor", "stdio", "-drive"])
+            .arg(format!("file={},if=none,id=d0,format=raw,{opts}", img.display()))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context(QEMU)?;
+        if let Some(mut stdin) = child.stdin.take() {
+            use std::io::Write;
+            let _ = stdin.write_all(b"quit\n");
+        }
+        if child.wait()?.success() {
+            found = Some(opts.to_string());
+            break;
+        }
+    }
+    fs::remove_file(&img)?;
+    let found = found.ok_or_else(|| err!("QEMU accepts none of {DRIVE_OPTIONS:?}"))?;
+    write(&ws.testbed().join("drive-options"), &found)?;
+    Ok(found)
+}

@@ -1,0 +1,651 @@
+//! `cargo xtask vm`: boot the test-bed guest, run one command in it, return its exit code.
+//!
+//! The command travels as a bash script, `<run-dir>/out/job.sh`, over the read-write 9p share
+//! `out`; the guest's `/init` runs it chrooted into the host's `/` and writes its exit status to
+//! `/out/exit-code`. The serial console carries the command's output (stdout and stderr merged)
+//! and a few `vm: ` lines of the init, which are hidden unless `--verbose`.
+
+use std::ffi::OsString;
+use std::fs;
+use std::io::{self, BufRead, BufReader, IsTerminal, Read, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::cli::VmArgs;
+use crate::setup::{self, module_name, Assets};
+use crate::util::{err, mkdir, run, secs, shell_quote_bytes, write, Context, Result};
+use crate::Workspace;
+
+/// Modules loaded before the command unless `--modules` says otherwise: every test device
+/// starts on its kernel driver, as on a real machine, and vfio-pci is ready to take it over.
+pub const DEFAULT_MODULES: &[&str] = &["nvme", "e1000e", "vfio-pci", "vfio_iommu_type1"];
+
+/// Exit code when the guest ran past the time limit (as `timeout(1)`).
+pub const EXIT_TIMEOUT: u8 = 124;
+/// Exit code when the guest reported no exit code (boot failure, panic, QEMU error).
+pub const EXIT_NO_CODE: u8 = 125;
+
+/// Host variables passed into the guest as they are (besides every `VFPOLL_*`).
+const PASS_ENV: &[&str] = &["RUST_LOG", "RUST_BACKTRACE"];
+
+/// How DMA is translated in the guest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Emulated VT-d (`intel-iommu`), type1 VFIO containers.
+    Iommu,
+    /// No vIOMMU; vfio's unsafe no-IOMMU mode (bus address = guest-physical address).
+    NoIommu,
+}
+
+impl Mode {
+    /// `iommu` or `noiommu`: the value of `VFPOLL_TESTBED` and the default run dir's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Iommu => "iommu",
+            Mode::NoIommu => "noiommu",
+        }
+    }
+}
+
+/// One boot, fully described.
+#[derive(Debug, Clone)]
+pub struct Boot {
+    /// IOMMU mode.
+    pub mode: Mode,
+    /// Limit for the whole boot.
+    pub timeout: Duration,
+    /// `-m`.
+    pub mem: String,
+    /// `-smp`.
+    pub smp: u32,
+    /// Modules to load before the command.
+    pub modules: Vec<String>,
+    /// 2 MiB pages to reserve before the command.
+    pub hugepages: u32,
+    /// Images, `gpubar.shm`, `out/`.
+    pub run_dir: PathBuf,
+    /// Keep the images of an earlier boot.
+    pub keep_run_dir: bool,
+    /// Show `vm: ` lines and kernel warnings.
+    pub verbose: bool,
+    /// Working directory of the command (a host path; the guest sees the host's `/`).
+    pub cwd: PathBuf,
+    /// Variables set for the command, after those passed through from the host.
+    pub env: Vec<(OsString, OsString)>,
+    /// The command and its arguments.
+    pub command: Vec<OsString>,
+}
+
+/// How a boot ended.
+#[derive(Debug, Clone, Copy)]
+pub struct Outcome {
+    /// The command's exit code, or [`EXIT_TIMEOUT`] / [`EXIT_NO_CODE`].
+    pub code: u8,
+    /// From QEMU's start to the job's start, when the job started.
+    pub boot: Option<Duration>,
+}
+
+/// `cargo xtask vm`.
+pub fn main(ws: &Workspace, a: &VmArgs) -> Result<u8> {
+    let boot = Boot {
+        mode: a.mode,
+        timeout: a.timeout,
+        mem: a.mem.clone(),
+        smp: a.smp,
+        modules: a
+            .modules
+            .clone()
+            .unwrap_or_else(|| DEFAULT_MODULES.iter().map(|s| s.to_string()).collect()),
+        hugepages: a.hugepages,
+        run_dir: match &a.run_dir {
+            Some(d) => std::env::current_dir()?.join(d),
+            None => default_run_dir(ws, a.mode.name()),
+        },
+        keep_run_dir: a.keep_run_dir,
+        verbose: a.verbose,
+        cwd: std::env::current_dir().context("current directory")?,
+        env: Vec::new(),
+        command: a.command.clone(),
+    };
+    if a.print_cmd {
+        let assets = setup::current(ws)?;
+        let q = qemu_command(&assets, &boot);
+        let _ = writeln!(io::stdout(), "{}", crate::util::show(&q));
+        return Ok(0);
+    }
+    let assets = setup::ensure(ws)?;
+    if !a.no_build {
+        build_bins(ws)?;
+    }
+    let out = run_boot(ws, &assets, &boot)?;
+    Ok(out.code)
+}
+
+/// `target/testbed/run/<name>`.
+pub fn default_run_dir(ws: &Workspace, name: &str) -> PathBuf {
+    ws.testbed().join("run").join(name)
+}
+
+/// `cargo build --workspace --bins`, so that the guest runs the current binaries.
+pub fn build_bins(ws: &Workspace) -> Result<()> {
+    run(cargo(ws).args(["build", "--workspace", "--bins"]))
+}
+
+/// The cargo that runs us (or `cargo`), in the workspace root.
+pub fn cargo(ws: &Workspace) -> Command {
+    let mut c = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    c.current_dir(&ws.root);
+    c
+}
+
+/// Prepares the run dir, boots, streams the console and returns the outcome.
+pub fn run_boot(ws: &Workspace, assets: &Assets, b: &Boot) -> Result<Outcome> {
+    for m in &b.modules {
+        if !assets.modules.contains(&module_name(m)) {
+            return Err(err!(
+                "module {m} is not in the initramfs; it has: {}",
+                assets.modules.join(" ")
+            ));
+        }
+    }
+    prepare_run_dir(b)?;
+    write(&b.run_dir.join("out/job.sh"), job_script(ws, b))?;
+    let mut qemu = qemu_command(assets, b);
+    write(&b.run_dir.join("qemu-cmd.txt"), crate::util::show(&qemu) + "\n")?;
+    eprintln!("vm: run dir {}", b.run_dir.display());
+
+    let t0 = Instant::now();
+    let mut child = qemu
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("cannot start qemu-system-x86_64")?;
+    let stdout = child.stdout.take().expect("piped");
+    let stderr = child.stderr.take().expect("piped");
+    let log = fs::File::create(b.run_dir.join("console.log"))?;
+    let verbose = b.verbose;
+    let (tx, rx) = mpsc::channel();
+    let console = thread::spawn(move || {
+        let started = stream_console(stdout, log, verbose, t0);
+        let _ = tx.send(());
+        started
+    });
+    let errors = thread::spawn(move || filter_stderr(stderr));
+
+    let timed_out = match rx.recv_timeout(b.timeout) {
+        Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => false,
+        Err(mpsc::RecvTimeoutError::Timeout) => {
+            let _ = child.kill();
+            true
+        }
+    };
+    let status = child.wait()?;
+    let total = t0.elapsed();
+    let started = console.join().unwrap_or(None);
+    let _ = errors.join();
+
+    let code = if timed_out {
+        eprintln!("vm: timeout after {}: guest killed", secs(b.timeout));
+        EXIT_TIMEOUT
+    } else {
+        match fs::read_to_string(b.run_dir.join("out/exit-code")) {
+            Ok(s) => s.trim().parse::<u8>().unwrap_or(EXIT_NO_CODE),
+            Err(_) => {
+                eprintln!(
+                    "vm: the guest reported no exit code (qemu: {status}); see {}",
+                    b.run_dir.join("console.log").display()
+                );
+                EXIT_NO_CODE
+            }
+        }
+    };
+    let boot = started.map(|s| s - t0);
+    eprintln!(
+        "vm: exit code {code}; job started after {}, {} in all",
+        boot.map_or("-".into(), secs),
+        secs(total)
+    );
+    Ok(Outcome { code, boot })
+}
+
+/// The image files of the guest's NVMe namespaces: (file, size in MiB).
+pub const IMAGES: &[(&str, u64)] = &[
+    ("nvme-a-ns1.img", 64),
+    ("nvme-a-ns2.img", 32),
+    ("nvme-b-ns1.img", 64),
+];
+/// The ivshmem backing file (the GPU-BAR stand-in) and its size in MiB.
+pub const GPUBAR: (&str, u64) = ("gpubar.shm", 64);
+
+/// Fresh zeroed (sparse) images and `gpubar.shm`, an empty `out/`; with `keep_run_dir` only
+/// what is missing is created and the old images keep their data.
+fn prepare_run_dir(b: &Boot) -> Result<()> {
+    let dir = mkdir(&b.run_dir)?;
+    let out = dir.join("out");
+    if !b.keep_run_dir {
+        for (f, _) in IMAGES.iter().chain([&GPUBAR]) {
+            remove_file(&dir.join(f))?;
+        }
+        if out.exists() {
+            fs::remove_dir_all(&out).context(out.display())?;
+        }
+    }
+    mkdir(&out)?;
+    for f in ["job.sh", "exit-code"] {
+        remove_file(&out.join(f))?;
+    }
+    for &(f, mib) in IMAGES.iter().chain([&GPUBAR]) {
+        let p = dir.join(f);
+        if !p.exists() {
+            fs::File::create(&p)
+                .and_then(|f| f.set_len(mib << 20))
+                .context(p.display())?;
+        }
+    }
+    Ok(())
+}
+
+fn remove_file(p: &Path) -> Result<()> {
+    match fs::remove_file(p) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(err!("{}: {e}", p.display())),
+        _ => Ok(()),
+    }
+}
+
+/// The bash script the guest runs: environment, hugepages, `cd`, then the command.
+fn job_script(ws: &Workspace, b: &Boot) -> Vec<u8> {
+    let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
+        .filter(|(k, _)| {
+            let k = k.to_string_lossy();
+            PASS_ENV.contains(&k.as_ref()) || k.starts_with("VFPOLL_")
+        })
+        .collect();
+    env.sort();
+    let path = format!(
+        "{}:{}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        ws.target.join("debug").display(),
+        ws.target.join("release").display()
+    );
+    env.push(("PATH".into(), path.into()));
+    env.push(("HOME".into(), "/root".into()));
+    // The command's stdout is the guest's console, a terminal; when ours is not, tell tools
+    // not to colour their output.
+    if io::stdout().is_terminal() {
+        env.extend(std::env::var_os("TERM").map(|t| ("TERM".into(), t)));
+    } else {
+        env.push(("TERM".into(), "dumb".into()));
+        env.push(("NO_COLOR".into(), "1".into()));
+    }
+    env.extend(b.env.iter().cloned());
+    env.push(("VFPOLL_TESTBED".into(), b.mode.name().into()));
+    env.push(("VFPOLL_TESTBED_OUT".into(), "/out".into()));
+
+    let mut s = b"# written by `cargo xtask vm`; run by the guest's /init\n".to_vec();
+    for (k, v) in env {
+        let k = k.to_string_lossy();
+        if k.is_empty() || !k.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'_') {
+            continue;
+        }
+        s.extend_from_slice(format!("export {k}=").as_bytes());
+        s.extend(shell_quote_bytes(v.as_bytes()));
+        s.push(b'\n');
+    }
+    if b.hugepages > 0 {
+        let n = b.hugepages;
+        s.extend_from_slice(
+            format!(
+                "echo {n} > /proc/sys/vm/nr_hugepages\n\
+                 read -r got < /proc/sys/vm/nr_hugepages\n\
+                 [ \"$got\" = {n} ] || {{ echo \"vm: error: only $got of {n} hugepages\"; exit {EXIT_NO_CODE}; }}\n"
+            )
+            .as_bytes(),
+        );
+    }
+    s.extend_from_slice(b"cd ");
+    s.extend(shell_quote_bytes(b.cwd.as_os_str().as_bytes()));
+    s.extend_from_slice(format!(" || exit {EXIT_NO_CODE}\nexec").as_bytes());
+    for a in &b.command {
+        s.push(b' ');
+        s.extend(shell_quote_bytes(a.as_bytes()));
+    }
+    s.push(b'\n');
+    s
+}
+
+/// A path inside a QEMU `key=value,...` option (commas doubled).
+fn opt_path(p: &Path) -> String {
+    p.display().to_string().replace(',', ",,")
+}
+
+/// The QEMU command line of a boot. PCI slots are fixed (see the crate docs).
+pub fn qemu_command(assets: &Assets, b: &Boot) -> Command {
+    let run = &b.run_dir;
+    let mut q = Command::new("qemu-system-x86_64");
+    q.args(["-machine", "q35", "-accel", "tcg", "-cpu", "max"])
+        .args(["-m", &b.mem, "-smp", &b.smp.to_string()])
+        // `-nographic` would also make SeaBIOS print (and reset the terminal) on the serial
+        // port; this is the same minus that, and without a monitor reading our stdin.
+        .args(["-display", "none", "-serial", "stdio", "-monitor", "none"])
+        .args(["-no-reboot", "-vga", "none"]);
+    // norandmaps: under TCG an exec at fresh random addresses is retranslated, 2.5-3x slower.
+    // mitigations=off: the guest is a test bed, and the barriers cost ~0.3 s of every boot.
+    let mut append = format!(
+        "console=ttyS0 panic=-1 norandmaps mitigations=off {} vfpoll.mods={}",
+        if b.verbose {
+            "loglevel=5"
+        } else {
+            "quiet loglevel=1"
+        },
+        b.modules.join(",")
+    );
+    let initrd = match b.mode {
+        Mode::Iommu => {
+            // Must come before the PCI devices it translates for.
+            q.args(["-device", "intel-iommu,intremap=on,caching-mode=on"]);
+            append.push_str(" intel_iommu=on");
+            &assets.initramfs_iommu
+        }
+        Mode::NoIommu => {
+            append.push_str(" vfio.enable_unsafe_noiommu_mode=1");
+            &assets.initramfs_noiommu
+        }
+    };
+    q.arg("-kernel")
+        .arg(&assets.vmlinux)
+        .arg("-initrd")
+        .arg(initrd)
+        .args(["-append", &append]);
+    let fsdev = |id: &str, path: &str, extra: &str, addr: u8| {
+        [
+            "-fsdev".to_string(),
+            format!("local,id={id},path={path},security_model=none,multidevs=remap{extra}"),
+            "-device".to_string(),
+            format!("virtio-9p-pci,fsdev={id},mount_tag={id},addr={addr}"),
+        ]
+    };
+    q.args(fsdev("hostroot", "/", ",readonly=on", 1));
+    q.args(fsdev("out", &opt_path(&run.join("out")), "", 2));
+    let drive = |id: &str, file: &str| {
+        [
+            "-drive".to_string(),
+            format!(
+                "file={},if=none,id={id},format=raw,{}",
+                opt_path(&run.join(file)),
+                assets.drive_options
+            ),
+        ]
+    };
+    q.args(["-device", "nvme,id=nvmea,serial=vfpoll-a,cmb_size_mb=16,addr=3"]);
+    q.args(drive("nvmea1", IMAGES[0].0));
+    q.args(["-device", "nvme-ns,drive=nvmea1,bus=nvmea,nsid=1"]);
+    q.args(drive("nvmea2", IMAGES[1].0));
+    q.args([
+        "-device",
+        "nvme-ns,drive=nvmea2,bus=nvmea,nsid=2,logical_block_size=4096,physical_block_size=4096",
+    ]);
+    q.args(["-device", "nvme,id=nvmeb,serial=vfpoll-b,addr=4"]);
+    q.args(drive("nvmeb1", IMAGES[2].0));
+    q.args(["-device", "nvme-ns,drive=nvmeb1,bus=nvmeb,nsid=1"]);
+    // Two NICs on one QEMU hub: frames go from one to the other and nowhere else.
+    // romfile= skips their iPXE option ROMs, which SeaBIOS would otherwise run at every boot.
+    for (i, addr) in [(0, 5), (1, 6)] {
+        q.args(["-netdev", &format!("hubport,id=hp{i},hubid=0")]);
+        q.args([
+            "-device",
+            &format!(
+                "e1000e,netdev=hp{i},mac=52:54:00:00:00:0{},addr={addr},romfile=",
+                i + 1
+            ),
+        ]);
+    }
+    q.args([
+        "-object",
+        &format!(
+            "memory-backend-file,id=gpubar,mem-path={},size={}M,share=on",
+            opt_path(&run.join(GPUBAR.0)),
+            GPUBAR.1
+        ),
+    ]);
+    q.args(["-device", "ivshmem-plain,memdev=gpubar,addr=7"]);
+    q
+}
+
+/// Copies QEMU's stderr to ours, without the one warning every boot gives (the NIC hub has no
+/// host-side port, on purpose).
+fn filter_stderr(stderr: impl Read) {
+    for line in BufReader::new(stderr).split(b'\n').map_while(|l| l.ok()) {
+        if contains(&line, b"is not connected to host network") {
+            continue;
+        }
+        let mut e = io::stderr().lock();
+        let _ = e.write_all(&line);
+        let _ = e.write_all(b"\n");
+    }
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// Streams the serial console to stdout (through [`ConsoleFilter`]) and, raw, to `log`;
+/// returns when the job started.
+fn stream_console(mut stdout: impl Read, mut log: fs::File, verbose: bool, t0: Instant) -> Option<Instant> {
+    let mut filter = ConsoleFilter::new(verbose);
+    let mut started = None;
+    let mut buf = [0u8; 8192];
+    loop {
+        let n = match stdout.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let _ = log.write_all(&buf[..n]);
+        let mut shown = Vec::new();
+        filter.feed(&buf[..n], &mut shown, |line| {
+            if started.is_none() && line.starts_with(b"vm: job start") {
+                let now = Instant::now();
+                started = Some(now);
+                if verbose {
+                    eprintln!("vm: job started after {}", secs(now - t0));
+                }
+            }
+        });
+        let mut o = io::stdout().lock();
+        let _ = o.write_all(&shown);
+        let _ = o.flush();
+    }
+    let mut shown = Vec::new();
+    filter.finish(&mut shown);
+    let _ = io::stdout().lock().write_all(&shown);
+    started
+}
+
+/// Turns the serial console into what the user should see: `\r\n` becomes `\n`, and lines of
+/// the guest init (`vm: ...`) are dropped unless verbose, except `vm: error...`; so is the
+/// kernel's chatter after the job. Partial lines pass as soon as they cannot be init lines, so
+/// output without a newline shows up live; the init's RS byte ends such a line.
+struct ConsoleFilter {
+    verbose: bool,
+    line: Vec<u8>,
+    /// Bytes of `line` already written out.
+    shown: usize,
+    /// Whether the current line is shown, once that is known.
+    show: Option<bool>,
+    /// A `\r` that may be the first half of `\r\n`.
+    cr: bool,
+    /// The job has ended: what follows is the kernel powering off.
+    after_job: bool,
+}
+
+const INIT_PREFIX: &[u8] = b"vm: ";
+/// Sent by the init before each of its lines: ends the current line if there is one.
+const RECORD_SEPARATOR: u8 = 0x1e;
+const INIT_ERROR: &[u8] = b"vm: error";
+
+impl ConsoleFilter {
+    fn new(verbose: bool) -> Self {
+        ConsoleFilter {
+            verbose,
+            line: Vec::new(),
+            shown: 0,
+            show: None,
+            cr: false,
+            after_job: false,
+        }
+    }
+
+    /// Whether a line starting with `start` is shown; `None` while that cannot be told yet.
+    fn decide(&self, start: &[u8], complete: bool) -> Option<bool> {
+        if start.starts_with(INIT_ERROR) {
+            Some(true)
+        } else if start.starts_with(INIT_PREFIX) && (complete || !INIT_ERROR.starts_with(start)) {
+            Some(self.verbose)
+        } else if self.after_job {
+            (complete || !INIT_PREFIX.starts_with(start)).then_some(self.verbose)
+        } else if complete || !INIT_PREFIX.starts_with(start) && !start.starts_with(INIT_PREFIX) {
+            Some(true)
+        } else {
+            None
+        }
+    }
+
+    /// Filters `bytes` into `out`; calls `on_line` with each complete line.
+    fn feed(&mut self, bytes: &[u8], out: &mut Vec<u8>, mut on_line: impl FnMut(&[u8])) {
+        for &b in bytes {
+            if self.cr && b != b'\n' {
+                self.push(b'\r');
+            }
+            self.cr = false;
+            match b {
+                b'\r' => self.cr = true,
+                RECORD_SEPARATOR if self.line.is_empty() => {}
+                RECORD_SEPARATOR | b'\n' => {
+                    let show = self.show.or(self.decide(&self.line, true)) == Some(true);
+                    if show {
+                        out.extend_from_slice(&self.line[self.shown..]);
+                        out.push(b'\n');
+                    }
+                    on_line(&self.line);
+                    if self.line.starts_with(b"vm: job exit") {
+                        self.after_job = true;
+                    }
+                    self.line.clear();
+                    self.shown = 0;
+                    self.show = None;
+                }
+                _ => self.push(b),
+            }
+        }
+        if self.show == Some(true) {
+            out.extend_from_slice(&self.line[self.shown..]);
+            self.shown = self.line.len();
+        }
+    }
+
+    fn push(&mut self, b: u8) {
+        self.line.push(b);
+        if self.show.is_none() {
+            self.show = self.decide(&self.line, false);
+        }
+    }
+
+    /// Flushes an unterminated last line.
+    fn finish(&mut self, out: &mut Vec<u8>) {
+        if !self.line.is_empty() && self.show.or(self.decide(&self.line, true)) == Some(true) {
+            out.extend_from_slice(&self.line[self.shown..]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn filter(verbose: bool, chunks: &[&[u8]]) -> (String, Vec<String>) {
+        let mut f = ConsoleFilter::new(verbose);
+        let mut out = Vec::new();
+        let mut lines = Vec::new();
+        for c in chunks {
+            f.feed(c, &mut out, |l| {
+                lines.push(String::from_utf8_lossy(l).into_owned())
+            });
+        }
+        f.finish(&mut out);
+        (String::from_utf8(out).unwrap(), lines)
+    }
+
+    #[test]
+    fn init_lines_are_hidden_unless_verbose() {
+        let input: &[&[u8]] = &[
+            b"vm: init\r\nhello\r\nv",
+            b"m: job start\r\nvm: error: x\r\nbye\r\n",
+            b"\x1evm: job exit 0\r\n[ 5.6] reboot: Power down\r\n",
+        ];
+        let (out, lines) = filter(false, input);
+        assert_eq!(out, "hello\nvm: error: x\nbye\n");
+        assert_eq!(lines[..4], ["vm: init", "hello", "vm: job start", "vm: error: x"]);
+        let (out, _) = filter(true, input);
+        assert_eq!(
+            out,
+            "vm: init\nhello\nvm: job start\nvm: error: x\nbye\nvm: job exit 0\n[ 5.6] reboot: Power down\n"
+        );
+    }
+
+    #[test]
+    fn partial_lines_stream_and_lone_cr_stays() {
+        let mut f = ConsoleFilter::new(false);
+        let mut out = Vec::new();
+        f.feed(b"test a ... ", &mut out, |_| {});
+        assert_eq!(out, b"test a ... ");
+        f.feed(b"ok\r", &mut out, |_| {});
+        f.feed(b"\n50%\r60%\r\n", &mut out, |_| {});
+        assert_eq!(out, b"test a ... ok\n50%\r60%\n");
+        // "vm" alone could still become an init line: held back.
+        let mut out = Vec::new();
+        f.feed(b"vm", &mut out, |_| {});
+        assert!(out.is_empty());
+        f.feed(b"x\n", &mut out, |_| {});
+        assert_eq!(out, b"vmx\n");
+        // An init line after an unterminated line ends it.
+        let mut out = Vec::new();
+        let mut lines = Vec::new();
+        f.feed(b"no newline\x1evm: job exit 0\r\n", &mut out, |l| {
+            lines.push(l.to_vec())
+        });
+        assert_eq!(out, b"no newline\n");
+        assert_eq!(lines, [b"no newline".to_vec(), b"vm: job exit 0".to_vec()]);
+    }
+
+    #[test]
+    fn job_script_quotes_and_sets_env() {
+        let ws = Workspace {
+            root: "/w".into(),
+            target: "/w/target".into(),
+        };
+        let b = Boot {
+            mode: Mode::NoIommu,
+            timeout: Duration::from_secs(1),
+            mem: "2G".into(),
+            smp: 2,
+            modules: vec![],
+            hugepages: 4,
+            run_dir: "/r".into(),
+            keep_run_dir: false,
+            verbose: false,
+            cwd: "/w/my dir".into(),
+            env: vec![("VFPOLL_SEED".into(), "42".into())],
+            command: vec!["sh".into(), "-c".into(), "echo 'hi'; exit 3".into()],
+        };
+        let s = String::from_utf8(job_script(&ws, &b)).unwrap();
+        assert!(s.contains("export PATH=/w/target/debug:/w/target/release:/usr/local/sbin:"));
+        assert!(s.contains("export VFPOLL_SEED=42\n"));
+        assert!(s.contains("export VFPOLL_TESTBED=noiommu\n"));
+        assert!(s.contains("echo 4 > /proc/sys/vm/nr_hugepages\n"));
+        assert!(s.contains("cd '/w/my dir' || exit 125\n"));
+        assert!(s.ends_with("exec sh -c 'echo '\\''hi'\\''; exit 3'\n"));
+    }
+}
