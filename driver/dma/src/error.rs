@@ -261,7 +261,7 @@ pub enum DmaError {
     /// The IOMMU refused a mapping.
     #[error(
         "IOMMU map of {len:#x} bytes at IOVA {iova} failed ({source}); check RLIMIT_MEMLOCK (VFIO counts mapped \
-         pages against it) and the container's IOVA ranges"
+         pages against it: `ulimit -l unlimited`, or run as root) and the container's IOVA ranges"
     )]
     Map {
         /// IOVA asked for.

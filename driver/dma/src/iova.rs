@@ -307,8 +307,16 @@ mod tests {
             );
             assert_eq!(a.free_ranges(), before);
         }
+        let y = a.alloc(P, 0).unwrap();
         a.free(x, 2 * P).unwrap();
         assert!(a.free(x, 2 * P).is_err(), "double free accepted");
+        // A range whose head is already free (overlaps the free range before it).
+        assert!(
+            a.free(Iova(x.get() + P), 2 * P).is_err(),
+            "overlap with the preceding free range accepted"
+        );
+        a.free(y, P).unwrap();
+        assert_eq!(a.free_ranges(), vec![P..=0xf_ffff]);
         assert!(a.alloc(0, 0).is_err());
         assert!(a.alloc(u64::MAX, 0).is_err());
     }

@@ -304,19 +304,26 @@ fn no_iommu_region_uses_physical_addresses() {
         let r = res.unwrap();
         assert_eq!(r.map_kind(), MapKind::NoIommu);
         assert_eq!(r.iova(), None);
+        let phys: Vec<u64> = (0..4)
+            .map(|i| virt_to_phys(r.as_ptr().wrapping_add(i * P)).unwrap().get())
+            .collect();
         for page in 0..4 {
-            let phys = virt_to_phys(r.as_ptr().wrapping_add(page * P)).unwrap();
-            assert_eq!(r.bus_addr(page * P + 12), BusAddr::from(phys).add(12));
-            let run = r.contiguous_len(page * P + 12);
-            assert!(
-                run >= P - 12 && run <= 4 * P - page * P - 12,
-                "run {run:#x} at page {page}"
+            assert_eq!(r.bus_addr(page * P + 12), BusAddr(phys[page] + 12));
+            // Expected run: this page plus every following page that is physically adjacent.
+            let adjacent = (page + 1..4)
+                .take_while(|&j| phys[j] == phys[j - 1] + P as u64)
+                .count();
+            assert_eq!(
+                r.contiguous_len(page * P + 12),
+                (1 + adjacent) * P - 12,
+                "page {page}, phys {phys:x?}"
             );
         }
     } else {
         assert!(matches!(res, Err(DmaError::PhysAddrNeedsRoot)), "{res:?}");
     }
     assert!(fake.calls().is_empty(), "no-IOMMU mode must not call map");
+    assert_eq!(ctx.iova_total_free(), 0, "no-IOMMU mode has no IOVA space");
 }
 
 #[test]
@@ -484,10 +491,23 @@ fn no_iommu_hugepages_are_contiguous_within_a_page() {
     if !can_read_pfns().unwrap() {
         panic!("this test needs root as well as hugepages");
     }
-    for page in 0..2usize {
-        let b = r.bus_addr(page << 21);
+    let (b0, b1) = (r.bus_addr(0), r.bus_addr(2 << 20));
+    for (page, b) in [(0usize, b0), (1, b1)] {
         assert!(b.is_aligned(2 << 20), "hugepage {page} at {b} not 2 MiB aligned");
-        assert_eq!(r.bus_addr((page << 21) + 0x1f_ffff), b.add(0x1f_ffff));
-        assert!(r.contiguous_len(page << 21) >= 2 << 20);
+        assert_eq!(
+            r.bus_addr((page << 21) + 0x1f_ffff),
+            b.add(0x1f_ffff),
+            "hugepage {page} not contiguous"
+        );
     }
+    let adjacent = b1 == b0.add(2 << 20);
+    assert_eq!(
+        r.contiguous_len(0x10),
+        if adjacent {
+            (4 << 20) - 0x10
+        } else {
+            (2 << 20) - 0x10
+        }
+    );
+    assert_eq!(r.contiguous_len((2 << 20) + 0x10), (2 << 20) - 0x10);
 }
