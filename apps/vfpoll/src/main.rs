@@ -1,3 +1,121 @@
-//! The `vfpoll` command-line tool (being written).
+//! `vfpoll`: prepares a Linux machine for vfpoll's user-space NVMe and NIC drivers (hugepages,
+//! hugetlbfs, `vfio-pci` bindings), shows its state and checks it.
+//!
+//! This file only parses the command line and dispatches: each subcommand is a module with an
+//! `Args` struct and a `run(&Ctx, Args) -> anyhow::Result<ExitCode>`. Add a subcommand by adding
+//! a module and one line to [`Cmd`] and to the `match` in `main`.
+
 #![forbid(unsafe_code)]
-fn main() {}
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod bind;
+mod ctx;
+mod doctor;
+mod reset;
+mod setup;
+mod status;
+mod table;
+
+#[cfg(test)]
+#[path = "../tests/fake/mod.rs"]
+mod fake;
+
+use ctx::Ctx;
+
+/// Set up, inspect and check a machine for vfpoll's user-space (VFIO) NVMe and NIC drivers.
+#[derive(Debug, Parser)]
+#[command(name = "vfpoll", version, propagate_version = true)]
+struct Cli {
+    /// Log more on stderr: -v info, -vv debug, -vvv trace (RUST_LOG, when set, wins).
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    /// Use DIR/sys, DIR/proc, DIR/dev and DIR/run/vfpoll instead of the machine's: for tests on
+    /// fake trees. Loads no module and mounts nothing.
+    #[arg(long, global = true, hide = true, value_name = "DIR")]
+    root: Option<PathBuf>,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Reserve hugepages, mount hugetlbfs, load vfio-pci and bind devices to it.
+    ///
+    /// One printed line per action: make the hugepage pools hold at least --hugepages MiB (spread
+    /// evenly over the NUMA nodes unless --node), mount hugetlbfs on --mount unless one is there,
+    /// load vfio-pci when a device is to be bound, and bind the devices of --bind (default: every
+    /// NVMe controller the kernel does not use). The driver each device had is recorded under
+    /// /run/vfpoll for `vfpoll reset`. A failed step does not stop the others; the exit code is 1
+    /// if any failed.
+    Setup(setup::Args),
+    /// Bind devices to vfio-pci, recording their kernel drivers.
+    ///
+    /// Refuses a device the kernel uses (a mounted file system, swap or dm/md/LVM on an NVMe
+    /// namespace; a network interface that is up) unless --force, and a device whose IOMMU group
+    /// holds devices on other kernel drivers. Loads vfio-pci when needed, then waits for the
+    /// device's /dev/vfio node. The driver each device had is recorded under /run/vfpoll, so
+    /// `vfpoll reset` can give it back. Binding a device already on vfio-pci changes nothing.
+    Bind(bind::Args),
+    /// Give devices back to their original kernel drivers.
+    ///
+    /// Clears driver_override, unbinds vfio-pci and lets the kernel probe the device again; if
+    /// the driver recorded at bind time does not take it, loads that driver's module and probes
+    /// once more. Without arguments, or with `all`, acts on every device vfpoll bound (recorded
+    /// under /run/vfpoll); devices put on vfio-pci by something else (a VM, say) are left alone
+    /// unless named.
+    #[command(visible_alias = "unbind")]
+    Reset(reset::Args),
+    /// Show NVMe and NIC devices, IOMMU groups, hugepages, mounts and limits.
+    ///
+    /// Devices: NVMe controllers, NICs, and anything else on vfio-pci or bound by vfpoll, with
+    /// their driver (and the one they had before vfpoll bound them), NUMA node, IOMMU group, the
+    /// other members of the group with their drivers, and how the kernel uses them. Then the
+    /// IOMMU state, the hugepage pools per size and NUMA node, hugetlbfs mounts, and the memlock
+    /// limit of this process.
+    Status(status::Args),
+    /// Check everything a run needs, with the fix for each problem; exits 1 on any FAIL.
+    ///
+    /// Checks the IOMMU (or, with --noiommu, vfio's no-IOMMU mode); the vfio, vfio-pci and
+    /// vfio_iommu_type1 modules; /dev/vfio/vfio; each device (--device; default: every device on
+    /// vfio-pci): on vfio-pci, IOMMU group viable, group node read-write; free hugepages against
+    /// --hugepages; a hugetlbfs mount; the memlock limit. Prints OK, WARN or FAIL per finding,
+    /// with the command that fixes it.
+    Doctor(doctor::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let level = match cli.verbose {
+        0 => "warn",
+        1 => "info",
+        2 => "debug",
+        _ => "trace",
+    };
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level)).init();
+    let ctx = Ctx::new(cli.root);
+    let result = match cli.cmd {
+        Cmd::Setup(a) => setup::run(&ctx, a),
+        Cmd::Bind(a) => bind::run(&ctx, a),
+        Cmd::Reset(a) => reset::run(&ctx, a),
+        Cmd::Status(a) => status::run(&ctx, a),
+        Cmd::Doctor(a) => doctor::run(&ctx, a),
+    };
+    result.unwrap_or_else(|e| {
+        eprintln!("vfpoll: error: {e:#}");
+        ExitCode::FAILURE
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_well_formed() {
+        super::Cli::command().debug_assert();
+    }
+}

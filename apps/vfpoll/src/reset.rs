@@ -1,0 +1,61 @@
+//! `vfpoll reset|unbind [BDF...|all]`.
+
+use std::process::ExitCode;
+
+use anyhow::bail;
+use vfpoll_pci::bind::{recorded, unbind_to_kernel_with};
+use vfpoll_pci::Bdf;
+
+use crate::ctx::Ctx;
+
+/// Options of `vfpoll reset`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// PCI addresses, or `all` (the default): every device vfpoll bound.
+    #[arg(value_name = "BDF|all")]
+    pub devices: Vec<String>,
+}
+
+/// Gives each device back; prints one line per device. Exit 1 if any failed.
+pub fn run(ctx: &Ctx, args: Args) -> anyhow::Result<ExitCode> {
+    let mut targets: Vec<Bdf> = Vec::new();
+    for d in &args.devices {
+        if d == "all" {
+            targets.extend(recorded(&ctx.state_dir).into_iter().map(|r| r.bdf));
+        } else {
+            match d.parse() {
+                Ok(b) => targets.push(b),
+                Err(e) => bail!("{e}; or write `all`"),
+            }
+        }
+    }
+    if args.devices.is_empty() {
+        targets = recorded(&ctx.state_dir).into_iter().map(|r| r.bdf).collect();
+    }
+    targets.sort();
+    targets.dedup();
+    if targets.is_empty() {
+        println!(
+            "nothing to give back: vfpoll has bound no device (records in {}); name a device to give back one bound by something else",
+            ctx.state_dir.join("bound").display()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let opts = ctx.bind_options(false);
+    let mut kernel = ctx.kernel();
+    let mut failed = 0;
+    for bdf in targets {
+        match unbind_to_kernel_with(&ctx.host, kernel.as_mut(), bdf, &opts) {
+            Ok(out) => println!("reset {out}"),
+            Err(e) => {
+                eprintln!("vfpoll: error: {e}");
+                failed += 1;
+            }
+        }
+    }
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
