@@ -1,0 +1,389 @@
+//! Admin commands (NVMe Base 2.0 §5).
+
+use crate::ctrl::{Controller, DbBuf, Outcome, AER_LIMIT};
+use crate::dptr::{self, copy_to_host};
+use crate::queue::{Command, Cq, Sq, CQE_SIZE, SQE_SIZE};
+use crate::Status;
+
+/// Admin opcodes (§5, Figure 139).
+pub mod opcode {
+    /// Delete I/O Submission Queue.
+    pub const DELETE_IO_SQ: u8 = 0x00;
+    /// Create I/O Submission Queue.
+    pub const CREATE_IO_SQ: u8 = 0x01;
+    /// Get Log Page.
+    pub const GET_LOG_PAGE: u8 = 0x02;
+    /// Delete I/O Completion Queue.
+    pub const DELETE_IO_CQ: u8 = 0x04;
+    /// Create I/O Completion Queue.
+    pub const CREATE_IO_CQ: u8 = 0x05;
+    /// Identify.
+    pub const IDENTIFY: u8 = 0x06;
+    /// Abort.
+    pub const ABORT: u8 = 0x08;
+    /// Set Features.
+    pub const SET_FEATURES: u8 = 0x09;
+    /// Get Features.
+    pub const GET_FEATURES: u8 = 0x0a;
+    /// Asynchronous Event Request.
+    pub const ASYNC_EVENT_REQUEST: u8 = 0x0c;
+    /// Doorbell Buffer Config.
+    pub const DOORBELL_BUFFER_CONFIG: u8 = 0x7c;
+    /// Format NVM.
+    pub const FORMAT_NVM: u8 = 0x80;
+}
+
+/// Feature identifiers the model knows (§5.27.1, Figure 317).
+pub mod feature {
+    /// Arbitration.
+    pub const ARBITRATION: u8 = 0x01;
+    /// Power Management.
+    pub const POWER_MANAGEMENT: u8 = 0x02;
+    /// Temperature Threshold.
+    pub const TEMPERATURE_THRESHOLD: u8 = 0x04;
+    /// Error Recovery.
+    pub const ERROR_RECOVERY: u8 = 0x05;
+    /// Volatile Write Cache.
+    pub const VOLATILE_WRITE_CACHE: u8 = 0x06;
+    /// Number of Queues.
+    pub const NUMBER_OF_QUEUES: u8 = 0x07;
+    /// Interrupt Coalescing.
+    pub const INTERRUPT_COALESCING: u8 = 0x08;
+    /// Interrupt Vector Configuration.
+    pub const INTERRUPT_VECTOR_CONFIG: u8 = 0x09;
+    /// Write Atomicity Normal.
+    pub const WRITE_ATOMICITY: u8 = 0x0a;
+    /// Asynchronous Event Configuration.
+    pub const ASYNC_EVENT_CONFIG: u8 = 0x0b;
+}
+
+/// Log page identifiers (§5.16.1).
+pub mod log_page {
+    /// Error Information.
+    pub const ERROR_INFORMATION: u8 = 0x01;
+    /// SMART / Health Information.
+    pub const SMART: u8 = 0x02;
+    /// Firmware Slot Information.
+    pub const FIRMWARE_SLOT: u8 = 0x03;
+}
+
+impl Controller {
+    /// Executes an admin command.
+    pub(crate) fn admin(&mut self, cmd: &Command) -> Outcome {
+        // §4.1: fused operations are not supported (FUSES = 0); over PCIe, admin commands use
+        // PRPs only (NVMe over PCIe 1.0 §2.1.2).
+        if cmd.fuse() != 0 || cmd.psdt() != 0 {
+            return Status::INVALID_FIELD.into();
+        }
+        match cmd.opcode() {
+            opcode::DELETE_IO_SQ => self.delete_sq(cmd).into(),
+            opcode::CREATE_IO_SQ => self.create_sq(cmd).into(),
+            opcode::GET_LOG_PAGE => self.get_log_page(cmd).into(),
+            opcode::DELETE_IO_CQ => self.delete_cq(cmd).into(),
+            opcode::CREATE_IO_CQ => self.create_cq(cmd).into(),
+            opcode::IDENTIFY => self.identify(cmd).into(),
+            opcode::ABORT => self.abort(cmd),
+            opcode::SET_FEATURES => self.set_features(cmd),
+            opcode::GET_FEATURES => self.get_features(cmd),
+            opcode::ASYNC_EVENT_REQUEST => self.async_event_request(),
+            opcode::DOORBELL_BUFFER_CONFIG if self.cfg.doorbell_buffer_config => {
+                self.doorbell_buffer_config(cmd).into()
+            }
+            opcode::FORMAT_NVM => self.format(cmd).into(),
+            _ => Status::INVALID_OPCODE.into(),
+        }
+    }
+
+    /// Copies `self.buf[..len]` to the host through the command's PRPs.
+    pub(crate) fn send(&mut self, cmd: &Command, len: usize) -> Status {
+        if self.cfg.max_transfer().is_some_and(|m| len as u64 > m) {
+            return Status::INVALID_FIELD;
+        }
+        if let Err(s) = dptr::prp(
+            &self.mem,
+            cmd.prp1(),
+            cmd.prp2(),
+            len as u64,
+            self.page,
+            &mut self.segs,
+        ) {
+            return s;
+        }
+        copy_to_host(&self.segs, &self.buf[..len]);
+        Status::SUCCESS
+    }
+
+    /// Create I/O Completion Queue (§5.4): CDW10 QID and QSIZE (0's based), CDW11 PC, IEN, IV;
+    /// PRP1 the page-aligned base. Interrupts are not modelled: IEN and IV are accepted and
+    /// ignored. The model also checks that the whole queue translates (Data Transfer Error if not),
+    /// which a real controller would find only on first use.
+    fn create_cq(&mut self, cmd: &Command) -> Status {
+        let (qid, size) = (cmd.cdw(10) as u16, (cmd.cdw(10) >> 16) + 1);
+        if qid == 0 || qid > self.nq.1 || self.cqs[qid as usize].is_some() {
+            return Status::INVALID_QID;
+        }
+        if size < 2 || size > self.cfg.max_queue_entries {
+            return Status::INVALID_QUEUE_SIZE;
+        }
+        if cmd.cdw(11) & 1 == 0 || !cmd.prp1().is_multiple_of(self.page) {
+            // CAP.CQR = 1: queues must be physically contiguous and page aligned.
+            return Status::INVALID_FIELD;
+        }
+        if let Err(e) = self.mem.check(cmd.prp1(), (size as u64 * CQE_SIZE) as usize) {
+            log::debug!("Create I/O CQ {qid}: {e}");
+            return Status::DATA_TRANSFER_ERROR;
+        }
+        self.cqs[qid as usize] = Some(Cq::new(cmd.prp1(), size));
+        insert_sorted(&mut self.active_cqs, qid);
+        self.init_shadow(qid, true);
+        Status::SUCCESS
+    }
+
+    /// Create I/O Submission Queue (§5.5): CDW10 QID and QSIZE, CDW11 PC, QPRIO (ignored:
+    /// round robin only) and CQID.
+    fn create_sq(&mut self, cmd: &Command) -> Status {
+        let (qid, size) = (cmd.cdw(10) as u16, (cmd.cdw(10) >> 16) + 1);
+        let cqid = (cmd.cdw(11) >> 16) as u16;
+        if qid == 0 || qid > self.nq.0 || self.sqs[qid as usize].is_some() {
+            return Status::INVALID_QID;
+        }
+        if size < 2 || size > self.cfg.max_queue_entries {
+            return Status::INVALID_QUEUE_SIZE;
+        }
+        if cqid == 0 || self.cqs.get(cqid as usize).is_none_or(Option::is_none) {
+            return Status::CQ_INVALID;
+        }
+        if cmd.cdw(11) & 1 == 0 || !cmd.prp1().is_multiple_of(self.page) {
+            return Status::INVALID_FIELD;
+        }
+        if let Err(e) = self.mem.check(cmd.prp1(), (size as u64 * SQE_SIZE) as usize) {
+            log::debug!("Create I/O SQ {qid}: {e}");
+            return Status::DATA_TRANSFER_ERROR;
+        }
+        self.sqs[qid as usize] = Some(Sq::new(cmd.prp1(), size, cqid));
+        if let Some(cq) = self.cqs[cqid as usize].as_mut() {
+            cq.sqs += 1;
+        }
+        insert_sorted(&mut self.active_sqs, qid);
+        self.init_shadow(qid, false);
+        Status::SUCCESS
+    }
+
+    /// Delete I/O Submission Queue (§5.6). Commands of the queue still outstanding in the model
+    /// (delayed or dropped by a fault) complete first with Command Aborted due to SQ Deletion.
+    fn delete_sq(&mut self, cmd: &Command) -> Status {
+        let qid = cmd.cdw(10) as u16;
+        if qid == 0 || self.sqs.get(qid as usize).is_none_or(Option::is_none) {
+            return Status::INVALID_QID;
+        }
+        self.complete_outstanding(Status::ABORTED_SQ_DELETION, |c| c.sqid == qid);
+        let sq = self.sqs[qid as usize].take().expect("checked above");
+        if let Some(cq) = self.cqs[sq.cqid as usize].as_mut() {
+            cq.sqs -= 1;
+        }
+        self.active_sqs.retain(|&q| q != qid);
+        Status::SUCCESS
+    }
+
+    /// Delete I/O Completion Queue (§5.7): refused while submission queues use it.
+    fn delete_cq(&mut self, cmd: &Command) -> Status {
+        let qid = cmd.cdw(10) as u16;
+        let Some(cq) = self
+            .cqs
+            .get(qid as usize)
+            .and_then(Option::as_ref)
+            .filter(|_| qid != 0)
+        else {
+            return Status::INVALID_QID;
+        };
+        if cq.sqs > 0 {
+            return Status::INVALID_QUEUE_DELETION;
+        }
+        if !cq.backlog.is_empty() {
+            log::debug!(
+                "CQ {qid} deleted with {} completions never posted",
+                cq.backlog.len()
+            );
+        }
+        self.cqs[qid as usize] = None;
+        self.active_cqs.retain(|&q| q != qid);
+        Status::SUCCESS
+    }
+
+    /// Abort (§5.1): CDW10 SQID and CID. A command the model still holds (delayed, or dropped
+    /// by a fault) completes with Command Abort Requested and Abort returns dword 0 bit 0 = 0;
+    /// anything else (already completed, or never seen) gives bit 0 = 1, "not aborted".
+    fn abort(&mut self, cmd: &Command) -> Outcome {
+        let (sqid, cid) = (cmd.cdw(10) as u16, (cmd.cdw(10) >> 16) as u16);
+        let n = self.complete_outstanding(Status::ABORT_REQUESTED, |c| c.sqid == sqid && c.orig_cid == cid);
+        Outcome::Done(Status::SUCCESS, (n == 0) as u32)
+    }
+
+    /// Set Features (§5.27). Nothing is saveable (SV = 1 fails).
+    fn set_features(&mut self, cmd: &Command) -> Outcome {
+        let (fid, v) = (cmd.cdw(10) as u8, cmd.cdw(11));
+        if cmd.cdw(10) >> 31 != 0 {
+            return Status::FEATURE_NOT_SAVEABLE.into();
+        }
+        match fid {
+            feature::NUMBER_OF_QUEUES => {
+                let (nsqr, ncqr) = (v & 0xffff, v >> 16);
+                if nsqr == 0xffff || ncqr == 0xffff {
+                    return Status::INVALID_FIELD.into();
+                }
+                // §5.27.1.7: only before any I/O queue exists.
+                if self.active_sqs.len() > 1 || self.active_cqs.len() > 1 {
+                    return Status::COMMAND_SEQUENCE_ERROR.into();
+                }
+                let max = self.cfg.max_io_queue_pairs as u32;
+                self.nq = ((nsqr + 1).min(max) as u16, (ncqr + 1).min(max) as u16);
+                Outcome::Done(Status::SUCCESS, self.nq_dw0())
+            }
+            feature::VOLATILE_WRITE_CACHE if !self.cfg.volatile_write_cache => Status::INVALID_FIELD.into(),
+            feature::VOLATILE_WRITE_CACHE => {
+                self.features[fid as usize] = v & 1;
+                Status::SUCCESS.into()
+            }
+            // Only power state 0 exists (NPSS = 0).
+            feature::POWER_MANAGEMENT if v & 0x1f != 0 => Status::INVALID_FIELD.into(),
+            feature::ARBITRATION
+            | feature::POWER_MANAGEMENT
+            | feature::TEMPERATURE_THRESHOLD
+            | feature::ERROR_RECOVERY
+            | feature::INTERRUPT_COALESCING
+            | feature::INTERRUPT_VECTOR_CONFIG
+            | feature::WRITE_ATOMICITY
+            | feature::ASYNC_EVENT_CONFIG => {
+                self.features[fid as usize] = v;
+                Status::SUCCESS.into()
+            }
+            _ => Status::INVALID_FIELD.into(),
+        }
+    }
+
+    /// Number of Queues as dword 0 reports it: NSQA and NCQA, 0's based.
+    fn nq_dw0(&self) -> u32 {
+        (self.nq.0 as u32 - 1) | (self.nq.1 as u32 - 1) << 16
+    }
+
+    /// Get Features (§5.15): SEL 0 current, 1 default, 2 saved (= default), 3 capabilities
+    /// (changeable, neither saveable nor namespace specific).
+    fn get_features(&mut self, cmd: &Command) -> Outcome {
+        let (fid, sel) = (cmd.cdw(10) as u8, (cmd.cdw(10) >> 8) & 0x7);
+        let known =
+            matches!(fid, 0x01 | 0x02 | 0x04..=0x0b) && (fid != 0x06 || self.cfg.volatile_write_cache);
+        if !known || sel > 3 {
+            return Status::INVALID_FIELD.into();
+        }
+        let current = match fid {
+            feature::NUMBER_OF_QUEUES => self.nq_dw0(),
+            _ => self.features[fid as usize],
+        };
+        let dw0 = match sel {
+            0 => current,
+            3 => 1 << 2,
+            _ if fid == feature::NUMBER_OF_QUEUES => {
+                let max = self.cfg.max_io_queue_pairs as u32 - 1;
+                max | max << 16
+            }
+            _ => feature_defaults(&self.cfg)[fid as usize],
+        };
+        Outcome::Done(Status::SUCCESS, dw0)
+    }
+
+    /// Asynchronous Event Request (§5.2): up to AERL + 1 are held; the model raises no events,
+    /// so they stay outstanding until a controller reset.
+    fn async_event_request(&mut self) -> Outcome {
+        if self.aers >= AER_LIMIT {
+            return Status::AER_LIMIT_EXCEEDED.into();
+        }
+        self.aers += 1;
+        Outcome::Pending
+    }
+
+    /// Doorbell Buffer Config (§5.8): PRP1 the Shadow Doorbell buffer, PRP2 the EventIdx buffer,
+    /// each one page-aligned memory page. The entries of existing I/O queues are initialised with
+    /// the current tail and head.
+    fn doorbell_buffer_config(&mut self, cmd: &Command) -> Status {
+        let (shadow, eventidx) = (cmd.prp1(), cmd.prp2());
+        let page = self.page as usize;
+        if shadow % self.page != 0 || eventidx % self.page != 0 {
+            return Status::INVALID_FIELD;
+        }
+        if self.mem.check(shadow, page).is_err() || self.mem.check(eventidx, page).is_err() {
+            return Status::INVALID_FIELD;
+        }
+        self.dbbuf = Some(DbBuf { shadow, eventidx });
+        for i in 0..self.active_sqs.len() {
+            self.init_shadow(self.active_sqs[i], false);
+        }
+        for i in 0..self.active_cqs.len() {
+            self.init_shadow(self.active_cqs[i], true);
+        }
+        Status::SUCCESS
+    }
+
+    /// Writes a queue's current tail (SQ) or head (CQ) into its shadow doorbell entry and the
+    /// matching EventIdx, once Doorbell Buffer Config is in use (I/O queues only).
+    fn init_shadow(&mut self, qid: u16, cq: bool) {
+        let Some(db) = self.dbbuf.filter(|_| qid != 0) else {
+            return;
+        };
+        let index = ((2 * qid as usize + cq as usize) * self.stride) as u64;
+        let (value, size) = match cq {
+            false => self.sqs[qid as usize].as_mut().map(|q| {
+                q.shadow_db = q.tail;
+                (q.tail, q.size)
+            }),
+            true => self.cqs[qid as usize].as_mut().map(|q| {
+                q.shadow_db = q.head;
+                (q.head, q.size)
+            }),
+        }
+        .expect("queue exists");
+        let idx = self.cfg.event_idx.index(value, size);
+        // Checked to translate when the buffers were configured; a later failure is the host's
+        // unmapping, reported on the next poll.
+        let _ = self.mem.write_u32(db.shadow + index, value);
+        let _ = self.mem.write_u32(db.eventidx + index, idx);
+    }
+
+    /// Format NVM (§5.14): zeroes the namespace (or all, NSID FFFFFFFFh). Only LBA format 0
+    /// without protection information exists; Secure Erase Settings 0-2 are accepted.
+    fn format(&mut self, cmd: &Command) -> Status {
+        let dw10 = cmd.cdw(10);
+        let (lbaf, pi, ses) = (
+            (dw10 & 0xf) | ((dw10 >> 12) & 0x3) << 4,
+            (dw10 >> 5) & 0x7,
+            (dw10 >> 9) & 0x7,
+        );
+        if lbaf != 0 || pi != 0 {
+            return Status::INVALID_FORMAT;
+        }
+        if ses > 2 {
+            return Status::INVALID_FIELD;
+        }
+        match cmd.nsid() {
+            u32::MAX => self.ns.iter().for_each(|n| n.format()),
+            nsid => match self.ns_index(nsid) {
+                Some(i) => self.ns[i].format(),
+                None => return Status::INVALID_NAMESPACE,
+            },
+        }
+        Status::SUCCESS
+    }
+}
+
+/// Default feature values by feature ID (Number of Queues aside: see `Controller::nq`).
+pub(crate) fn feature_defaults(cfg: &crate::ModelConfig) -> [u32; 16] {
+    let mut f = [0; 16];
+    // Temperature Threshold: an over-temperature threshold of 343 K, as QEMU's.
+    f[feature::TEMPERATURE_THRESHOLD as usize] = 0x0157;
+    f[feature::VOLATILE_WRITE_CACHE as usize] = cfg.volatile_write_cache as u32;
+    f
+}
+
+fn insert_sorted(v: &mut Vec<u16>, q: u16) {
+    let at = v.partition_point(|&x| x < q);
+    v.insert(at, q);
+}

@@ -1,0 +1,279 @@
+//! What the model reports and how it behaves.
+
+use std::time::Duration;
+
+use crate::ModelError;
+
+/// One namespace of the NVM Command Set, held in memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamespaceConfig {
+    /// Namespace ID (1 ..= `0xffff_fffe`).
+    pub nsid: u32,
+    /// Logical block size in bytes: a power of two from 512 to 64 KiB (512 and 4096 are usual).
+    pub lba_size: u32,
+    /// Size in logical blocks (NSZE = NCAP = NUSE).
+    pub blocks: u64,
+    /// Metadata bytes per block; only 0 is supported.
+    pub metadata_size: u16,
+}
+
+impl NamespaceConfig {
+    /// A namespace of `blocks` blocks of `lba_size` bytes, without metadata.
+    pub fn new(nsid: u32, lba_size: u32, blocks: u64) -> Self {
+        NamespaceConfig {
+            nsid,
+            lba_size,
+            blocks,
+            metadata_size: 0,
+        }
+    }
+
+    /// Size in bytes.
+    pub fn bytes(&self) -> u64 {
+        self.blocks * self.lba_size as u64
+    }
+}
+
+/// What the model writes into the EventIdx buffer once Doorbell Buffer Config (NVMe Base 2.0
+/// §5.8) is in use. A host rings the MMIO doorbell after updating a shadow doorbell from `old`
+/// to `new` only when EventIdx lies in `[old, new)` (the Linux and SPDK `need_event` rule).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EventIdxPolicy {
+    /// EventIdx = the last value seen minus one: the host never needs to ring, since the model
+    /// polls the shadow doorbells anyway. What a polled controller wants.
+    #[default]
+    Suppress,
+    /// EventIdx = the last value seen: the host rings when it updates a doorbell the model has
+    /// caught up with (how QEMU sets it). For testing that a driver honours EventIdx.
+    Notify,
+}
+
+impl EventIdxPolicy {
+    /// The EventIdx to write for a queue of `size` entries whose doorbell moved to `value`.
+    pub(crate) fn index(self, value: u32, size: u32) -> u32 {
+        match self {
+            EventIdxPolicy::Suppress => (value + size - 1) % size,
+            EventIdxPolicy::Notify => value,
+        }
+    }
+}
+
+/// The model's configuration. `ModelConfig::default()` is a small controller with SGLs, a volatile
+/// write cache, shadow doorbells and one 16 MiB namespace of 512-byte blocks; change the public
+/// fields as needed.
+#[derive(Debug, Clone)]
+pub struct ModelConfig {
+    /// PCI Vendor ID reported in Identify Controller (VID; default Red Hat's, as QEMU's model).
+    pub vid: u16,
+    /// PCI Subsystem Vendor ID (SSVID).
+    pub ssvid: u16,
+    /// Serial Number (SN, ASCII, up to 20 characters).
+    pub serial: String,
+    /// Model Number (MN, ASCII, up to 40 characters).
+    pub model: String,
+    /// Firmware Revision (FR, ASCII, up to 8 characters).
+    pub firmware: String,
+    /// Maximum entries of an I/O queue (CAP.MQES + 1; 2 ..= 65536; default 1024).
+    pub max_queue_entries: u32,
+    /// Doorbell stride exponent (CAP.DSTRD: doorbells are `4 << dstrd` bytes apart; 0 ..= 8).
+    pub dstrd: u8,
+    /// Maximum Data Transfer Size as a power of two of the minimum memory page size (4 KiB):
+    /// 5 means 128 KiB; 0 means no limit.
+    pub mdts: u8,
+    /// Largest memory page size accepted in CC.MPS, as `12 + mps_max` bits (CAP.MPSMAX; default 4,
+    /// 64 KiB). CAP.MPSMIN is 0 (4 KiB).
+    pub mps_max: u8,
+    /// I/O submission and completion queues the controller offers (each; 1 ..= 4096; default 64).
+    pub max_io_queue_pairs: u16,
+    /// The namespaces; NN in Identify Controller is the largest NSID.
+    pub namespaces: Vec<NamespaceConfig>,
+    /// Whether SGLs are supported for I/O commands (SGLS; PSDT 01b).
+    pub sgl: bool,
+    /// Whether a volatile write cache is reported (VWC, feature 06h).
+    pub volatile_write_cache: bool,
+    /// Whether Doorbell Buffer Config (admin 7Ch, OACS bit 8) is supported.
+    pub doorbell_buffer_config: bool,
+    /// EventIdx policy when shadow doorbells are in use.
+    pub event_idx: EventIdxPolicy,
+    /// If set, every I/O command's completion is posted this long after the command was fetched
+    /// (admin commands complete at once); `None` completes immediately.
+    pub completion_latency: Option<Duration>,
+    /// How long the controller thread busy-polls after its last activity before it starts to
+    /// sleep between polls.
+    pub idle_spin: Duration,
+    /// The longest sleep between polls when idle (the sleep starts at a few microseconds and
+    /// doubles up to this).
+    pub max_idle_sleep: Duration,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        ModelConfig {
+            vid: 0x1b36,
+            ssvid: 0x1af4,
+            serial: "VFPOLL-MODEL-0001".into(),
+            model: "vfpoll NVMe model".into(),
+            firmware: "1.0".into(),
+            max_queue_entries: 1024,
+            dstrd: 0,
+            mdts: 5,
+            mps_max: 4,
+            max_io_queue_pairs: 64,
+            namespaces: vec![NamespaceConfig::new(1, 512, 32768)],
+            sgl: true,
+            volatile_write_cache: true,
+            doorbell_buffer_config: true,
+            event_idx: EventIdxPolicy::Suppress,
+            completion_latency: None,
+            idle_spin: Duration::from_micros(50),
+            max_idle_sleep: Duration::from_micros(100),
+        }
+    }
+}
+
+/// CAP.TO: the model reacts to CC.EN within microseconds; 5 s leaves room for a loaded test host.
+const CAP_TO_500MS: u64 = 10;
+
+impl ModelConfig {
+    /// Checks the configuration, naming the first problem.
+    pub fn validate(&self) -> Result<(), ModelError> {
+        let bad = |why: String| Err(ModelError::Config(why));
+        for (what, s, max) in [
+            ("serial", &self.serial, 20),
+            ("model", &self.model, 40),
+            ("firmware", &self.firmware, 8),
+        ] {
+            if s.len() > max || !s.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+                return bad(format!(
+                    "{what} {s:?} is not printable ASCII of at most {max} characters"
+                ));
+            }
+        }
+        if !(2..=65536).contains(&self.max_queue_entries) {
+            return bad(format!(
+                "max_queue_entries {} is not in 2..=65536",
+                self.max_queue_entries
+            ));
+        }
+        if self.dstrd > 8 {
+            return bad(format!("dstrd {} is over 8", self.dstrd));
+        }
+        if self.mdts > 20 {
+            return bad(format!("mdts {} is over 20", self.mdts));
+        }
+        if self.mps_max > 15 {
+            return bad(format!("mps_max {} is over 15", self.mps_max));
+        }
+        if !(1..=4096).contains(&self.max_io_queue_pairs) {
+            return bad(format!(
+                "max_io_queue_pairs {} is not in 1..=4096",
+                self.max_io_queue_pairs
+            ));
+        }
+        let mut seen = Vec::new();
+        for ns in &self.namespaces {
+            if ns.nsid == 0 || ns.nsid == u32::MAX || seen.contains(&ns.nsid) {
+                return bad(format!("namespace ID {:#x} is reserved or used twice", ns.nsid));
+            }
+            seen.push(ns.nsid);
+            if !ns.lba_size.is_power_of_two() || !(512..=65536).contains(&ns.lba_size) {
+                return bad(format!(
+                    "namespace {}: LBA size {} is not a power of two in 512..=65536",
+                    ns.nsid, ns.lba_size
+                ));
+            }
+            if ns.metadata_size != 0 {
+                return bad(format!("namespace {}: metadata is not supported", ns.nsid));
+            }
+            if ns.blocks == 0
+                || ns
+                    .blocks
+                    .checked_mul(ns.lba_size as u64)
+                    .is_none_or(|b| b > isize::MAX as u64)
+            {
+                return bad(format!(
+                    "namespace {}: {} blocks do not fit in memory",
+                    ns.nsid, ns.blocks
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Doorbell stride in bytes.
+    pub fn doorbell_stride(&self) -> usize {
+        4 << self.dstrd
+    }
+
+    /// Length of BAR0: the registers and a doorbell pair for the admin queue and each I/O queue.
+    pub fn bar0_len(&self) -> usize {
+        let doorbells = 2 * (self.max_io_queue_pairs as usize + 1) * self.doorbell_stride();
+        (vfpoll_nvme::regs::off::DOORBELLS + doorbells).next_multiple_of(4096)
+    }
+
+    /// Maximum data transfer size in bytes (`None`: no limit).
+    pub fn max_transfer(&self) -> Option<u64> {
+        (self.mdts != 0).then(|| 4096u64 << self.mdts)
+    }
+
+    /// The CAP register (NVMe Base 2.0 §3.1.3.1): MQES, CQR = 1, AMS = round robin only, TO,
+    /// DSTRD, CSS = NVM command set, MPSMIN = 0, MPSMAX; no NSSR, boot partitions, PMR or CMB.
+    pub fn cap(&self) -> u64 {
+        let mqes = (self.max_queue_entries - 1) as u64;
+        mqes | 1 << 16
+            | CAP_TO_500MS << 24
+            | (self.dstrd as u64) << 32
+            | 1 << 37
+            | (self.mps_max as u64) << 52
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vfpoll_nvme::regs::Cap;
+
+    #[test]
+    fn cap_decodes_with_the_driver_helpers() {
+        let c = ModelConfig {
+            dstrd: 2,
+            max_queue_entries: 4096,
+            ..Default::default()
+        };
+        let cap = Cap(c.cap());
+        assert_eq!(cap.max_queue_entries(), 4096);
+        assert!(cap.contiguous_queues_required());
+        assert_eq!(cap.doorbell_stride(), 16);
+        assert_eq!(cap.command_sets(), 1);
+        assert_eq!(cap.mps_min(), 4096);
+        assert_eq!(cap.mps_max(), 65536);
+        assert_eq!(cap.timeout_ms(), 5000);
+        assert!(!cap.cmb_supported());
+        assert_eq!(
+            c.bar0_len(),
+            0x2000,
+            "65 doorbell pairs, 16 bytes apart, fit in one page"
+        );
+        assert_eq!(ModelConfig::default().bar0_len(), 0x2000);
+    }
+
+    #[test]
+    fn validation_names_the_problem() {
+        let mut c = ModelConfig::default();
+        c.validate().unwrap();
+        c.namespaces.push(NamespaceConfig::new(1, 4096, 8));
+        assert!(c.validate().unwrap_err().to_string().contains("used twice"));
+        c.namespaces[1] = NamespaceConfig::new(2, 1000, 8);
+        assert!(c.validate().unwrap_err().to_string().contains("power of two"));
+        c.namespaces[1] = NamespaceConfig {
+            metadata_size: 8,
+            ..NamespaceConfig::new(2, 4096, 8)
+        };
+        assert!(c.validate().unwrap_err().to_string().contains("metadata"));
+        let c = ModelConfig {
+            serial: "x".repeat(21),
+            ..Default::default()
+        };
+        assert!(c.validate().is_err());
+    }
+}

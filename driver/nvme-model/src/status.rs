@@ -1,0 +1,208 @@
+//! Completion status (NVMe Base 2.0 §4.2.3, "Status Field Definition").
+
+use core::fmt;
+
+/// Status Code Type: generic command status (§4.2.3.1).
+pub const SCT_GENERIC: u8 = 0;
+/// Status Code Type: command specific status (§4.2.3.2).
+pub const SCT_COMMAND_SPECIFIC: u8 = 1;
+/// Status Code Type: media and data integrity errors (§4.2.3.3).
+pub const SCT_MEDIA: u8 = 2;
+
+/// The status of a completion: Status Code Type, Status Code and Do Not Retry.
+///
+/// In a completion queue entry it is dword 3 bits 31:17; [`Status::field`] gives those 15 bits
+/// (SC in bits 7:0, SCT in 10:8, CRD 12:11 and More 13 left zero, DNR in 14).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Status {
+    /// Status Code Type.
+    pub sct: u8,
+    /// Status Code.
+    pub sc: u8,
+    /// Do Not Retry.
+    pub dnr: bool,
+}
+
+impl Status {
+    /// Successful Completion.
+    pub const SUCCESS: Status = Status {
+        sct: 0,
+        sc: 0,
+        dnr: false,
+    };
+    /// Invalid Command Opcode.
+    pub const INVALID_OPCODE: Status = Status::generic(0x01);
+    /// Invalid Field in Command.
+    pub const INVALID_FIELD: Status = Status::generic(0x02);
+    /// Data Transfer Error: what the model reports when a data pointer does not translate.
+    pub const DATA_TRANSFER_ERROR: Status = Status::generic(0x04);
+    /// Internal Error.
+    pub const INTERNAL_ERROR: Status = Status::generic(0x06);
+    /// Command Abort Requested (the command was aborted by an Abort command).
+    pub const ABORT_REQUESTED: Status = Status::generic(0x07).with_dnr(false);
+    /// Command Aborted due to SQ Deletion.
+    pub const ABORTED_SQ_DELETION: Status = Status::generic(0x08).with_dnr(false);
+    /// Invalid Namespace or Format.
+    pub const INVALID_NAMESPACE: Status = Status::generic(0x0b);
+    /// Command Sequence Error.
+    pub const COMMAND_SEQUENCE_ERROR: Status = Status::generic(0x0c);
+    /// Invalid SGL Segment Descriptor.
+    pub const INVALID_SGL_SEGMENT: Status = Status::generic(0x0d);
+    /// Invalid Number of SGL Descriptors.
+    pub const INVALID_SGL_COUNT: Status = Status::generic(0x0e);
+    /// Data SGL Length Invalid.
+    pub const DATA_SGL_LENGTH_INVALID: Status = Status::generic(0x0f);
+    /// SGL Descriptor Type Invalid.
+    pub const SGL_TYPE_INVALID: Status = Status::generic(0x11);
+    /// PRP Offset Invalid.
+    pub const PRP_OFFSET_INVALID: Status = Status::generic(0x13);
+    /// LBA Out of Range (NVM Command Set specific generic status 80h).
+    pub const LBA_OUT_OF_RANGE: Status = Status::generic(0x80);
+    /// Completion Queue Invalid (Create I/O Submission Queue).
+    pub const CQ_INVALID: Status = Status::command_specific(0x00);
+    /// Invalid Queue Identifier.
+    pub const INVALID_QID: Status = Status::command_specific(0x01);
+    /// Invalid Queue Size.
+    pub const INVALID_QUEUE_SIZE: Status = Status::command_specific(0x02);
+    /// Asynchronous Event Request Limit Exceeded.
+    pub const AER_LIMIT_EXCEEDED: Status = Status::command_specific(0x05);
+    /// Invalid Log Page.
+    pub const INVALID_LOG_PAGE: Status = Status::command_specific(0x09);
+    /// Invalid Format (Format NVM).
+    pub const INVALID_FORMAT: Status = Status::command_specific(0x0a);
+    /// Invalid Queue Deletion (Delete I/O Completion Queue with submission queues attached).
+    pub const INVALID_QUEUE_DELETION: Status = Status::command_specific(0x0c);
+    /// Feature Identifier Not Saveable.
+    pub const FEATURE_NOT_SAVEABLE: Status = Status::command_specific(0x0d);
+    /// Compare Failure (media error).
+    pub const COMPARE_FAILURE: Status = Status::media(0x85);
+
+    /// A generic status with DNR set (the model's errors are not transient).
+    pub const fn generic(sc: u8) -> Status {
+        Status {
+            sct: SCT_GENERIC,
+            sc,
+            dnr: true,
+        }
+    }
+
+    /// A command specific status with DNR set.
+    pub const fn command_specific(sc: u8) -> Status {
+        Status {
+            sct: SCT_COMMAND_SPECIFIC,
+            sc,
+            dnr: true,
+        }
+    }
+
+    /// A media and data integrity status with DNR set.
+    pub const fn media(sc: u8) -> Status {
+        Status {
+            sct: SCT_MEDIA,
+            sc,
+            dnr: true,
+        }
+    }
+
+    /// With Do Not Retry set or cleared.
+    #[must_use]
+    pub const fn with_dnr(self, dnr: bool) -> Status {
+        Status { dnr, ..self }
+    }
+
+    /// Whether this is Successful Completion (DNR aside).
+    pub const fn is_success(self) -> bool {
+        self.sct == 0 && self.sc == 0
+    }
+
+    /// The 15-bit Status Field (CQE dword 3 bits 31:17, shifted down).
+    pub const fn field(self) -> u16 {
+        self.sc as u16 | ((self.sct as u16 & 0x7) << 8) | ((self.dnr as u16) << 14)
+    }
+
+    /// Decodes a 15-bit Status Field (CRD and More are dropped).
+    pub const fn from_field(f: u16) -> Status {
+        Status {
+            sc: f as u8,
+            sct: ((f >> 8) & 0x7) as u8,
+            dnr: f & (1 << 14) != 0,
+        }
+    }
+
+    /// The status's name in the specification, or `None` for codes the model does not produce.
+    pub fn name(self) -> Option<&'static str> {
+        Some(match (self.sct, self.sc) {
+            (0, 0x00) => "Successful Completion",
+            (0, 0x01) => "Invalid Command Opcode",
+            (0, 0x02) => "Invalid Field in Command",
+            (0, 0x04) => "Data Transfer Error",
+            (0, 0x06) => "Internal Error",
+            (0, 0x07) => "Command Abort Requested",
+            (0, 0x08) => "Command Aborted due to SQ Deletion",
+            (0, 0x0b) => "Invalid Namespace or Format",
+            (0, 0x0c) => "Command Sequence Error",
+            (0, 0x0d) => "Invalid SGL Segment Descriptor",
+            (0, 0x0e) => "Invalid Number of SGL Descriptors",
+            (0, 0x0f) => "Data SGL Length Invalid",
+            (0, 0x11) => "SGL Descriptor Type Invalid",
+            (0, 0x13) => "PRP Offset Invalid",
+            (0, 0x80) => "LBA Out of Range",
+            (1, 0x00) => "Completion Queue Invalid",
+            (1, 0x01) => "Invalid Queue Identifier",
+            (1, 0x02) => "Invalid Queue Size",
+            (1, 0x05) => "Asynchronous Event Request Limit Exceeded",
+            (1, 0x09) => "Invalid Log Page",
+            (1, 0x0a) => "Invalid Format",
+            (1, 0x0c) => "Invalid Queue Deletion",
+            (1, 0x0d) => "Feature Identifier Not Saveable",
+            (2, 0x85) => "Compare Failure",
+            _ => return None,
+        })
+    }
+}
+
+impl fmt::Debug for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Status(sct={:#x} sc={:#04x}", self.sct, self.sc)?;
+        if self.dnr {
+            f.write_str(" dnr")?;
+        }
+        match self.name() {
+            Some(n) => write!(f, ": {n})"),
+            None => f.write_str(")"),
+        }
+    }
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.name() {
+            Some(n) => write!(f, "{n} (sct {:#x}, sc {:#04x})", self.sct, self.sc),
+            None => write!(f, "status sct {:#x}, sc {:#04x}", self.sct, self.sc),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn field_round_trips_and_matches_the_cqe_layout() {
+        for s in [
+            Status::SUCCESS,
+            Status::INVALID_QUEUE_DELETION,
+            Status::COMPARE_FAILURE,
+            Status::ABORT_REQUESTED,
+        ] {
+            assert_eq!(Status::from_field(s.field()), s);
+        }
+        // Dword 3 of a CQE reporting LBA Out of Range with DNR, phase 1, CID 7.
+        let dw3 = 7 | 1 << 16 | (Status::LBA_OUT_OF_RANGE.field() as u32) << 17;
+        assert_eq!(dw3, 0x8101_0007);
+        assert_eq!(
+            Status::INVALID_QID.to_string(),
+            "Invalid Queue Identifier (sct 0x1, sc 0x01)"
+        );
+    }
+}
