@@ -44,10 +44,11 @@
 //!
 //! # The run dir
 //!
-//! `target/testbed/run/<iommu|noiommu>` (or `--run-dir`), recreated at each boot and kept after
-//! it: zero-filled sparse `nvme-a-ns1.img`, `nvme-a-ns2.img`, `nvme-b-ns1.img`, a zeroed
+//! `target/testbed/run/<iommu|noiommu>` (or `--run-dir`; while another boot holds the default
+//! one, `<mode>-2`, `<mode>-3`, ...), recreated at each boot (unless `--keep-run-dir`) and kept
+//! after it: zero-filled sparse `nvme-a-ns1.img`, `nvme-a-ns2.img`, `nvme-b-ns1.img`, a zeroed
 //! `gpubar.shm`, `out/` (the guest's `/out`; `job.sh` and `exit-code` live there),
-//! `console.log` (the raw serial console) and `qemu-cmd.txt`.
+//! `console.log` (the raw serial console), `qemu-cmd.txt` and `lock` (while in use).
 //!
 //! # Test-bed tests (`cargo xtask test`)
 //!

@@ -15,7 +15,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use crate::cpio;
-use crate::util::{err, mkdir, read_opt, run_quiet, stdout_of, step, write, Context, Fnv, Note, Result};
+use crate::util::{
+    err, mkdir, read_opt, run_quiet, stdout_of, step, write, Context, Fnv, Lock, Note, Result,
+};
 use crate::Workspace;
 
 /// Debian packages the test bed needs on the host. `gcc`, `make`, `bc`, `xz-utils` and the
@@ -133,10 +135,15 @@ impl KernelDir {
 
 /// `cargo xtask setup`: everything, one line per step.
 pub fn setup(ws: &Workspace) -> Result<Assets> {
+    let _lock = Lock::acquire(&mkdir(ws.testbed())?.join("setup.lock"))?;
+    setup_locked(ws)
+}
+
+fn setup_locked(ws: &Workspace) -> Result<Assets> {
     let mut apt = Apt::default();
     step("setup", "apt packages", || apt.ensure_packages(PACKAGES))?;
     let kd = step("setup", "kernel version", || {
-        let kver = apt.kernel_version()?;
+        let kver = apt.kernel_version(&mkdir(ws.testbed())?.join("kernel-version"))?;
         Ok((KernelDir::new(ws, &kver), Note::Text(kver)))
     })?;
     mkdir(&kd.dir)?;
@@ -160,7 +167,8 @@ pub fn setup(ws: &Workspace) -> Result<Assets> {
 /// The assets of the last `setup`, brought up to date when that is cheap (initramfs images);
 /// runs the whole [`setup`] when anything else is missing.
 pub fn ensure(ws: &Workspace) -> Result<Assets> {
-    let tb = ws.testbed();
+    let tb = mkdir(ws.testbed())?;
+    let _lock = Lock::acquire(&tb.join("setup.lock"))?;
     let kver = read_opt(&tb.join("current-kernel")).map(|s| s.trim().to_string());
     let drive = read_opt(&tb.join("drive-options")).map(|s| s.trim().to_string());
     let host_ok = Path::new(BUSYBOX).exists() && which(QEMU);
@@ -173,7 +181,7 @@ pub fn ensure(ws: &Workspace) -> Result<Assets> {
         }
         _ => {
             eprintln!("vm: test-bed assets missing, running `cargo xtask setup`");
-            setup(ws)
+            setup_locked(ws)
         }
     }
 }
@@ -263,8 +271,26 @@ impl Apt {
         Ok(((), Note::Text(format!("installed {}", missing.join(" ")))))
     }
 
-    /// The kernel release `linux-image-amd64` depends on, e.g. `6.1.0-56-amd64`.
-    fn kernel_version(&mut self) -> Result<String> {
+    /// The kernel release `linux-image-amd64` depends on, e.g. `6.1.0-56-amd64`; remembered in
+    /// `cache` for as long as apt's package lists stay the same (asking apt takes ~1 s).
+    fn kernel_version(&mut self, cache: &Path) -> Result<String> {
+        let lists = || {
+            fs::metadata("/var/lib/apt/lists")
+                .map(|m| format!("{}.{}", m.mtime(), m.mtime_nsec()))
+                .unwrap_or_default()
+        };
+        let key = lists();
+        if let Some((k, v)) = read_opt(cache).as_deref().and_then(|s| s.trim().split_once(' ')) {
+            if k == key && !key.is_empty() {
+                return Ok(v.to_string());
+            }
+        }
+        let kver = self.ask_kernel_version()?;
+        write(cache, format!("{} {kver}\n", lists()))?;
+        Ok(kver)
+    }
+
+    fn ask_kernel_version(&mut self) -> Result<String> {
         loop {
             let out = Command::new("apt-cache")
                 .args(["depends", "linux-image-amd64"])

@@ -148,8 +148,15 @@ fn run_pair(
         command,
     };
     eprintln!("test: {label}: {} guest tests, VFPOLL_SEED={seed}", guest.len());
+    let lock = match vm::lock_run_dir(&run_dir) {
+        Ok(l) => l,
+        Err(e) => {
+            r.record(&format!("guest {label}"), Some(false), 0.0, e.to_string());
+            return;
+        }
+    };
     let guest_ok = r.step(&format!("guest {label}"), || {
-        let out = vm::run_boot(ws, assets, &boot)?;
+        let out = vm::run_boot(ws, assets, &boot, &lock)?;
         match out.code {
             0 => Ok((
                 (),

@@ -3,6 +3,7 @@
 
 use std::ffi::OsStr;
 use std::fmt;
+use std::fs;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -199,6 +200,75 @@ pub fn random_u64() -> Result<u64> {
     Ok(u64::from_le_bytes(b))
 }
 
+/// A lock file holding the pid of the `xtask` that owns a directory (a run dir, the assets).
+///
+/// Another `xtask` sees it and waits or goes elsewhere; a lock whose process is gone (killed)
+/// is taken over. Removed on drop.
+#[derive(Debug)]
+pub struct Lock {
+    path: PathBuf,
+}
+
+impl Lock {
+    /// Takes the lock at `path`, or `None` when a live `xtask` holds it.
+    pub fn try_acquire(path: &Path) -> Result<Option<Lock>> {
+        loop {
+            match fs::OpenOptions::new().write(true).create_new(true).open(path) {
+                Ok(mut f) => {
+                    use std::io::Write;
+                    write!(f, "{}", std::process::id()).context(path.display())?;
+                    return Ok(Some(Lock {
+                        path: path.to_path_buf(),
+                    }));
+                }
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                    if Self::holder(path).is_some() {
+                        return Ok(None);
+                    }
+                    // Stale: its xtask is gone.
+                    match fs::remove_file(path) {
+                        Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                            return Err(err!("{}: {e}", path.display()))
+                        }
+                        _ => {}
+                    }
+                }
+                Err(e) => return Err(err!("{}: {e}", path.display())),
+            }
+        }
+    }
+
+    /// Takes the lock at `path`, waiting (with a message) while another `xtask` holds it.
+    pub fn acquire(path: &Path) -> Result<Lock> {
+        let t0 = Instant::now();
+        let mut told = false;
+        loop {
+            if let Some(l) = Self::try_acquire(path)? {
+                return Ok(l);
+            }
+            if !told && t0.elapsed() > Duration::from_secs(1) {
+                let pid = Self::holder(path).unwrap_or(0);
+                eprintln!("xtask: waiting for {} (held by pid {pid})", path.display());
+                told = true;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// The pid in the lock file, when that process is a live `xtask`.
+    fn holder(path: &Path) -> Option<u32> {
+        let pid: u32 = fs::read_to_string(path).ok()?.trim().parse().ok()?;
+        let comm = fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+        (comm.trim() == "xtask").then_some(pid)
+    }
+}
+
+impl Drop for Lock {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.path);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -219,5 +289,20 @@ mod tests {
             Fnv::new().add(b"a").add(b"bc").hex()
         );
         assert_eq!(Fnv::new().hex(), "cbf29ce484222325");
+    }
+
+    #[test]
+    fn lock_is_exclusive_and_stale_locks_are_taken_over() {
+        let dir = std::env::temp_dir().join(format!("xtask-lock-test-{}", std::process::id()));
+        mkdir(&dir).unwrap();
+        let path = dir.join("lock");
+        // The test binary is not called `xtask`, so its own pid counts as stale: write a pid
+        // that cannot be a live xtask and check the takeover.
+        write(&path, "4294967295").unwrap();
+        let l = Lock::try_acquire(&path).unwrap().expect("stale lock taken over");
+        assert_eq!(fs::read_to_string(&path).unwrap(), std::process::id().to_string());
+        drop(l);
+        assert!(!path.exists());
+        fs::remove_dir_all(&dir).unwrap();
     }
 }

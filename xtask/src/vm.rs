@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use crate::cli::VmArgs;
 use crate::setup::{self, module_name, Assets};
-use crate::util::{err, mkdir, run, secs, shell_quote_bytes, write, Context, Result};
+use crate::util::{err, mkdir, run, secs, shell_quote_bytes, write, Context, Lock, Result};
 use crate::Workspace;
 
 /// Modules loaded before the command unless `--modules` says otherwise: every test device
@@ -121,8 +121,29 @@ pub fn main(ws: &Workspace, a: &VmArgs) -> Result<u8> {
     if !a.no_build {
         build_bins(ws)?;
     }
-    let out = run_boot(ws, &assets, &boot)?;
+    // Boots may run side by side (each is one TCG process): an explicit run dir is waited
+    // for, the default one is replaced by `<mode>-2`, `<mode>-3`, ... while it is busy.
+    let mut boot = boot;
+    let lock = if a.run_dir.is_some() {
+        lock_run_dir(&boot.run_dir)?
+    } else {
+        let mut n = 1;
+        loop {
+            if let Some(l) = Lock::try_acquire(&mkdir(&boot.run_dir)?.join("lock"))? {
+                break l;
+            }
+            n += 1;
+            boot.run_dir = default_run_dir(ws, &format!("{}-{n}", a.mode.name()));
+        }
+    };
+    let out = run_boot(ws, &assets, &boot, &lock)?;
     Ok(out.code)
+}
+
+/// Takes `<dir>/lock`, waiting while another xtask boots in `dir`. Hold it for as long as
+/// the run dir is in use (the boot, and host checks of what it left).
+pub fn lock_run_dir(dir: &Path) -> Result<Lock> {
+    Lock::acquire(&mkdir(dir)?.join("lock"))
 }
 
 /// `target/testbed/run/<name>`.
@@ -142,8 +163,9 @@ pub fn cargo(ws: &Workspace) -> Command {
     c
 }
 
-/// Prepares the run dir, boots, streams the console and returns the outcome.
-pub fn run_boot(ws: &Workspace, assets: &Assets, b: &Boot) -> Result<Outcome> {
+/// Prepares the run dir, boots, streams the console and returns the outcome. `_lock` is the
+/// run dir's lock ([`lock_run_dir`]).
+pub fn run_boot(ws: &Workspace, assets: &Assets, b: &Boot, _lock: &Lock) -> Result<Outcome> {
     for m in &b.modules {
         if !assets.modules.contains(&module_name(m)) {
             return Err(err!(
