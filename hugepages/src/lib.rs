@@ -165,7 +165,7 @@ pub enum HugepageError {
         source: io::Error,
     },
     /// The kernel gave fewer pages than asked for.
-    #[error("only {got} of {wanted} {size} huge pages could be reserved{}: the memory is fragmented or too small. Reserve them right after boot, or drop caches and compact, then retry: echo 3 > /proc/sys/vm/drop_caches; echo 1 > /proc/sys/vm/compact_memory; or reserve them at boot with the kernel command line {}", node_text(*.node), cmdline_hint(*.size, *.wanted))]
+    #[error("only {got} of {wanted} huge pages of {size} could be reserved{}: the memory is fragmented or too small. Reserve them right after boot, or drop caches and compact, then retry: echo 3 > /proc/sys/vm/drop_caches; echo 1 > /proc/sys/vm/compact_memory; or reserve them at boot with the kernel command line {}", node_text(*.node), cmdline_hint(*.size, *.wanted))]
     Shortfall {
         /// The page size.
         size: PageSize,

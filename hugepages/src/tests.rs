@@ -152,7 +152,7 @@ fn shortfall_says_memory_is_fragmented() {
         ),
         "{msg}"
     );
-    assert!(msg.contains("only 10 of 32 2M huge pages"), "{msg}");
+    assert!(msg.contains("only 10 of 32 huge pages of 2M"), "{msg}");
     assert!(
         msg.contains("fragmented") && msg.contains("drop_caches") && msg.contains("compact_memory"),
         "{msg}"
@@ -191,7 +191,7 @@ fn spreads_over_nodes() {
     let e = reserve_spread_with(&host, &mut k, PageSize::SIZE_2M, 12).unwrap_err();
     assert!(
         e.to_string()
-            .contains("only 5 of 6 2M huge pages could be reserved on NUMA node 0"),
+            .contains("only 5 of 6 huge pages of 2M could be reserved on NUMA node 0"),
         "{e}"
     );
     assert_eq!(k.writes.len(), 2);

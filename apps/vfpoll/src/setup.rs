@@ -163,24 +163,26 @@ pub fn run(ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
                 continue;
             }
         };
-        let what = format!("{} ({})", t.bdf, id(&plan.device));
-        if plan.already_bound {
-            println!("bind {what}: already on vfio-pci; unchanged");
-            continue;
-        }
-        if !module_checked && plan.needs_module {
+        if !module_checked {
             module_checked = true;
-            if a.dry_run {
-                println!("vfio-pci: would load it (modprobe vfio-pci)");
-            } else {
+            let missing = bind::missing_modules(&ctx.host);
+            if a.dry_run && !missing.is_empty() {
+                println!("modules: would load {}", missing.join(", "));
+            } else if !missing.is_empty() {
                 match bind::ensure_vfio_pci(&ctx.host, kernel.as_mut()) {
-                    Ok(_) => println!("vfio-pci: loaded"),
+                    Ok(l) if !l.is_empty() => println!("modules: loaded {}", l.join(", ")),
+                    Ok(_) => {}
                     Err(e) => {
                         fail(e.to_string());
                         break;
                     }
                 }
             }
+        }
+        let what = format!("{} ({})", t.bdf, id(&plan.device));
+        if plan.already_bound {
+            println!("bind {what}: already on vfio-pci; unchanged");
+            continue;
         }
         let from = plan.device.driver.as_deref().unwrap_or("no driver");
         if a.dry_run {

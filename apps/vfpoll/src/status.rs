@@ -241,7 +241,7 @@ pub fn render(r: &Report) -> String {
             let peers: Vec<String> = d
                 .group_peers
                 .iter()
-                .map(|p| format!("{} {}", p.bdf, p.driver.as_deref().unwrap_or("-")))
+                .map(|p| format!("{} {}", p.bdf, p.driver.as_deref().unwrap_or("none")))
                 .collect();
             vec![
                 d.bdf.clone(),

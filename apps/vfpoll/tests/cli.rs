@@ -176,6 +176,23 @@ fn setup_dry_run_prints_the_plan() {
 }
 
 #[test]
+fn setup_dry_run_plans_module_loading() {
+    let f = guest(true);
+    let o = vfpoll(&f, &["setup", "--dry-run", "--bind", "0000:00:05.0"]);
+    let s = stdout(&o);
+    assert!(o.status.success(), "{s}{}", stderr(&o));
+    assert!(s.contains("\nmodules: would load vfio-pci, vfio_iommu_type1\nbind 0000:00:05.0 (nic 8086:10d3): would move from e1000e to vfio-pci\n"), "{s}");
+    // For real, under --root no module is loaded: the step fails and says how to load it.
+    let o = vfpoll(&f, &["setup", "--bind", "0000:00:05.0"]);
+    assert_eq!(o.status.code(), Some(1));
+    let e = stderr(&o);
+    assert!(
+        e.contains("not loading vfio-pci: --root names a fake tree; load it: modprobe vfio-pci"),
+        "{e}"
+    );
+}
+
+#[test]
 fn setup_reserves_and_reports_failures() {
     let f = guest(true);
     f.vfio(None)

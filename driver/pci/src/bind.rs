@@ -258,7 +258,8 @@ pub struct Plan {
     pub device: PciDevice,
     /// It is already on `vfio-pci`: binding does nothing.
     pub already_bound: bool,
-    /// `vfio-pci` is not loaded yet: binding will load it.
+    /// `vfio-pci` (or `vfio_iommu_type1`) is not loaded yet: binding will load it
+    /// ([`missing_modules`]).
     pub needs_module: bool,
     /// Kernel uses that `force` overrides (empty unless forced).
     pub forced_over: Vec<InUse>,
@@ -268,7 +269,7 @@ pub struct Plan {
 /// (unless `force`), and its IOMMU group is viable.
 pub fn preflight(host: &Host, bdf: Bdf, force: bool) -> Result<Plan, BindError> {
     let device = sysfs::device(host, bdf)?;
-    let needs_module = !host.pci_driver_dir(VFIO_PCI).is_dir();
+    let needs_module = !missing_modules(host).is_empty();
     if device.driver.as_deref() == Some(VFIO_PCI) {
         return Ok(Plan {
             device,
@@ -371,21 +372,47 @@ fn write(k: &mut dyn KernelOps, path: PathBuf, value: &str) -> Result<(), BindEr
     })
 }
 
-/// Loads `vfio-pci` if `/sys/bus/pci/drivers/vfio-pci` is missing. Returns whether it loaded it.
-pub fn ensure_vfio_pci(host: &Host, k: &mut dyn KernelOps) -> Result<bool, BindError> {
-    if host.pci_driver_dir(VFIO_PCI).is_dir() {
-        return Ok(false);
+/// The type1 IOMMU backend of VFIO, needed to use a container when an IOMMU is on.
+pub const VFIO_IOMMU_TYPE1: &str = "vfio_iommu_type1";
+
+/// The modules binding needs that are not loaded: `vfio-pci` when
+/// `/sys/bus/pci/drivers/vfio-pci` is missing, and `vfio_iommu_type1` when an IOMMU is on and
+/// `/sys/module/vfio_iommu_type1` is missing (kmod's `modprobe vfio-pci` pulls it in through a
+/// soft dependency; `busybox modprobe` does not).
+pub fn missing_modules(host: &Host) -> Vec<&'static str> {
+    let mut v = Vec::new();
+    if !host.pci_driver_dir(VFIO_PCI).is_dir() {
+        v.push(VFIO_PCI);
     }
-    log::info!("{VFIO_PCI} is not loaded; loading it");
-    let r = k.load_module(VFIO_PCI);
-    if host.pci_driver_dir(VFIO_PCI).is_dir() {
-        return Ok(true);
+    if !iommu_units(host).is_empty() && !host.sys.join("module").join(VFIO_IOMMU_TYPE1).is_dir() {
+        v.push(VFIO_IOMMU_TYPE1);
     }
-    let detail = match r {
-        Err(e) => e,
-        Ok(()) => "the loader succeeded but the driver did not appear".to_owned(),
-    };
-    Err(BindError::VfioPciMissing { detail })
+    v
+}
+
+/// Loads the [`missing_modules`]; returns those it loaded. Failing to load `vfio-pci` is an error
+/// ([`BindError::VfioPciMissing`]); failing to load `vfio_iommu_type1` only a warning, since
+/// binding works without it (opening the container does not; `vfpoll doctor` says so).
+pub fn ensure_vfio_pci(host: &Host, k: &mut dyn KernelOps) -> Result<Vec<&'static str>, BindError> {
+    let mut loaded = Vec::new();
+    for m in missing_modules(host) {
+        log::info!("{m} is not loaded; loading it");
+        let r = k.load_module(m);
+        if m == VFIO_PCI {
+            if !host.pci_driver_dir(VFIO_PCI).is_dir() {
+                let detail = match r {
+                    Err(e) => e,
+                    Ok(()) => "the loader succeeded but the driver did not appear".to_owned(),
+                };
+                return Err(BindError::VfioPciMissing { detail });
+            }
+        } else if let Err(e) = r {
+            log::warn!("cannot load {m}: {e}");
+            continue;
+        }
+        loaded.push(m);
+    }
+    Ok(loaded)
 }
 
 /// Binds `bdf` to `vfio-pci`: checks it ([`preflight`]), loads `vfio-pci` if needed, records the

@@ -121,11 +121,15 @@ impl KernelOps for FakeKernel {
         if !self.loadable.iter().any(|m| m == name) {
             return Err(format!("modprobe: FATAL: Module {name} not found"));
         }
-        fs::create_dir_all(self.sys().join("bus/pci/drivers").join(name)).unwrap();
+        fs::create_dir_all(self.sys().join("module").join(name.replace('-', "_"))).unwrap();
         if name == VFIO_PCI {
+            fs::create_dir_all(self.sys().join("bus/pci/drivers").join(name)).unwrap();
             fs::create_dir_all(self.sys().join("module/vfio_pci")).unwrap();
             fs::create_dir_all(self.root.join("dev/vfio")).unwrap();
             fs::write(self.root.join("dev/vfio/vfio"), "").unwrap();
+        }
+        if name != VFIO_PCI && name != VFIO_IOMMU_TYPE1 {
+            fs::create_dir_all(self.sys().join("bus/pci/drivers").join(name)).unwrap();
         }
         Ok(())
     }
@@ -267,6 +271,23 @@ fn loads_vfio_pci_or_says_how() {
     assert!(preflight(&host, b(NVME), false).unwrap().needs_module);
     let out = bind_vfio_with(&host, &mut k, b(NVME), &opts).unwrap();
     assert_eq!(out.action, BindAction::Bound);
+}
+
+#[test]
+fn loads_the_type1_backend_when_an_iommu_is_on() {
+    let (t, host, opts) = machine();
+    let mut k = FakeKernel::new(t.path());
+    assert!(missing_modules(&host).is_empty(), "no IOMMU: type1 is not needed");
+    fs::create_dir_all(t.path().join("sys/class/iommu/dmar0")).unwrap();
+    assert_eq!(missing_modules(&host), [VFIO_IOMMU_TYPE1]);
+    assert!(preflight(&host, b(NVME), false).unwrap().needs_module);
+    // It cannot be loaded: binding still works (only using the container would not).
+    bind_vfio_with(&host, &mut k, b(NVME), &opts).unwrap();
+    assert_eq!(k.loads, [VFIO_IOMMU_TYPE1]);
+    k.loadable.push(VFIO_IOMMU_TYPE1.into());
+    assert_eq!(ensure_vfio_pci(&host, &mut k).unwrap(), [VFIO_IOMMU_TYPE1]);
+    assert!(missing_modules(&host).is_empty());
+    assert!(ensure_vfio_pci(&host, &mut k).unwrap().is_empty());
 }
 
 #[test]
