@@ -201,7 +201,11 @@ pub enum BindError {
         waited: Duration,
     },
     /// The record of the original driver could not be read or written.
-    #[error("cannot record the original driver of {bdf} in {}: {source}; create the folder or pass another state directory (vfpoll needs root for /run/vfpoll)", .path.display())]
+    #[error(
+        "cannot record the original driver of {bdf} in {}: {source}{}",
+        .path.display(),
+        state_hint(.source)
+    )]
     State {
         /// The device.
         bdf: Bdf,
@@ -227,6 +231,13 @@ fn root_hint(e: &io::Error) -> &'static str {
     match e.kind() {
         io::ErrorKind::PermissionDenied => "; binding needs root (sudo vfpoll ...)",
         _ => "",
+    }
+}
+
+fn state_hint(e: &io::Error) -> &'static str {
+    match e.kind() {
+        io::ErrorKind::PermissionDenied => "; binding needs root (sudo vfpoll ...)",
+        _ => "; check that the folder is writable (/run is a tmpfs on most systems)",
     }
 }
 

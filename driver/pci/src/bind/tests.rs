@@ -519,4 +519,13 @@ fn write_errors_say_root_is_needed() {
         source: io::Error::from(io::ErrorKind::PermissionDenied),
     };
     assert!(e.to_string().contains("binding needs root"), "{e}");
+    let e = BindError::State {
+        bdf: b(NVME),
+        path: "/run/vfpoll/bound/0000:00:03.0".into(),
+        source: io::Error::from(io::ErrorKind::PermissionDenied),
+    };
+    assert!(
+        e.to_string().ends_with("; binding needs root (sudo vfpoll ...)"),
+        "{e}"
+    );
 }
