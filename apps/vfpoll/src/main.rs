@@ -71,11 +71,11 @@ enum Cmd {
     Reset(reset::Args),
     /// Show NVMe and NIC devices, IOMMU groups, hugepages, mounts and limits.
     ///
-    /// Devices: NVMe controllers, NICs, and anything else on vfio-pci or bound by vfpoll, with
-    /// their driver (and the one they had before vfpoll bound them), NUMA node, IOMMU group, the
-    /// other members of the group with their drivers, and how the kernel uses them. Then the
-    /// IOMMU state, the hugepage pools per size and NUMA node, hugetlbfs mounts, and the memlock
-    /// limit of this process.
+    /// The IOMMU state (IOMMU units, vfio's no-IOMMU switch); the devices: NVMe controllers,
+    /// NICs, and anything else on vfio-pci or bound by vfpoll, with their driver (and the one they
+    /// had before vfpoll bound them), NUMA node, IOMMU group, the other members of the group with
+    /// their drivers, and how the kernel uses them; the hugepage pools per size and NUMA node;
+    /// hugetlbfs mounts; and the memlock limit of this process. --json prints the same as JSON.
     Status(status::Args),
     /// Check everything a run needs, with the fix for each problem; exits 1 on any FAIL.
     ///
