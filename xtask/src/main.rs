@@ -36,8 +36,9 @@
 //!
 //! Before the command: `nvme,e1000e,vfio-pci,vfio_iommu_type1` are loaded (`--modules`
 //! overrides), so the devices start on their kernel drivers and NVMe controllers are live;
-//! `/dev/hugepages` is hugetlbfs, no pages reserved unless `--hugepages N`. The host has no
-//! kmod: inside the guest use `busybox modprobe`.
+//! `/dev/hugepages` is hugetlbfs, no pages reserved unless `--hugepages N`. `/lib/modules` has
+//! every module of the guest kernel (with the rebuilt `vfio.ko` in no-IOMMU mode); the host
+//! has no kmod: inside the guest use `busybox modprobe`.
 //!
 //! Environment of the command: `RUST_LOG`, `RUST_BACKTRACE` and every `VFPOLL_*` of the host,
 //! plus `VFPOLL_TESTBED=iommu|noiommu` and `VFPOLL_TESTBED_OUT=/out`.
@@ -47,7 +48,7 @@
 //! `target/testbed/run/<iommu|noiommu>` (or `--run-dir`; while another boot holds the default
 //! one, `<mode>-2`, `<mode>-3`, ...), recreated at each boot (unless `--keep-run-dir`) and kept
 //! after it: zero-filled sparse `nvme-a-ns1.img`, `nvme-a-ns2.img`, `nvme-b-ns1.img`, a zeroed
-//! `gpubar.shm`, `out/` (the guest's `/out`; `job.sh` and `exit-code` live there),
+//! `gpubar.shm`, `out/` (the guest's `/out`; `job.sh`, `exit-code`, `lib-modules` live there),
 //! `console.log` (the raw serial console), `qemu-cmd.txt` and `lock` (while in use).
 //!
 //! # Test-bed tests (`cargo xtask test`)

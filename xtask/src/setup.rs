@@ -84,6 +84,11 @@ pub struct Assets {
     pub initramfs_iommu: PathBuf,
     /// Initramfs with the rebuilt, no-IOMMU-capable `vfio.ko`.
     pub initramfs_noiommu: PathBuf,
+    /// Every module of the kernel (`lib/modules`, with `modules.dep`), for the guest's
+    /// `/lib/modules` in IOMMU mode: the initramfs holds only what the boot needs.
+    pub lib_modules_iommu: PathBuf,
+    /// The same with the rebuilt `vfio.ko` (hard links to the other tree).
+    pub lib_modules_noiommu: PathBuf,
     /// Module names in the initramfs (with `_`, as the kernel spells them).
     pub modules: Vec<String>,
     /// Cache and AIO options for the NVMe image files.
@@ -128,8 +133,18 @@ impl KernelDir {
     fn initramfs(&self, mode: &str) -> PathBuf {
         self.dir.join(format!("initramfs-{mode}.cpio"))
     }
+    /// `lib/modules` of the no-IOMMU mode: `kroot`'s, with the rebuilt `vfio.ko`.
+    fn noiommu_root(&self) -> PathBuf {
+        self.dir.join("kroot-noiommu")
+    }
+    fn noiommu_done(&self) -> PathBuf {
+        self.dir.join("kroot-noiommu.done")
+    }
     fn complete(&self) -> bool {
-        self.kroot_done().exists() && self.vmlinux().exists() && self.vfio_ko().exists()
+        self.kroot_done().exists()
+            && self.vmlinux().exists()
+            && self.vfio_ko().exists()
+            && self.noiommu_done().exists()
     }
 }
 
@@ -152,6 +167,7 @@ fn setup_locked(ws: &Workspace) -> Result<Assets> {
     step("setup", "vfio.ko (no-IOMMU)", || {
         build_vfio_noiommu(&mut apt, ws, &kd)
     })?;
+    step("setup", "modules (no-IOMMU)", || noiommu_modules(&kd))?;
     let modules = step("setup", "initramfs (iommu)", || initramfs(&kd, "iommu", None))?;
     step("setup", "initramfs (noiommu)", || {
         initramfs(&kd, "noiommu", Some(&kd.vfio_ko()))
@@ -203,6 +219,8 @@ fn assets(kd: &KernelDir, modules: Vec<String>, drive_options: String) -> Assets
         vmlinux: kd.vmlinux(),
         initramfs_iommu: kd.initramfs("iommu"),
         initramfs_noiommu: kd.initramfs("noiommu"),
+        lib_modules_iommu: kd.kroot().join("lib/modules"),
+        lib_modules_noiommu: kd.noiommu_root().join("lib/modules"),
         modules,
         drive_options,
     }
@@ -488,6 +506,60 @@ fn build_vfio_noiommu(apt: &mut Apt, ws: &Workspace, kd: &KernelDir) -> Result<(
     )?;
     fs::copy(build.join("vfio.ko"), kd.vfio_ko())?;
     Ok(((), Note::Text(format!("from linux-source-{series} {version}"))))
+}
+
+/// `kroot-noiommu/lib/modules/<kver>`: hard links to every module of `kroot` but `vfio.ko`,
+/// which is the rebuilt one, so that `modprobe` in a no-IOMMU guest never loads Debian's.
+/// The index files are copies (vfio.ko's dependencies and symbols are the same).
+fn noiommu_modules(kd: &KernelDir) -> Result<((), Note)> {
+    if kd.noiommu_done().exists() {
+        return Ok(((), Note::Cached));
+    }
+    let root = kd.noiommu_root();
+    let _ = fs::remove_dir_all(&root);
+    let src = kd.module_dir();
+    let dst = root.join("lib/modules").join(&kd.kver);
+    let mut n = 0;
+    link_tree(&src, &dst, Path::new(""), &mut |rel, from, to| {
+        n += 1;
+        let name = rel.file_name().unwrap_or_default().to_string_lossy();
+        if rel == Path::new("kernel/drivers/vfio/vfio.ko") {
+            fs::copy(kd.vfio_ko(), to).map(drop)
+        } else if name.starts_with("modules.") {
+            fs::copy(from, to).map(drop)
+        } else {
+            fs::hard_link(from, to).or_else(|_| fs::copy(from, to).map(drop))
+        }
+    })?;
+    let vfio = dst.join("kernel/drivers/vfio/vfio.ko");
+    if !contains(
+        &fs::read(&vfio).context(vfio.display())?,
+        b"parm=enable_unsafe_noiommu_mode",
+    ) {
+        return Err(err!("{}: not the rebuilt vfio.ko", vfio.display()));
+    }
+    write(&kd.noiommu_done(), "")?;
+    Ok(((), Note::Text(format!("{n} files"))))
+}
+
+/// Recreates the directories of `src` under `dst` and calls `file(rel, from, to)` for each file.
+fn link_tree(
+    src: &Path,
+    dst: &Path,
+    rel: &Path,
+    file: &mut dyn FnMut(&Path, &Path, &Path) -> std::io::Result<()>,
+) -> Result<()> {
+    mkdir(dst.join(rel))?;
+    for e in fs::read_dir(src.join(rel)).context(src.join(rel).display())? {
+        let e = e?;
+        let r = rel.join(e.file_name());
+        if e.file_type()?.is_dir() {
+            link_tree(src, dst, &r, file)?;
+        } else {
+            file(&r, &src.join(&r), &dst.join(&r)).context(dst.join(&r).display())?;
+        }
+    }
+    Ok(())
 }
 
 fn contains(hay: &[u8], needle: &[u8]) -> bool {

@@ -176,6 +176,14 @@ pub fn run_boot(ws: &Workspace, assets: &Assets, b: &Boot, _lock: &Lock) -> Resu
     }
     prepare_run_dir(b)?;
     write(&b.run_dir.join("out/job.sh"), job_script(ws, b))?;
+    let lib_modules = match b.mode {
+        Mode::Iommu => &assets.lib_modules_iommu,
+        Mode::NoIommu => &assets.lib_modules_noiommu,
+    };
+    write(
+        &b.run_dir.join("out/lib-modules"),
+        format!("{}\n", lib_modules.display()),
+    )?;
     let mut qemu = qemu_command(assets, b);
     write(&b.run_dir.join("qemu-cmd.txt"), crate::util::show(&qemu) + "\n")?;
     eprintln!("vm: run dir {}", b.run_dir.display());
@@ -258,7 +266,7 @@ fn prepare_run_dir(b: &Boot) -> Result<()> {
         }
     }
     mkdir(&out)?;
-    for f in ["job.sh", "exit-code"] {
+    for f in ["job.sh", "exit-code", "lib-modules"] {
         remove_file(&out.join(f))?;
     }
     for &(f, mib) in IMAGES.iter().chain([&GPUBAR]) {
