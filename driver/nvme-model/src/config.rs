@@ -35,16 +35,19 @@ impl NamespaceConfig {
 }
 
 /// What the model writes into the EventIdx buffer once Doorbell Buffer Config (NVMe Base 2.0
-/// §5.8) is in use. A host rings the MMIO doorbell after updating a shadow doorbell from `old`
-/// to `new` only when EventIdx lies in `[old, new)` (the Linux and SPDK `need_event` rule).
+/// §5.8) is in use, each time it sees a shadow doorbell move to a new value `v`. A host rings the
+/// MMIO doorbell after moving a shadow doorbell from `old` to `new` only when EventIdx lies in
+/// `[old, new)` (the Linux and SPDK `need_event` rule, in 16-bit arithmetic).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum EventIdxPolicy {
-    /// EventIdx = the last value seen minus one: the host never needs to ring, since the model
-    /// polls the shadow doorbells anyway. What a polled controller wants.
+    /// EventIdx = `v` + half the queue size (modulo the size): the host never needs to ring for
+    /// a move of less than half the queue, whether or not the model has seen it yet, since the
+    /// model polls the shadow doorbells anyway. What a polled controller wants.
     #[default]
     Suppress,
-    /// EventIdx = the last value seen: the host rings when it updates a doorbell the model has
-    /// caught up with (how QEMU sets it). For testing that a driver honours EventIdx.
+    /// EventIdx = `v`: the host rings when it moves a doorbell the model has caught up with (how
+    /// QEMU sets it), unless the model sees the new value before the host checks. For testing
+    /// that a driver honours EventIdx.
     Notify,
 }
 
@@ -52,7 +55,7 @@ impl EventIdxPolicy {
     /// The EventIdx to write for a queue of `size` entries whose doorbell moved to `value`.
     pub(crate) fn index(self, value: u32, size: u32) -> u32 {
         match self {
-            EventIdxPolicy::Suppress => (value + size - 1) % size,
+            EventIdxPolicy::Suppress => (value + size / 2) % size,
             EventIdxPolicy::Notify => value,
         }
     }
