@@ -100,9 +100,10 @@ impl Workspace {
         Workspace { root, target }
     }
 
-    /// `target/testbed`: every test-bed asset and run dir.
+    /// `<root>/target/testbed`: every test-bed asset and run dir. Always under the workspace,
+    /// whatever `CARGO_TARGET_DIR` says, so that builds into other target dirs share one copy.
     pub fn testbed(&self) -> PathBuf {
-        self.target.join("testbed")
+        self.root.join("target/testbed")
     }
 }
 
