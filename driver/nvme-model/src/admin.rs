@@ -134,6 +134,7 @@ impl Controller {
             return Status::DATA_TRANSFER_ERROR;
         }
         self.cqs[qid as usize] = Some(Cq::new(cmd.prp1(), size));
+        self.clear_doorbell(qid, true);
         insert_sorted(&mut self.active_cqs, qid);
         self.init_shadow(qid, true);
         Status::SUCCESS
@@ -161,6 +162,7 @@ impl Controller {
             return Status::DATA_TRANSFER_ERROR;
         }
         self.sqs[qid as usize] = Some(Sq::new(cmd.prp1(), size, cqid));
+        self.clear_doorbell(qid, false);
         if let Some(cq) = self.cqs[cqid as usize].as_mut() {
             cq.sqs += 1;
         }
@@ -321,6 +323,17 @@ impl Controller {
             self.init_shadow(self.active_cqs[i], true);
         }
         Status::SUCCESS
+    }
+
+    /// Zeroes the MMIO doorbell of a queue being created. The doorbell word of this model is
+    /// memory and keeps the last value written, which may be a deleted queue's; a new queue's
+    /// tail and head start at 0 (the host rings it only after the create command completes).
+    fn clear_doorbell(&mut self, qid: u16, cq: bool) {
+        let at = match cq {
+            false => vfpoll_nvme::regs::sq_tail_doorbell(qid, self.stride),
+            true => vfpoll_nvme::regs::cq_head_doorbell(qid, self.stride),
+        };
+        self.bar.write32(at, 0);
     }
 
     /// Writes a queue's current tail (SQ) or head (CQ) into its shadow doorbell entry and the

@@ -470,6 +470,15 @@ unsafe impl DmaSpace for HeapDma {
     }
 }
 
+// SAFETY: `FakeMapper::translate` returns pointers only inside live mappings, covering the whole
+// range; `DmaMapper::map`'s contract makes whoever mapped the memory keep it mapped, at the same
+// pages, until the matching `unmap` returns, and `vfpoll-dma` forms no references into it.
+unsafe impl DmaSpace for vfpoll_dma::FakeMapper {
+    fn translate(&self, bus: BusAddr, len: u64) -> Option<*mut u8> {
+        vfpoll_dma::FakeMapper::translate(self, bus, len)
+    }
+}
+
 impl Drop for HeapDma {
     fn drop(&mut self) {
         let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());

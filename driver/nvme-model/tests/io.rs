@@ -499,3 +499,22 @@ fn queues_are_served_round_robin() {
     let c = h.reap(1, TIMEOUT).expect("completion on the shared CQ");
     assert_eq!((c.cid, c.sqid, c.sqhd), (cid, 2, 9));
 }
+
+#[test]
+fn a_recreated_queue_starts_afresh() {
+    let mut h = host(ModelConfig::default());
+    for _ in 0..3 {
+        h.cmd(1, Sqe::new(io::FLUSH).nsid(1)).ok();
+    }
+    h.admin(Sqe::new(0x00).cdw(10, 1)).ok();
+    h.admin(Sqe::new(0x04).cdw(10, 1)).ok();
+    // New memory for the same queue IDs; the old doorbell values (3) must not count.
+    h.create_qp(1, 8);
+    h.cmd(1, Sqe::new(io::FLUSH).nsid(1)).ok();
+    assert!(
+        h.reap(1, Duration::from_millis(20)).is_none(),
+        "no phantom commands"
+    );
+    assert_eq!(h.model.stats().io_commands(io::FLUSH), 4);
+    assert_eq!(h.model.stats().errors, 0);
+}
