@@ -1,1 +1,165 @@
-//! Shared helpers of the test-bed tests (being written).
+//! Shared helpers of the test-bed tests.
+//!
+//! The tests in `tests/*.rs` run inside the QEMU guest (`guest_*`, through `cargo xtask test`)
+//! and on the host afterwards (`host_check_*`, reading the image files the guest wrote). The
+//! guest layout is fixed by `xtask` (see its module docs): NVMe A at 00:03.0, NVMe B at 00:04.0,
+//! two e1000e at 00:05.0/00:06.0, ivshmem at 00:07.0.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use vfpoll_pci::bind::{self, BindAction, BindOptions};
+use vfpoll_pci::vfio::IommuMode;
+use vfpoll_pci::{Bdf, Host};
+
+/// NVMe controller A (serial `vfpoll-a`, CMB, namespaces 1 and 2).
+pub const NVME_A: &str = "0000:00:03.0";
+/// NVMe controller B (serial `vfpoll-b`, namespace 1).
+pub const NVME_B: &str = "0000:00:04.0";
+/// First e1000e.
+pub const NIC_0: &str = "0000:00:05.0";
+/// Second e1000e.
+pub const NIC_1: &str = "0000:00:06.0";
+/// ivshmem-plain (GPU-BAR stand-in; BAR2 is 64 MiB backed by `gpubar.shm` on the host).
+pub const IVSHMEM: &str = "0000:00:07.0";
+
+/// Parses a BDF constant.
+pub fn bdf(s: &str) -> Bdf {
+    s.parse().expect("valid BDF constant")
+}
+
+/// The test-bed mode of this boot, from `VFPOLL_TESTBED`. Panics outside the test bed, so a
+/// guest test can never pass by not running.
+pub fn mode() -> IommuMode {
+    match std::env::var("VFPOLL_TESTBED").as_deref() {
+        Ok("iommu") => IommuMode::Type1,
+        Ok("noiommu") => IommuMode::NoIommu,
+        other => {
+            panic!("VFPOLL_TESTBED is {other:?}: guest_* tests run inside the test bed (cargo xtask test)")
+        }
+    }
+}
+
+/// The mode name as the harness writes it.
+pub fn mode_name() -> &'static str {
+    match mode() {
+        IommuMode::Type1 => "iommu",
+        IommuMode::NoIommu => "noiommu",
+    }
+}
+
+/// The boot's random seed (`VFPOLL_SEED`), shared by the guest run and its host check.
+pub fn seed() -> u64 {
+    std::env::var("VFPOLL_SEED")
+        .expect("VFPOLL_SEED is set by cargo xtask test")
+        .parse()
+        .expect("VFPOLL_SEED is a decimal u64")
+}
+
+/// The run dir of a host check (`VFPOLL_RUN_DIR`).
+pub fn run_dir() -> PathBuf {
+    std::env::var_os("VFPOLL_RUN_DIR")
+        .expect("VFPOLL_RUN_DIR is set by cargo xtask test for host checks")
+        .into()
+}
+
+/// The mode of the boot a host check looks at (`VFPOLL_RUN_MODE`).
+pub fn run_mode() -> String {
+    std::env::var("VFPOLL_RUN_MODE").expect("VFPOLL_RUN_MODE is set by cargo xtask test")
+}
+
+/// The guest's output folder (`/out`, the run dir's `out/` on the host).
+pub fn out_dir() -> PathBuf {
+    std::env::var_os("VFPOLL_TESTBED_OUT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| "/out".into())
+}
+
+/// A deterministic pseudo-random byte stream (xorshift64*), the same in guest and host check.
+#[derive(Debug, Clone)]
+pub struct Pattern(u64);
+
+impl Pattern {
+    /// A stream for `seed` and a `stream` number (different streams for different purposes).
+    pub fn new(seed: u64, stream: u64) -> Self {
+        Pattern((seed ^ stream.wrapping_mul(0x9e37_79b9_7f4a_7c15)) | 1)
+    }
+
+    /// The next 64 bits.
+    pub fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// `n` bytes.
+    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
+        let mut v = Vec::with_capacity(n + 8);
+        while v.len() < n {
+            v.extend_from_slice(&self.next_u64().to_le_bytes());
+        }
+        v.truncate(n);
+        v
+    }
+}
+
+/// Binds `bdfs` to vfio-pci (idempotent) and returns the outcomes.
+pub fn bind_all(bdfs: &[&str]) -> Vec<bind::BindOutcome> {
+    let host = Host::default();
+    bdfs.iter()
+        .map(|b| {
+            let o = bind::bind_vfio(&host, bdf(b), &BindOptions::default())
+                .unwrap_or_else(|e| panic!("bind {b}: {e}"));
+            assert!(
+                matches!(o.action, BindAction::Bound | BindAction::AlreadyBound),
+                "{o}"
+            );
+            o
+        })
+        .collect()
+}
+
+/// Makes sure at least `pages` 2 MiB hugepages are reserved.
+pub fn reserve_hugepages(pages: u64) {
+    vfpoll_hugepages::reserve(&Host::default(), vfpoll_hugepages::PageSize::SIZE_2M, None, pages)
+        .unwrap_or_else(|e| panic!("reserving {pages} hugepages: {e}"));
+}
+
+/// Reads `len` bytes at `off` of a host file (host checks).
+pub fn read_file_range(path: &Path, off: u64, len: usize) -> Vec<u8> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    f.seek(SeekFrom::Start(off)).expect("seek");
+    let mut v = vec![0u8; len];
+    f.read_exact(&mut v)
+        .unwrap_or_else(|e| panic!("{} at {off:#x}+{len:#x}: {e}", path.display()));
+    v
+}
+
+/// Writes a small key=value manifest into the guest's `/out` for the host check.
+pub fn write_manifest(name: &str, lines: &[(String, String)]) {
+    let text: String = lines.iter().map(|(k, v)| format!("{k}={v}\n")).collect();
+    fs::write(out_dir().join(name), text).expect("write manifest to /out");
+}
+
+/// Reads a manifest written by [`write_manifest`] from the run dir (host checks).
+pub fn read_manifest(name: &str) -> Vec<(String, String)> {
+    let p = run_dir().join("out").join(name);
+    let text =
+        fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e} (did the guest test run?)", p.display()));
+    text.lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
+/// The first value of `key` in a manifest.
+pub fn manifest_get<'a>(m: &'a [(String, String)], key: &str) -> &'a str {
+    m.iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.as_str())
+        .unwrap_or_else(|| panic!("manifest has no `{key}`"))
+}

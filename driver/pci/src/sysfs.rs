@@ -22,7 +22,11 @@ pub struct Host {
 
 impl Default for Host {
     fn default() -> Self {
-        Host { sys: "/sys".into(), proc: "/proc".into(), dev: "/dev".into() }
+        Host {
+            sys: "/sys".into(),
+            proc: "/proc".into(),
+            dev: "/dev".into(),
+        }
     }
 }
 
@@ -30,7 +34,11 @@ impl Host {
     /// A host whose `sys`, `proc` and `dev` are the folders of those names under `root`.
     pub fn under(root: impl AsRef<Path>) -> Self {
         let r = root.as_ref();
-        Host { sys: r.join("sys"), proc: r.join("proc"), dev: r.join("dev") }
+        Host {
+            sys: r.join("sys"),
+            proc: r.join("proc"),
+            dev: r.join("dev"),
+        }
     }
 
     /// `/sys/bus/pci/devices/<bdf>`.
@@ -53,7 +61,9 @@ impl Host {
 #[derive(Debug, thiserror::Error)]
 pub enum SysfsError {
     /// The device is not in sysfs.
-    #[error("no PCI device {bdf} on this machine ({path} is absent); `vfpoll status` lists the devices present")]
+    #[error(
+        "no PCI device {bdf} on this machine ({path} is absent); `vfpoll status` lists the devices present"
+    )]
     NoSuchDevice {
         /// The address asked for.
         bdf: Bdf,
@@ -139,7 +149,10 @@ impl PciDevice {
 pub(crate) fn read_trimmed(path: &Path) -> Result<String, SysfsError> {
     fs::read_to_string(path)
         .map(|s| s.trim().to_owned())
-        .map_err(|source| SysfsError::Read { path: path.to_owned(), source })
+        .map_err(|source| SysfsError::Read {
+            path: path.to_owned(),
+            source,
+        })
 }
 
 fn read_hex(path: &Path) -> Result<u32, SysfsError> {
@@ -153,7 +166,10 @@ fn read_hex(path: &Path) -> Result<u32, SysfsError> {
 /// The last component of the target of a symlink (`driver` -> `../../bus/pci/drivers/nvme` gives
 /// `nvme`); `None` when the link is absent.
 pub(crate) fn link_name(path: &Path) -> Option<String> {
-    fs::read_link(path).ok()?.file_name().map(|n| n.to_string_lossy().into_owned())
+    fs::read_link(path)
+        .ok()?
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
 }
 
 /// Reads one device's description.
@@ -175,7 +191,16 @@ pub fn device(host: &Host, bdf: Bdf) -> Result<PciDevice, SysfsError> {
         .ok()
         .and_then(|s| s.trim().parse::<i64>().ok())
         .and_then(|n| u32::try_from(n).ok());
-    Ok(PciDevice { bdf, vendor, device, class, driver, driver_override, iommu_group, numa_node })
+    Ok(PciDevice {
+        bdf,
+        vendor,
+        device,
+        class,
+        driver,
+        driver_override,
+        iommu_group,
+        numa_node,
+    })
 }
 
 /// Every PCI function on the host, sorted by address.
@@ -185,7 +210,9 @@ pub fn devices(host: &Host) -> Result<Vec<PciDevice>, SysfsError> {
     let mut out = Vec::new();
     for ent in rd.flatten() {
         let name = ent.file_name();
-        let Ok(bdf) = name.to_string_lossy().parse::<Bdf>() else { continue };
+        let Ok(bdf) = name.to_string_lossy().parse::<Bdf>() else {
+            continue;
+        };
         out.push(device(host, bdf)?);
     }
     out.sort_by_key(|d| d.bdf);
@@ -195,9 +222,14 @@ pub fn devices(host: &Host) -> Result<Vec<PciDevice>, SysfsError> {
 /// The functions in an IOMMU group, sorted.
 pub fn group_members(host: &Host, group: u32) -> Result<Vec<Bdf>, SysfsError> {
     let dir = host.iommu_group_dir(group).join("devices");
-    let rd = fs::read_dir(&dir).map_err(|source| SysfsError::Read { path: dir.clone(), source })?;
-    let mut v: Vec<Bdf> =
-        rd.flatten().filter_map(|e| e.file_name().to_string_lossy().parse().ok()).collect();
+    let rd = fs::read_dir(&dir).map_err(|source| SysfsError::Read {
+        path: dir.clone(),
+        source,
+    })?;
+    let mut v: Vec<Bdf> = rd
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse().ok())
+        .collect();
     v.sort();
     Ok(v)
 }
@@ -218,8 +250,14 @@ pub fn bar_resources(host: &Host, bdf: Bdf) -> Result<Vec<Option<(u64, u64)>>, S
             .map(|x| u64::from_str_radix(x.trim_start_matches("0x"), 16))
             .collect::<Result<_, _>>()
             .map_err(|_| bad(line))?;
-        let [start, end, _flags] = f[..] else { return Err(bad(line)) };
-        out.push(if end > start { Some((start, end - start + 1)) } else { None });
+        let [start, end, _flags] = f[..] else {
+            return Err(bad(line));
+        };
+        out.push(if end > start {
+            Some((start, end - start + 1))
+        } else {
+            None
+        });
     }
     Ok(out)
 }
@@ -368,7 +406,15 @@ pub(crate) mod fake {
     use std::os::unix::fs::symlink;
 
     /// Builds `sys/bus/pci/devices/<bdf>` with the given attributes.
-    pub fn add_device(root: &Path, bdf: &str, vendor: u16, device: u16, class: u32, driver: Option<&str>, group: Option<u32>) {
+    pub fn add_device(
+        root: &Path,
+        bdf: &str,
+        vendor: u16,
+        device: u16,
+        class: u32,
+        driver: Option<&str>,
+        group: Option<u32>,
+    ) {
         let d = root.join("sys/devices/pci0000:00").join(bdf);
         fs::create_dir_all(&d).unwrap();
         fs::write(d.join("vendor"), format!("0x{vendor:04x}\n")).unwrap();
@@ -434,9 +480,25 @@ mod tests {
     #[test]
     fn reads_fake_tree() {
         let t = tempfile::tempdir().unwrap();
-        add_device(t.path(), "0000:00:03.0", 0x1b36, 0x0010, 0x010802, Some("nvme"), Some(3));
+        add_device(
+            t.path(),
+            "0000:00:03.0",
+            0x1b36,
+            0x0010,
+            0x010802,
+            Some("nvme"),
+            Some(3),
+        );
         add_device(t.path(), "0000:00:04.0", 0x8086, 0x10d3, 0x020000, None, Some(4));
-        add_device(t.path(), "0000:00:1f.2", 0x8086, 0x2922, 0x010601, Some("ahci"), Some(7));
+        add_device(
+            t.path(),
+            "0000:00:1f.2",
+            0x8086,
+            0x2922,
+            0x010601,
+            Some("ahci"),
+            Some(7),
+        );
         add_device(t.path(), "0000:00:1f.3", 0x8086, 0x2930, 0x0c0500, None, Some(7));
         let host = Host::under(t.path());
         let all = devices(&host).unwrap();
