@@ -162,6 +162,7 @@ impl Controller {
             return Status::DATA_TRANSFER_ERROR;
         }
         self.sqs[qid as usize] = Some(Sq::new(cmd.prp1(), size, cqid));
+        self.reserve_in_flight(size as usize);
         self.clear_doorbell(qid, false);
         if let Some(cq) = self.cqs[cqid as usize].as_mut() {
             cq.sqs += 1;

@@ -853,6 +853,12 @@ impl Controller {
         n
     }
 
+    /// Makes room for `n` more delayed completions, so scheduling one never allocates
+    /// (called when a submission queue of `n` entries is created).
+    pub(crate) fn reserve_in_flight(&mut self, n: usize) {
+        self.delayed.reserve(n);
+    }
+
     /// Whether a namespace with this ID exists; its index in `ns`.
     pub(crate) fn ns_index(&self, nsid: u32) -> Option<usize> {
         self.ns.binary_search_by_key(&nsid, |n| n.nsid).ok()
