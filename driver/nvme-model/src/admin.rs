@@ -4,6 +4,7 @@ use crate::ctrl::{Controller, DbBuf, Outcome, AER_LIMIT};
 use crate::dptr::{self, copy_to_host};
 use crate::queue::{Command, Cq, Sq, CQE_SIZE, SQE_SIZE};
 use crate::Status;
+use vfpoll_nvme::regs::off;
 
 /// Admin opcodes (§5, Figure 139).
 pub mod opcode {
@@ -330,11 +331,8 @@ impl Controller {
     /// memory and keeps the last value written, which may be a deleted queue's; a new queue's
     /// tail and head start at 0 (the host rings it only after the create command completes).
     fn clear_doorbell(&mut self, qid: u16, cq: bool) {
-        let at = match cq {
-            false => vfpoll_nvme::regs::sq_tail_doorbell(qid, self.stride),
-            true => vfpoll_nvme::regs::cq_head_doorbell(qid, self.stride),
-        };
-        self.bar.write32(at, 0);
+        self.bar
+            .write32(off::DOORBELLS + self.db_index(qid, cq) as usize, 0);
     }
 
     /// Writes a queue's current tail (SQ) or head (CQ) into its shadow doorbell entry and the
@@ -343,7 +341,6 @@ impl Controller {
         let Some(db) = self.dbbuf.filter(|_| qid != 0) else {
             return;
         };
-        let index = ((2 * qid as usize + cq as usize) * self.stride) as u64;
         let (value, size) = match cq {
             false => self.sqs[qid as usize].as_mut().map(|q| {
                 q.shadow_db = q.tail;
@@ -355,11 +352,10 @@ impl Controller {
             }),
         }
         .expect("queue exists");
-        let idx = self.cfg.event_idx.index(value, size);
-        // Checked to translate when the buffers were configured; a later failure is the host's
-        // unmapping, reported on the next poll.
-        let _ = self.mem.write_u32(db.shadow + index, value);
-        let _ = self.mem.write_u32(db.eventidx + index, idx);
+        if let Err(e) = self.mem.write_u32(db.shadow + self.db_index(qid, cq), value) {
+            self.fail(format_args!("shadow doorbell buffer: {e}"));
+        }
+        self.write_eventidx(qid, cq, value, size);
     }
 
     /// Format NVM (§5.14): zeroes the namespace (or all, NSID FFFFFFFFh). Only LBA format 0

@@ -10,7 +10,7 @@ use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use vfpoll_nvme::regs::{self, off, Cc};
+use vfpoll_nvme::regs::{off, Cc};
 use vfpoll_pci::mmio::Mmio;
 
 use crate::dma::{Guest, Seg};
@@ -284,11 +284,15 @@ impl Controller {
         let mut idle = Idle::new(&self.cfg);
         while !self.shared.stop.load(Ordering::Relaxed) {
             let mut busy = self.poll_cc();
+            // A request made while the controller is not running is dropped.
+            let fatal = &self.shared.fatal_now;
+            if fatal.load(Ordering::Relaxed)
+                && fatal.swap(false, Ordering::Relaxed)
+                && self.state == State::Running
+            {
+                self.fail(format_args!("fatal error requested through the model handle"));
+            }
             if self.state == State::Running {
-                if self.shared.fatal_now.swap(false, Ordering::Relaxed) {
-                    self.fail(format_args!("fatal error requested through the model handle"));
-                    continue;
-                }
                 busy |= self.poll_queues();
                 if !self.delayed.is_empty() {
                     busy |= self.post_due(Instant::now());
@@ -407,9 +411,8 @@ impl Controller {
         self.aers = 0;
         self.dbbuf = None;
         self.default_features();
-        for qid in 0..=self.cfg.max_io_queue_pairs {
-            self.bar.write32(regs::sq_tail_doorbell(qid, self.stride), 0);
-            self.bar.write32(regs::cq_head_doorbell(qid, self.stride), 0);
+        for at in (off::DOORBELLS..self.bar.len()).step_by(4) {
+            self.bar.write32(at, 0);
         }
         self.state = State::Disabled;
         self.set_csts(0);
@@ -431,7 +434,7 @@ impl Controller {
 
     /// Offset of a doorbell from the start of the doorbell area (also its offset in the shadow
     /// doorbell and EventIdx buffers).
-    fn db_index(&self, qid: u16, cq: bool) -> u64 {
+    pub(crate) fn db_index(&self, qid: u16, cq: bool) -> u64 {
         ((2 * qid as usize + cq as usize) * self.stride) as u64
     }
 
@@ -482,7 +485,7 @@ impl Controller {
     }
 
     /// Writes the EventIdx entry of a queue whose doorbell just moved to `value` (§5.8).
-    fn write_eventidx(&mut self, qid: u16, cq: bool, value: u32, size: u32) {
+    pub(crate) fn write_eventidx(&mut self, qid: u16, cq: bool, value: u32, size: u32) {
         let Some(db) = self.dbbuf else { return };
         if qid == 0 {
             return;

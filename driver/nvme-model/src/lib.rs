@@ -208,7 +208,8 @@ impl NvmeModel {
     }
 
     /// Makes the controller fail now, as if it hit an internal error: sets CSTS.CFS and stops
-    /// processing, if it is enabled (takes effect within one poll of the controller thread).
+    /// processing (within one poll of the controller thread). Ignored if the controller is not
+    /// running (disabled, or failed already).
     pub fn set_fatal(&self) {
         self.shared.fatal_now.store(true, Ordering::Relaxed);
     }
