@@ -404,7 +404,7 @@ pub fn qemu_command(assets: &Assets, b: &Boot) -> Command {
         [
             "-drive".to_string(),
             format!(
-                "file={},if=none,id={id},format=raw,{}",
+                "file={},if=none,id={id},format=raw,discard=unmap,{}",
                 opt_path(&run.join(file)),
                 assets.drive_options
             ),
@@ -418,7 +418,8 @@ pub fn qemu_command(assets: &Assets, b: &Boot) -> Command {
         "-device",
         "nvme-ns,drive=nvmea2,bus=nvmea,nsid=2,logical_block_size=4096,physical_block_size=4096",
     ]);
-    q.args(["-device", "nvme,id=nvmeb,serial=vfpoll-b,addr=4"]);
+    // B allows 4 MiB transfers (MDTS 10): one command needs chained PRP list pages.
+    q.args(["-device", "nvme,id=nvmeb,serial=vfpoll-b,mdts=10,addr=4"]);
     q.args(drive("nvmeb1", IMAGES[2].0));
     q.args(["-device", "nvme-ns,drive=nvmeb1,bus=nvmeb,nsid=1"]);
     // Two NICs on one QEMU hub: frames go from one to the other and nowhere else.

@@ -38,6 +38,9 @@ pub struct QpairOptions {
     /// Largest transfer per command in bytes (rounded down to a power of two); larger requests are
     /// split. `None`: MDTS, or 2 MiB where the controller sets no limit.
     pub max_transfer: Option<usize>,
+    /// Split requests larger than the maximum transfer into several commands (one completion
+    /// for the whole request). When off, such a request is refused with [`NvmeError::TooLarge`].
+    pub split: bool,
 }
 
 impl Default for QpairOptions {
@@ -47,6 +50,7 @@ impl Default for QpairOptions {
             sgl: false,
             timeout: Duration::from_secs(30),
             max_transfer: None,
+            split: true,
         }
     }
 }
@@ -133,6 +137,7 @@ pub struct QueuePair<B: IoBuffer> {
     lists_off: usize,
     list_pages: usize,
     max_xfer: usize,
+    split: bool,
     use_sgl: bool,
     namespaces: Vec<NsInfo>,
     stats: QpairStats,
@@ -272,6 +277,7 @@ impl<B: IoBuffer> QueuePair<B> {
             lists_off,
             list_pages,
             max_xfer,
+            split: opts.split,
             use_sgl: opts.sgl && sh.identify.sgl_supported(),
             namespaces: sh
                 .namespaces
@@ -400,7 +406,24 @@ impl<B: IoBuffer> QueuePair<B> {
         if let Err(e) = self.check_range(ns, slba, blocks) {
             return reject(e, buf);
         }
-        let parts = len.div_ceil(self.max_xfer);
+        // A part never spans more memory pages than MDTS allows bytes: when the buffer does not
+        // start on a page, each part is one page shorter. (Controllers size their internal
+        // scatter lists by MDTS; QEMU's fails a 4 MiB transfer that touches 1025 pages.)
+        let step = if buf.bus_addr(0).get() & (PAGE_SIZE as u64 - 1) != 0 && self.max_xfer > PAGE_SIZE {
+            self.max_xfer - PAGE_SIZE.max(lba_size)
+        } else {
+            self.max_xfer
+        };
+        let parts = len.div_ceil(step);
+        if parts > 1 && !self.split {
+            return reject(
+                NvmeError::TooLarge {
+                    len,
+                    mdts: self.max_xfer,
+                },
+                buf,
+            );
+        }
         if parts > self.free_cids.len() || self.free_reqs.is_empty() {
             let outstanding = self.outstanding();
             return reject(
@@ -421,7 +444,7 @@ impl<B: IoBuffer> QueuePair<B> {
         let mut done = 0usize;
         let mut first_cid = 0;
         for part in 0..parts {
-            let plen = self.max_xfer.min(len - done);
+            let plen = step.min(len - done);
             let cid = self.free_cids.pop().expect("checked above");
             if part == 0 {
                 first_cid = cid;
@@ -434,14 +457,19 @@ impl<B: IoBuffer> QueuePair<B> {
             );
             cmd.set_fua(fua);
             if let Err(e) = self.set_data_pointer(&mut cmd, cid, &buf, done, plen) {
-                // Nothing of this request reached the device yet if this is the first part; a
-                // later part cannot fail here (same buffer, same alignment), but handle it.
+                // Take back the parts already written: none was announced to the controller
+                // (the doorbell rings only in `poll`/`flush_submissions`), so rewinding the tail
+                // removes them.
+                self.ring.unpush(part as u16);
                 self.free_cids.push(cid);
-                if part == 0 {
-                    self.free_reqs.push(rid);
-                    return reject(e, buf);
+                for (c, t) in self.trackers.iter_mut().enumerate() {
+                    if t.req == rid {
+                        t.req = UNUSED;
+                        self.free_cids.push(c as u16);
+                    }
                 }
-                unreachable!("PRP building failed on part {part} after succeeding on part 0: {e}");
+                self.free_reqs.push(rid);
+                return reject(e, buf);
             }
             cmd.set_cid(cid);
             self.trackers[cid as usize] = Tracker { req: rid };
@@ -522,6 +550,58 @@ impl<B: IoBuffer> QueuePair<B> {
             error: None,
             op,
             buf: None,
+            submitted: Instant::now(),
+            first_cid: cid,
+            aborted: false,
+        });
+        Ok(())
+    }
+
+    /// Submits `cmd` as it is (opcode, namespace, CDW10-15), with its data pointer set from
+    /// `buf` if given: I/O passthrough for commands this API does not cover, or to see what the
+    /// controller says about a command the safe methods would refuse. No check is made.
+    ///
+    /// # Safety
+    /// The command must not make the controller access memory outside `buf` (for a read or
+    /// write, the block count times the LBA size must not exceed `buf.len()`), nor anything else
+    /// the caller does not own.
+    pub unsafe fn submit_raw(
+        &mut self,
+        cmd: Command,
+        buf: Option<B>,
+        tag: u64,
+    ) -> Result<(), Rejected<Option<B>>> {
+        if let Err(error) = self.check_usable() {
+            return Err(Rejected { error, buf });
+        }
+        if self.free_cids.is_empty() || self.free_reqs.is_empty() {
+            let error = NvmeError::QueueFull {
+                qid: self.ring.qid,
+                outstanding: self.outstanding(),
+            };
+            return Err(Rejected { error, buf });
+        }
+        let cid = *self.free_cids.last().expect("checked");
+        let mut cmd = cmd;
+        if let Some(b) = &buf {
+            if let Err(error) = self.set_data_pointer(&mut cmd, cid, b, 0, b.len()) {
+                return Err(Rejected { error, buf });
+            }
+        }
+        let rid = self.free_reqs.pop().expect("checked");
+        self.free_cids.pop();
+        cmd.set_cid(cid);
+        self.trackers[cid as usize] = Tracker { req: rid };
+        self.ring.push(&mut self.mem, &cmd);
+        self.stats.requests += 1;
+        self.stats.commands += 1;
+        self.reqs[rid as usize] = Some(Request {
+            tag,
+            parts: 1,
+            dw0: 0,
+            error: None,
+            op: "raw I/O command",
+            buf,
             submitted: Instant::now(),
             first_cid: cid,
             aborted: false,

@@ -72,6 +72,16 @@ impl Ring {
         self.unrung += 1;
     }
 
+    /// Takes back the last `n` commands written and not yet announced by a doorbell.
+    pub(crate) fn unpush(&mut self, n: u16) {
+        assert!(
+            n <= self.unrung,
+            "only commands behind the last doorbell can be taken back"
+        );
+        self.sq_tail = (self.sq_tail + self.entries - n) % self.entries;
+        self.unrung -= n;
+    }
+
     /// Rings the SQ tail doorbell if commands were written since the last ring.
     #[inline]
     pub(crate) fn ring_sq(&mut self) {
