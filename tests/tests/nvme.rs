@@ -351,6 +351,7 @@ fn guest_data_integrity_two_controllers_three_namespaces() {
         });
         let (sa, sb) = (ta.join().expect("thread A"), tb.join().expect("thread B"));
         println!("A ns1 {:?}\nA ns2 {:?}\nB ns1 {sb:?}", sa.0, sa.1);
+        assert!(a.shadow_doorbells(), "QEMU offers Doorbell Buffer Config");
         assert!(sa.0.commands > sa.0.requests, "large requests were split at MDTS");
         assert!(sa.0.sq_doorbells < sa.0.commands, "doorbells are rung per batch");
     });

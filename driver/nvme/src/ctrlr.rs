@@ -16,7 +16,9 @@ use vfpoll_pci::Bdf;
 use crate::admin::{AdminQueue, DataDir};
 use crate::cmd::{cns, feature, log_page, Command, Completion};
 use crate::error::{NvmeError, Result};
+use crate::identify::oacs;
 use crate::identify::{parse_ns_list, ErrorLogEntry, IdentifyController, IdentifyNamespace, SmartLog};
+use crate::qmem::ShadowPages;
 use crate::regs::{self, off, Cap, Cc, Csts, Shutdown, ShutdownStatus, Version};
 
 /// The memory page size vfpoll programs into CC.MPS.
@@ -35,6 +37,12 @@ pub struct ControllerOptions {
     /// I/O queue pairs to ask for with Set Features (Number of Queues); the controller may grant
     /// fewer.
     pub io_queues: u16,
+    /// Use shadow doorbells (Doorbell Buffer Config, NVMe Base 2.0 §5.8) where the controller
+    /// offers them (OACS bit 8): I/O queues write doorbell values to host memory, and the MMIO
+    /// doorbell only when the controller's EventIdx asks for it. Emulated and virtual
+    /// controllers save most of their MMIO exits this way. Applies to every I/O queue pair of
+    /// the controller (a controller with the buffer configured reads doorbells from it).
+    pub shadow_doorbells: bool,
 }
 
 impl Default for ControllerOptions {
@@ -44,6 +52,7 @@ impl Default for ControllerOptions {
             admin_entries: 32,
             admin_timeout: Duration::from_secs(10),
             io_queues: 64,
+            shadow_doorbells: true,
         }
     }
 }
@@ -83,6 +92,8 @@ pub(crate) struct Shared {
     /// I/O submission/completion queues granted by the controller.
     pub io_queues_granted: u16,
     qids: Mutex<Vec<bool>>,
+    /// The Doorbell Buffer Config pages, when in use.
+    pub(crate) shadow: Option<Arc<ShadowPages>>,
     device: Option<Device>,
 }
 
@@ -323,6 +334,21 @@ impl Controller {
         let granted = ((c.dw0 & 0xffff).min(c.dw0 >> 16) + 1).min(opts.io_queues.max(1) as u32) as u16;
         log::debug!("I/O queues: asked {}, granted {granted}", want + 1);
 
+        // Shadow doorbells (§5.8): two zeroed pages, configured before any I/O queue exists.
+        let mut shadow = None;
+        if opts.shadow_doorbells && identify.oacs & oacs::DBBUF != 0 {
+            let pages = ShadowPages::new(dma.alloc_region(2 * PAGE_SIZE, opts.page_size)?, PAGE_SIZE);
+            let (db, ei) = pages.bus(PAGE_SIZE);
+            let cmd = Command::doorbell_buffer_config(db, ei);
+            match admin.exec("Doorbell Buffer Config", cmd, DataDir::None, &[], &mut || {
+                check_csts(&bar)
+            }) {
+                Ok(_) => shadow = Some(Arc::new(pages)),
+                Err(e @ NvmeError::Status { .. }) => log::warn!("shadow doorbells not used: {e}"),
+                Err(e) => return Err(e),
+            }
+        }
+
         let admin = guard.admin.take().expect("still there");
         Ok(Controller {
             shared: Arc::new(Shared {
@@ -336,6 +362,7 @@ impl Controller {
                 namespaces,
                 io_queues_granted: granted,
                 qids: Mutex::new(vec![false; granted as usize + 1]),
+                shadow,
                 device,
             }),
         })
@@ -374,6 +401,11 @@ impl Controller {
     /// How many I/O queue pairs the controller granted.
     pub fn io_queues_granted(&self) -> u16 {
         self.shared.io_queues_granted
+    }
+
+    /// Whether I/O queues use shadow doorbells.
+    pub fn shadow_doorbells(&self) -> bool {
+        self.shared.shadow.is_some()
     }
 
     /// The VFIO device, when opened through VFIO.
@@ -596,6 +628,8 @@ impl Drop for Shared {
                 if let Some(q) = self.admin.get_mut().unwrap_or_else(|e| e.into_inner()).as_mut() {
                     q.leak();
                 }
+                // The controller may also still write EventIdx values.
+                std::mem::forget(self.shadow.take());
             }
         }
     }

@@ -158,3 +158,94 @@ impl QueueMem {
         self.region.write(off, src).expect("admin data write in bounds")
     }
 }
+
+/// The Doorbell Buffer Config pages of a controller (NVMe Base 2.0 §5.8): one page of shadow
+/// doorbells the host writes and one page of EventIdx values the controller writes, shared by
+/// every I/O queue; each queue touches only its own two 32-bit words in each page.
+pub(crate) struct ShadowPages {
+    region: DmaRegion,
+    base: *mut u8,
+}
+
+// SAFETY: the region is owned here; the raw pointer points into it. Queues on different threads
+// access disjoint 32-bit words only, with volatile accesses (see `ShadowSlot`).
+unsafe impl Send for ShadowPages {}
+// SAFETY: as above; `&ShadowPages` hands out slots, never references into the memory.
+unsafe impl Sync for ShadowPages {}
+
+impl std::fmt::Debug for ShadowPages {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ShadowPages({:?})", self.region)
+    }
+}
+
+impl ShadowPages {
+    /// Two zeroed pages: shadow doorbells at offset 0, EventIdx at `page`.
+    pub(crate) fn new(mut region: DmaRegion, page: usize) -> Self {
+        assert!(region.len() >= 2 * page);
+        region.fill(0, 2 * page, 0).expect("in bounds");
+        let base = region.as_ptr();
+        ShadowPages { region, base }
+    }
+
+    /// Bus addresses of the shadow doorbell page and the EventIdx page.
+    pub(crate) fn bus(&self, page: usize) -> (u64, u64) {
+        (self.region.bus_addr(0).get(), self.region.bus_addr(page).get())
+    }
+
+    /// The words of queue `qid` (doorbell stride `stride`), reset to 0 for a new queue.
+    pub(crate) fn slot(self: &std::sync::Arc<Self>, qid: u16, stride: usize, page: usize) -> ShadowSlot {
+        let sq = 2 * qid as usize * stride;
+        let cq = sq + stride;
+        assert!(cq + 4 <= page, "queue {qid} beyond the shadow doorbell page");
+        let s = ShadowSlot {
+            pages: std::sync::Arc::clone(self),
+            sq,
+            cq,
+            ei: page,
+        };
+        s.store(sq, 0);
+        s.store(cq, 0);
+        s
+    }
+}
+
+/// One queue's shadow doorbells and EventIdx words.
+#[derive(Debug)]
+pub(crate) struct ShadowSlot {
+    pages: std::sync::Arc<ShadowPages>,
+    sq: usize,
+    cq: usize,
+    ei: usize,
+}
+
+impl ShadowSlot {
+    fn store(&self, off: usize, v: u32) {
+        let p = self.pages.base.wrapping_add(off).cast::<u32>();
+        // SAFETY: `off` is one of this queue's words inside the first page (checked in `slot`),
+        // 4-byte aligned; the region lives as long as `pages`. Only this queue writes it.
+        unsafe { p.write_volatile(v.to_le()) }
+    }
+
+    fn load(&self, off: usize) -> u32 {
+        let p = self.pages.base.wrapping_add(off).cast::<u32>();
+        // SAFETY: as in `store`; the controller writes EventIdx words, hence volatile.
+        u32::from_le(unsafe { p.read_volatile() })
+    }
+
+    /// Publishes a new SQ tail (or, `cq`, CQ head) in the shadow doorbell and says whether the
+    /// controller asked to be told through the MMIO doorbell: the EventIdx rule (NVMe Base 2.0 §5.8) as
+    /// Linux implements it (`nvme_dbbuf_need_event`).
+    #[inline]
+    pub(crate) fn update(&self, cq: bool, value: u16) -> bool {
+        let off = if cq { self.cq } else { self.sq };
+        wmb();
+        let old = self.load(off) as u16;
+        self.store(off, value as u32);
+        // The shadow write must be visible before the EventIdx read (the controller orders the
+        // other way round): a full fence.
+        fence(Ordering::SeqCst);
+        let event = self.load(self.ei + off) as u16;
+        value.wrapping_sub(event).wrapping_sub(1) < value.wrapping_sub(old)
+    }
+}

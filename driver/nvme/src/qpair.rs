@@ -89,10 +89,12 @@ pub struct QpairStats {
     pub completions: u64,
     /// Requests completed with an error.
     pub errors: u64,
-    /// SQ tail doorbell writes.
+    /// SQ tail MMIO doorbell writes.
     pub sq_doorbells: u64,
-    /// CQ head doorbell writes.
+    /// CQ head MMIO doorbell writes.
     pub cq_doorbells: u64,
+    /// Doorbell updates that went only to the shadow doorbell (no MMIO write needed).
+    pub shadow_only: u64,
     /// Completions whose command id matched no command in flight.
     pub bogus_completions: u64,
     /// Commands the queue pair asked the controller to abort after a timeout.
@@ -227,6 +229,11 @@ impl<B: IoBuffer> QueuePair<B> {
             )));
         }
         let qid = sh.alloc_qid()?;
+        // Shadow doorbells of a new queue start at 0, before the controller learns of it.
+        let shadow = sh
+            .shadow
+            .as_ref()
+            .map(|p| p.slot(qid, sh.cap.doorbell_stride(), PAGE_SIZE));
         let (sq_bus, cq_bus) = (mem.bus(0), mem.bus(sq_bytes));
         let created = (|| {
             sh.admin_exec(
@@ -255,7 +262,7 @@ impl<B: IoBuffer> QueuePair<B> {
             sh.free_qid(qid);
             return Err(e);
         }
-        let ring = Ring::new(
+        let mut ring = Ring::new(
             &sh.bar,
             sh.cap.doorbell_stride(),
             qid,
@@ -265,6 +272,9 @@ impl<B: IoBuffer> QueuePair<B> {
                 entries: opts.entries,
             },
         );
+        if let Some(slot) = shadow {
+            ring.set_shadow(slot);
+        }
         let n = entries - 1;
         log::debug!("I/O queue pair {qid}: {entries} entries, max transfer {max_xfer}, {list_pages} list page(s) per command");
         Ok(QueuePair {
@@ -666,8 +676,11 @@ impl<B: IoBuffer> QueuePair<B> {
     #[inline]
     pub fn flush_submissions(&mut self) {
         if self.ring.unrung != 0 {
-            self.ring.ring_sq();
-            self.stats.sq_doorbells += 1;
+            if self.ring.ring_sq() {
+                self.stats.sq_doorbells += 1;
+            } else {
+                self.stats.shadow_only += 1;
+            }
         }
     }
 
@@ -725,8 +738,11 @@ impl<B: IoBuffer> QueuePair<B> {
         }
         if consumed != 0 {
             self.stats.completions += consumed as u64;
-            self.ring.ring_cq();
-            self.stats.cq_doorbells += 1;
+            if self.ring.ring_cq() {
+                self.stats.cq_doorbells += 1;
+            } else {
+                self.stats.shadow_only += 1;
+            }
             self.idle_polls = 0;
         } else if self.outstanding() != 0 {
             self.idle_polls += 1;

@@ -4,7 +4,7 @@
 use vfpoll_pci::mmio::Mmio;
 
 use crate::cmd::{Command, Completion};
-use crate::qmem::{wmb, QueueMem};
+use crate::qmem::{wmb, QueueMem, ShadowSlot};
 use crate::regs;
 
 /// Size of a submission queue entry.
@@ -37,6 +37,9 @@ pub(crate) struct Ring {
     cq_off: usize,
     sq_db: Mmio,
     cq_db: Mmio,
+    /// Shadow doorbells, when Doorbell Buffer Config is on: the MMIO doorbell is written only
+    /// when the controller's EventIdx asks for it.
+    shadow: Option<ShadowSlot>,
     pub qid: u16,
 }
 
@@ -55,8 +58,14 @@ impl Ring {
             cq_off: layout.cq_off,
             sq_db: window(regs::sq_tail_doorbell(qid, stride)),
             cq_db: window(regs::cq_head_doorbell(qid, stride)),
+            shadow: None,
             qid,
         }
+    }
+
+    /// Uses shadow doorbells for this queue.
+    pub(crate) fn set_shadow(&mut self, slot: ShadowSlot) {
+        self.shadow = Some(slot);
     }
 
     /// Writes `cmd` at the tail and advances it. The caller guarantees a free slot (it keeps
@@ -82,14 +91,24 @@ impl Ring {
         self.unrung -= n;
     }
 
-    /// Rings the SQ tail doorbell if commands were written since the last ring.
+    /// Announces the commands written since the last call: updates the shadow doorbell and,
+    /// when there is none or the controller asks for it, writes the MMIO doorbell. Returns
+    /// whether an MMIO write was made.
     #[inline]
-    pub(crate) fn ring_sq(&mut self) {
-        if self.unrung != 0 {
-            wmb();
-            self.sq_db.write32(0, self.sq_tail as u32);
-            self.unrung = 0;
+    pub(crate) fn ring_sq(&mut self) -> bool {
+        if self.unrung == 0 {
+            return false;
         }
+        self.unrung = 0;
+        if let Some(s) = &self.shadow {
+            if !s.update(false, self.sq_tail) {
+                return false;
+            }
+        } else {
+            wmb();
+        }
+        self.sq_db.write32(0, self.sq_tail as u32);
+        true
     }
 
     /// The next completion if its phase tag says the controller posted it; advances the head.
@@ -111,12 +130,20 @@ impl Ring {
         Some(c)
     }
 
-    /// Rings the CQ head doorbell if completions were consumed since the last ring.
+    /// Releases the completion entries consumed since the last call (shadow doorbell and, when
+    /// needed, MMIO). Returns whether an MMIO write was made.
     #[inline]
-    pub(crate) fn ring_cq(&mut self) {
-        if self.unacked != 0 {
-            self.cq_db.write32(0, self.cq_head as u32);
-            self.unacked = 0;
+    pub(crate) fn ring_cq(&mut self) -> bool {
+        if self.unacked == 0 {
+            return false;
         }
+        self.unacked = 0;
+        if let Some(s) = &self.shadow {
+            if !s.update(true, self.cq_head) {
+                return false;
+            }
+        }
+        self.cq_db.write32(0, self.cq_head as u32);
+        true
     }
 }
