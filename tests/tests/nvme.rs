@@ -483,3 +483,116 @@ fn guest_errors_are_clear_and_leave_the_controller_usable() {
     qp.write_zeroes(1, 0, RESERVED_LBAS as u32, 6).unwrap();
     wait(&mut qp).result.expect("write zeroes");
 }
+
+#[test]
+#[ignore = "test bed"]
+fn guest_submission_queue_in_the_cmb() {
+    let (a, b, dma) = open_both();
+    let cmb = a.cmb().expect("controller A's 16 MiB CMB");
+    assert_eq!(cmb.len(), 16 * MIB);
+    assert!(cmb.capabilities().sqs());
+    assert!(matches!(b.cmb(), Err(NvmeError::Unsupported(_))), "B has no CMB");
+    let mut qp = a
+        .create_qpair::<RegionBuf>(&QpairOptions {
+            sq_in_cmb: true,
+            ..Default::default()
+        })
+        .expect("CMB qpair");
+    let mut r = dma.alloc_region(64 * 1024, PageSize::Huge2M).unwrap();
+    let data = Pattern::new(seed(), 7).bytes(64 * 1024);
+    r.write(0, &data).unwrap();
+    let r = Arc::new(r);
+    // Several commands in flight at once, through the CMB queue.
+    for i in 0..8u64 {
+        qp.write(
+            2,
+            i * 2,
+            RegionBuf::new(r.clone(), i as usize * 8192, 8192).unwrap(),
+            i,
+        )
+        .map_err(|r| r.error)
+        .unwrap();
+    }
+    qp.drain(Duration::from_secs(30), |d| {
+        d.result.expect("write via CMB SQ");
+    })
+    .unwrap();
+    let back = Arc::new(dma.alloc_region(64 * 1024, PageSize::Huge2M).unwrap());
+    qp.read(2, 0, RegionBuf::new(back.clone(), 0, 64 * 1024).unwrap(), 9)
+        .map_err(|r| r.error)
+        .unwrap();
+    wait(&mut qp).result.expect("read via CMB SQ");
+    let mut got = vec![0u8; 64 * 1024];
+    back.read(0, &mut got).unwrap();
+    assert!(
+        got == data,
+        "data written and read through a CMB submission queue differ"
+    );
+    // Leave namespace 2's reserved blocks zeroed for the host oracle.
+    qp.write_zeroes(2, 0, 16, 10).unwrap();
+    wait(&mut qp).result.unwrap();
+}
+
+#[test]
+#[ignore = "test bed"]
+fn guest_cli_identify_and_hello() {
+    bind_all(&[NVME_A]);
+    reserve_hugepages(64);
+    let noiommu: &[&str] = if mode() == vfpoll_pci::vfio::IommuMode::NoIommu {
+        &["--noiommu"]
+    } else {
+        &[]
+    };
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new("vfpoll")
+            .args(args)
+            .args(noiommu)
+            .output()
+            .expect("vfpoll on PATH");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "vfpoll {args:?}: {text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text
+    };
+    let json = run(&["identify", "--device", NVME_A, "--json"]);
+    for want in [
+        "\"serial\": \"vfpoll-a\"",
+        "\"model\": \"QEMU NVMe Ctrl\"",
+        "\"firmware\": \"",
+        "\"mdts_bytes\": 524288",
+        "\"nsid\": 2",
+        "\"lba_size\": 4096",
+        "\"blocks\": 131072",
+    ] {
+        assert!(json.contains(want), "{want} missing from {json}");
+    }
+    let text = run(&["identify", "--device", NVME_A]);
+    assert!(
+        text.contains("QEMU NVMe Ctrl") && text.contains("nsid 2"),
+        "{text}"
+    );
+    let hello = run(&["hello", "--device", NVME_A, "--nsid", "2", "--lba", "8"]);
+    assert!(hello.contains("data matches"), "{hello}");
+    // A device that is not bound, and one that is not NVMe: clear errors, non-zero exit.
+    let out = std::process::Command::new("vfpoll")
+        .args(["identify", "--device", NIC_1])
+        .args(noiommu)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("vfpoll bind"), "{err}");
+    bind_all(&[IVSHMEM]);
+    let out = std::process::Command::new("vfpoll")
+        .args(["identify", "--device", IVSHMEM])
+        .args(noiommu)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("not an NVMe controller"),
+        "{err}"
+    );
+}

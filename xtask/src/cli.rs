@@ -16,6 +16,7 @@ Commands:
   setup   Install the host packages and build the QEMU test-bed assets (cached)
   vm      Boot the test-bed guest and run one command in it
   test    Run every test: fmt, clippy, host tests, then the test-bed tests in the guest
+  demo    vfpoll's main job on the emulated test bed: setup, status, identify, hello, perf
   help    Print this help, or the help of a command (`cargo xtask help vm`)
 
 Each command has its own --help.";
@@ -77,6 +78,21 @@ Options:
   -v, --verbose            Show the guest init's lines and kernel warnings
   -h, --help               Print this help";
 
+const DEMO_HELP: &str = "\
+Run vfpoll's main job on the emulated test bed (no NVMe hardware needed)
+
+Usage: cargo xtask demo [--noiommu] [-v]
+
+One boot of the QEMU guest: `vfpoll setup --hugepages 256 --bind nvme`, `vfpoll status`,
+`vfpoll identify` and `vfpoll hello` on both emulated NVMe controllers (0000:00:03.0 with
+namespaces 1 and 2, 0000:00:04.0), then a 5-second `vfpoll perf` 4 KiB random-read run at queue
+depth 32. Stops at the first failing step and exits with its code.
+
+Options:
+      --noiommu   Run without vIOMMU, in VFIO no-IOMMU mode
+  -v, --verbose   Show the guest init's lines and kernel warnings
+  -h, --help      Print this help";
+
 /// What the command line asks for.
 #[derive(Debug)]
 pub enum Task {
@@ -88,6 +104,8 @@ pub enum Task {
     Vm(VmArgs),
     /// `test`.
     Test(TestArgs),
+    /// `demo`: the mode and verbosity.
+    Demo(Mode, bool),
 }
 
 /// Options of `cargo xtask vm`.
@@ -147,6 +165,7 @@ pub fn parse(args: Vec<OsString>) -> Result<Task> {
             Some("setup") => SETUP_HELP,
             Some("vm") => VM_HELP,
             Some("test") => TEST_HELP,
+            Some("demo") => DEMO_HELP,
             _ => HELP,
         })),
         "setup" => {
@@ -160,6 +179,18 @@ pub fn parse(args: Vec<OsString>) -> Result<Task> {
         }
         "vm" => parse_vm(p),
         "test" => parse_test(p),
+        "demo" => {
+            let (mut mode, mut verbose) = (Mode::Iommu, false);
+            while let Some(a) = p.next_str()? {
+                match a.as_str() {
+                    "--noiommu" => mode = Mode::NoIommu,
+                    "-v" | "--verbose" => verbose = true,
+                    "-h" | "--help" => return Ok(Task::Help(DEMO_HELP)),
+                    _ => return Err(err!("demo: unexpected argument {a:?}")),
+                }
+            }
+            Ok(Task::Demo(mode, verbose))
+        }
         _ => Err(err!("unknown command {cmd:?}; try `cargo xtask --help`")),
     }
 }

@@ -4,6 +4,7 @@
 //! cargo xtask setup                      # host packages + guest assets (cached; once per machine)
 //! cargo xtask vm [OPTIONS] -- CMD ARGS   # boot the guest, run CMD in it, exit with its code
 //! cargo xtask test [--host-only] [--filter S] [--mode iommu|noiommu|both]   # everything
+//! cargo xtask demo [--noiommu]           # vfpoll's main job on the test bed
 //! ```
 //!
 //! Each command has a `--help`. Everything the test bed makes lives under `target/testbed/`.
@@ -68,6 +69,7 @@
 
 mod cli;
 mod cpio;
+mod demo;
 mod json;
 mod setup;
 mod test;
@@ -117,6 +119,7 @@ fn main() -> ExitCode {
         cli::Task::Setup => setup::setup(&ws).map(|_| 0),
         cli::Task::Vm(args) => vm::main(&ws, &args),
         cli::Task::Test(args) => test::main(&ws, &args),
+        cli::Task::Demo(mode, verbose) => demo::main(&ws, mode, verbose),
     });
     match result {
         Ok(code) => ExitCode::from(code),

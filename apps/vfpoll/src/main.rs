@@ -15,6 +15,9 @@ use clap::{Parser, Subcommand};
 mod bind;
 mod ctx;
 mod doctor;
+mod hello;
+mod identify;
+mod nvme_open;
 mod reset;
 mod setup;
 mod status;
@@ -85,6 +88,15 @@ enum Cmd {
     /// --hugepages; a hugetlbfs mount; the memlock limit. Prints OK, WARN or FAIL per finding,
     /// with the command that fixes it.
     Doctor(doctor::Args),
+    /// Identify an NVMe controller and its namespaces (like `nvme id-ctrl` / `id-ns`).
+    ///
+    /// Opens the controller through VFIO (bound to vfio-pci: `vfpoll bind`), brings it up and
+    /// prints what Identify Controller and Identify Namespace report, with the registers that
+    /// matter (CAP) and what vfpoll negotiated (I/O queues, shadow doorbells). --json for scripts:
+    /// serial, model, firmware, mdts_bytes, namespaces [{nsid, lba_size, blocks}], and more.
+    Identify(identify::Args),
+    /// Write a block to an NVMe namespace, read it back, compare, restore the original content.
+    Hello(hello::Args),
 }
 
 fn main() -> ExitCode {
@@ -103,6 +115,8 @@ fn main() -> ExitCode {
         Cmd::Reset(a) => reset::run(&ctx, a),
         Cmd::Status(a) => status::run(&ctx, a),
         Cmd::Doctor(a) => doctor::run(&ctx, a),
+        Cmd::Identify(a) => identify::run(&ctx, a),
+        Cmd::Hello(a) => hello::run(&ctx, a),
     };
     result.unwrap_or_else(|e| {
         eprintln!("vfpoll: error: {e:#}");

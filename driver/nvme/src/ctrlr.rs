@@ -92,6 +92,8 @@ pub(crate) struct Shared {
     /// I/O submission/completion queues granted by the controller.
     pub io_queues_granted: u16,
     qids: Mutex<Vec<bool>>,
+    /// The controller memory buffer, once enabled.
+    pub(crate) cmb: Mutex<Option<Arc<crate::cmb::Cmb>>>,
     /// The Doorbell Buffer Config pages, when in use.
     pub(crate) shadow: Option<Arc<ShadowPages>>,
     device: Option<Device>,
@@ -363,6 +365,7 @@ impl Controller {
                 io_queues_granted: granted,
                 qids: Mutex::new(vec![false; granted as usize + 1]),
                 shadow,
+                cmb: Mutex::new(None),
                 device,
             }),
         })

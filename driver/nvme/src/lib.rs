@@ -33,6 +33,7 @@
 
 pub mod admin;
 pub mod buffer;
+pub mod cmb;
 pub mod cmd;
 mod ctrlr;
 pub mod error;

@@ -33,6 +33,10 @@ pub struct QpairOptions {
     /// Describe data with an SGL Data Block descriptor where the controller supports SGLs and
     /// the buffer is bus-contiguous (one descriptor instead of a PRP list); PRPs otherwise.
     pub sgl: bool,
+    /// Put the submission queue in the controller memory buffer (CMBSZ.SQS): the controller
+    /// reads commands from its own memory instead of fetching them by DMA. Needs a controller
+    /// opened through VFIO with a CMB.
+    pub sq_in_cmb: bool,
     /// How long a command may take before the queue pair asks the controller to abort it.
     pub timeout: Duration,
     /// Largest transfer per command in bytes (rounded down to a power of two); larger requests are
@@ -48,6 +52,7 @@ impl Default for QpairOptions {
         QpairOptions {
             entries: 256,
             sgl: false,
+            sq_in_cmb: false,
             timeout: Duration::from_secs(30),
             max_transfer: None,
             split: true,
@@ -146,6 +151,8 @@ pub struct QueuePair<B: IoBuffer> {
     timeout: Duration,
     idle_polls: u32,
     failed: Option<String>,
+    /// The submission queue's slots in the CMB, when there.
+    sq_cmb: Option<crate::cmb::CmbSlice>,
     ctrl: Arc<Shared>,
     _not_sync: PhantomData<Cell<()>>,
 }
@@ -228,13 +235,25 @@ impl<B: IoBuffer> QueuePair<B> {
                 sh.opts.page_size
             )));
         }
+        let sq_cmb = if opts.sq_in_cmb {
+            let cmb = ctrl.cmb()?;
+            if !cmb.capabilities().sqs() {
+                return Err(NvmeError::Unsupported(
+                    "the CMB cannot hold submission queues (CMBSZ.SQS = 0)".into(),
+                ));
+            }
+            Some(cmb.alloc(entries * SQE_SIZE, PAGE_SIZE)?)
+        } else {
+            None
+        };
         let qid = sh.alloc_qid()?;
         // Shadow doorbells of a new queue start at 0, before the controller learns of it.
         let shadow = sh
             .shadow
             .as_ref()
             .map(|p| p.slot(qid, sh.cap.doorbell_stride(), PAGE_SIZE));
-        let (sq_bus, cq_bus) = (mem.bus(0), mem.bus(sq_bytes));
+        let sq_bus = sq_cmb.as_ref().map_or(mem.bus(0), |s| s.bus_addr().get());
+        let cq_bus = mem.bus(sq_bytes);
         let created = (|| {
             sh.admin_exec(
                 "Create I/O Completion Queue",
@@ -275,6 +294,9 @@ impl<B: IoBuffer> QueuePair<B> {
         if let Some(slot) = shadow {
             ring.set_shadow(slot);
         }
+        if let Some(s) = &sq_cmb {
+            ring.set_sq_in_cmb(s.mmio());
+        }
         let n = entries - 1;
         log::debug!("I/O queue pair {qid}: {entries} entries, max transfer {max_xfer}, {list_pages} list page(s) per command");
         Ok(QueuePair {
@@ -302,6 +324,7 @@ impl<B: IoBuffer> QueuePair<B> {
             timeout: opts.timeout,
             idle_polls: 0,
             failed: None,
+            sq_cmb,
             ctrl: Arc::clone(sh),
             _not_sync: PhantomData,
         })
@@ -889,6 +912,7 @@ impl<B: IoBuffer> Drop for QueuePair<B> {
                 std::mem::forget(r.buf.take());
             }
             self.mem.leak();
+            std::mem::forget(self.sq_cmb.take());
         }
     }
 }

@@ -37,6 +37,8 @@ pub(crate) struct Ring {
     cq_off: usize,
     sq_db: Mmio,
     cq_db: Mmio,
+    /// The submission queue's slots in the controller memory buffer, instead of host memory.
+    sq_cmb: Option<Mmio>,
     /// Shadow doorbells, when Doorbell Buffer Config is on: the MMIO doorbell is written only
     /// when the controller's EventIdx asks for it.
     shadow: Option<ShadowSlot>,
@@ -59,8 +61,15 @@ impl Ring {
             sq_db: window(regs::sq_tail_doorbell(qid, stride)),
             cq_db: window(regs::cq_head_doorbell(qid, stride)),
             shadow: None,
+            sq_cmb: None,
             qid,
         }
+    }
+
+    /// Writes submission queue entries into `cmb` (the queue's slots in the controller memory
+    /// buffer) instead of host memory.
+    pub(crate) fn set_sq_in_cmb(&mut self, cmb: Mmio) {
+        self.sq_cmb = Some(cmb);
     }
 
     /// Uses shadow doorbells for this queue.
@@ -72,7 +81,16 @@ impl Ring {
     /// at most `entries - 1` commands outstanding). The doorbell is not rung.
     #[inline]
     pub(crate) fn push(&mut self, mem: &mut QueueMem, cmd: &Command) {
-        mem.write_command(self.sq_off + self.sq_tail as usize * SQE_SIZE, cmd);
+        match &self.sq_cmb {
+            None => mem.write_command(self.sq_off + self.sq_tail as usize * SQE_SIZE, cmd),
+            Some(cmb) => {
+                let mut w = [0u64; 8];
+                for (i, x) in w.iter_mut().enumerate() {
+                    *x = cmd.dw[2 * i] as u64 | (cmd.dw[2 * i + 1] as u64) << 32;
+                }
+                cmb.write_u64s(self.sq_tail as usize * SQE_SIZE, &w);
+            }
+        }
         self.sq_tail = if self.sq_tail + 1 == self.entries {
             0
         } else {

@@ -211,6 +211,18 @@ impl Mmio {
         unsafe { p.write_volatile(v) }
     }
 
+    /// Stores `words` at `off` (8-byte aligned) with one 64-bit volatile store each: for memory
+    /// BARs that take 64-bit writes (a controller memory buffer holding submission queues).
+    #[inline]
+    #[track_caller]
+    pub fn write_u64s(&self, off: usize, words: &[u64]) {
+        for (i, &w) in words.iter().enumerate() {
+            let p = self.at::<u64>(off + 8 * i);
+            // SAFETY: `at` checked bounds and alignment; the mapping is live while `self` holds it.
+            unsafe { p.write_volatile(w) }
+        }
+    }
+
     /// Copies `buf` into device memory at `off` with 32-bit volatile stores where aligned and
     /// byte stores at the ragged ends (for BARs used as memory, such as a CMB or a GPU BAR).
     pub fn copy_to(&self, off: usize, buf: &[u8]) -> Result<(), WindowError> {

@@ -1,0 +1,59 @@
+//! Opening an NVMe controller from the command line: the options every NVMe subcommand shares.
+
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use clap::Args as ClapArgs;
+use vfpoll_dma::{DmaContext, PageSize};
+use vfpoll_nvme::{Controller, ControllerOptions};
+use vfpoll_pci::vfio::{Container, IommuMode};
+use vfpoll_pci::Bdf;
+
+/// Which controller, and how to reach it.
+#[derive(Debug, Clone, ClapArgs)]
+pub struct DeviceArgs {
+    /// The NVMe controller (PCI address, e.g. 0000:00:03.0), bound to vfio-pci (`vfpoll bind`).
+    #[arg(long, short = 'd', value_name = "BDF")]
+    pub device: Bdf,
+    /// Use VFIO's no-IOMMU mode (the device sees physical addresses; needs root and
+    /// enable_unsafe_noiommu_mode). Without it, vfpoll uses the IOMMU and refuses devices in
+    /// no-IOMMU groups.
+    #[arg(long)]
+    pub noiommu: bool,
+    /// Page size of the DMA memory for queues and buffers: 2M (hugepages, the default), 1G, or
+    /// 4K (no hugepages needed; only behind an IOMMU).
+    #[arg(long, default_value = "2M", value_parser = parse_page_size)]
+    pub page_size: PageSize,
+}
+
+fn parse_page_size(s: &str) -> Result<PageSize, String> {
+    match s.to_ascii_uppercase().as_str() {
+        "2M" | "2MB" | "2MIB" => Ok(PageSize::Huge2M),
+        "1G" | "1GB" | "1GIB" => Ok(PageSize::Huge1G),
+        "4K" | "4KB" | "4KIB" => Ok(PageSize::Base4K),
+        _ => Err(format!("`{s}` is not a page size: use 2M, 1G or 4K")),
+    }
+}
+
+impl DeviceArgs {
+    /// The IOMMU mode asked for.
+    pub fn mode(&self) -> IommuMode {
+        if self.noiommu {
+            IommuMode::NoIommu
+        } else {
+            IommuMode::Type1
+        }
+    }
+
+    /// Opens a container, the controller, and brings it up.
+    pub fn open(&self) -> anyhow::Result<(Controller, DmaContext, Arc<Container>)> {
+        let container = Container::open(self.mode()).context("opening the VFIO container")?;
+        let opts = ControllerOptions {
+            page_size: self.page_size,
+            ..Default::default()
+        };
+        let (ctrl, dma) = Controller::open_first(&container, self.device, opts)
+            .with_context(|| format!("bringing up the NVMe controller {}", self.device))?;
+        Ok((ctrl, dma, container))
+    }
+}

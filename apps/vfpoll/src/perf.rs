@@ -1,0 +1,579 @@
+//! `vfpoll perf`: measure NVMe I/O through vfpoll's driver (spdk_nvme_perf and fio in one), or
+//! verify that data reads back as written. The I/O runs on `vfpoll-engine` workers; this module
+//! parses the options, opens the controllers (VFIO, or the in-process model), and prints.
+
+use std::io::{IsTerminal, Write};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use anyhow::{bail, Context};
+use serde_json::{json, Value};
+use vfpoll_dma::{DmaContext, FakeMapper, PageSize};
+use vfpoll_engine::affinity::{allowed_cores, parse_cores, pin_current, set_current};
+use vfpoll_engine::report::OpStats;
+use vfpoll_engine::{split_evenly, Engine, JobSpec, LatencySummary, Limit, Namespace, Report, Workload};
+use vfpoll_nvme::{Controller, ControllerOptions, QpairOptions};
+use vfpoll_nvme_model::{ModelConfig, NamespaceConfig, NvmeModel};
+use vfpoll_pci::vfio::{Container, IommuMode};
+use vfpoll_pci::Bdf;
+
+use crate::ctx::Ctx;
+
+/// Options of `vfpoll perf`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// NVMe controller to drive, by PCI address (bound to vfio-pci: `vfpoll bind BDF`).
+    /// Repeat for several; every worker gets a queue pair on each.
+    #[arg(
+        long = "device",
+        short = 'd',
+        value_name = "BDF",
+        required_unless_present = "model"
+    )]
+    pub devices: Vec<Bdf>,
+    /// Namespaces to drive on every device: a list such as `1,2`, or `all` for every active
+    /// namespace.
+    #[arg(long, short = 'n', value_name = "LIST", default_value = "1")]
+    pub nsid: String,
+    /// Access pattern: randread, randwrite, read, write, randrw, rw.
+    #[arg(long, short = 'w', default_value = "randread", value_parser = parse_workload)]
+    pub workload: Workload,
+    /// Percent of reads for randrw and rw.
+    #[arg(long, value_name = "PERCENT", default_value_t = 50,
+          value_parser = clap::value_parser!(u8).range(0..=100))]
+    pub rwmix: u8,
+    /// Bytes per I/O: 4k, 128k, 1m, 512 ... (binary units).
+    #[arg(long, short = 'o', value_name = "SIZE", default_value = "4k", value_parser = parse_size)]
+    pub io_size: u64,
+    /// I/Os in flight per queue pair (one queue pair per worker and device).
+    #[arg(long, short = 'q', value_name = "N", default_value_t = 32)]
+    pub queue_depth: u16,
+    /// Run for this many seconds [default: 10].
+    #[arg(long, short = 't', value_name = "SECS", conflicts_with = "ios", value_parser = parse_secs)]
+    pub time: Option<Duration>,
+    /// Run for this many I/Os in all, instead of a time.
+    #[arg(long, value_name = "N")]
+    pub ios: Option<u64>,
+    /// Cores to run workers on, one worker each: `0`, `0,1`, `2-5` [default: the first core
+    /// this process may use].
+    #[arg(long, short = 'c', value_name = "LIST")]
+    pub cores: Option<String>,
+    /// Use only this many bytes of each namespace, from LBA 0 [default: all of it].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub size: Option<u64>,
+    /// Write every I/O unit of the range once with a seeded, LBA-tagged pattern (in random
+    /// order for rand* workloads), then read each back and check it. Reports the LBA of each
+    /// block that differs and exits 1. Makes one pass: --time and --ios do not apply.
+    #[arg(long, conflicts_with_all = ["time", "ios"])]
+    pub verify: bool,
+    /// Seed of offsets, mixes and the verify pattern [default: from the clock; printed].
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// No IOMMU: open the devices through vfio's no-IOMMU mode.
+    #[arg(long)]
+    pub noiommu: bool,
+    /// Run against vfpoll's in-process NVMe model (one 64 MiB namespace of 512-byte blocks)
+    /// instead of a device: needs no NVMe, no VFIO and no hugepages.
+    #[arg(long, conflicts_with_all = ["devices", "noiommu"])]
+    pub model: bool,
+    /// Core for the model's controller thread [default: a core without a worker, if any].
+    #[arg(long, value_name = "CORE", requires = "model")]
+    pub model_core: Option<usize>,
+    /// Do not use shadow doorbells (Doorbell Buffer Config) even where the controller offers
+    /// them: every doorbell update is an MMIO write.
+    #[arg(long)]
+    pub no_shadow_doorbell: bool,
+    /// Describe data with SGLs where the controller supports them (PRPs otherwise).
+    #[arg(long)]
+    pub sgl: bool,
+    /// Print the results as JSON (fio-like field names) instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_workload(s: &str) -> Result<Workload, String> {
+    s.parse().map_err(|e: vfpoll_engine::EngineError| e.to_string())
+}
+
+/// `4k`, `128K`, `1m`, `2MiB`, `512`: binary units, as fio reads them.
+fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (like 4k, 128k, 1m)"))?;
+    let shift = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        u => return Err(format!("unknown size unit {u:?} in {s:?} (k, m, g, t)")),
+    };
+    n.checked_mul(1 << shift)
+        .filter(|&v| v > 0)
+        .ok_or_else(|| format!("size {s:?} is zero or too large"))
+}
+
+fn parse_secs(s: &str) -> Result<Duration, String> {
+    let v: f64 = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    if !(v > 0.0 && v < 1e9) {
+        return Err(format!("the time must be above 0 seconds, not {s}"));
+    }
+    Ok(Duration::from_secs_f64(v))
+}
+
+/// Which namespaces to drive on one controller.
+fn namespaces_of(spec: &str, ctrl: &Controller, device: &str) -> anyhow::Result<Vec<u32>> {
+    let active: Vec<u32> = ctrl.namespaces().iter().map(|n| n.nsid).collect();
+    if spec == "all" {
+        if active.is_empty() {
+            bail!("{device} has no active namespace");
+        }
+        return Ok(active);
+    }
+    let mut out = Vec::new();
+    for p in spec.split(',') {
+        let n: u32 = p
+            .trim()
+            .parse()
+            .ok()
+            .filter(|&n| n != 0)
+            .with_context(|| format!("--nsid {spec:?}: {p:?} is not a namespace ID (or `all`)"))?;
+        if !active.contains(&n) {
+            bail!("{device} has no active namespace {n}; its namespaces are {active:?}");
+        }
+        if !out.contains(&n) {
+            out.push(n);
+        }
+    }
+    Ok(out)
+}
+
+/// The controllers of a run and what keeps them alive. Field order is drop order: the
+/// controllers shut down before the model thread stops.
+struct Devices {
+    ctrls: Vec<(Controller, String)>,
+    _model: Option<NvmeModel>,
+    page: PageSize,
+}
+
+fn open_devices(a: &Args, worker_cores: &[usize]) -> anyhow::Result<Devices> {
+    let opts = ControllerOptions {
+        shadow_doorbells: !a.no_shadow_doorbell,
+        ..Default::default()
+    };
+    if a.model {
+        let mapper = Arc::new(FakeMapper::new());
+        let cfg = ModelConfig {
+            namespaces: vec![NamespaceConfig::new(1, 512, 64 << 11)],
+            mdts: 7,
+            max_queue_entries: 4096,
+            // Poll without sleeping for as long as a run may pause between I/Os.
+            idle_spin: Duration::from_secs(2),
+            ..Default::default()
+        };
+        // The model's thread inherits this thread's affinity: pin it to its own core.
+        let before = allowed_cores()?;
+        let core = a
+            .model_core
+            .or_else(|| before.iter().copied().find(|c| !worker_cores.contains(c)));
+        if let Some(c) = core {
+            pin_current(c).with_context(|| format!("model core {c}"))?;
+        }
+        let model = NvmeModel::start(cfg, mapper.clone()).context("starting the NVMe model")?;
+        set_current(&before)?;
+        let opts = ControllerOptions {
+            page_size: PageSize::Base4K,
+            ..opts
+        };
+        let ctrl = Controller::new(model.bar0(), DmaContext::new(mapper), opts)
+            .context("bringing up the model's controller")?;
+        return Ok(Devices {
+            ctrls: vec![(ctrl, "model".into())],
+            _model: Some(model),
+            page: PageSize::Base4K,
+        });
+    }
+    let mode = if a.noiommu {
+        IommuMode::NoIommu
+    } else {
+        IommuMode::Type1
+    };
+    let container = Container::open(mode).context("opening the VFIO container")?;
+    let mut ctrls: Vec<(Controller, String)> = Vec::new();
+    let mut dma: Option<DmaContext> = None;
+    for &bdf in &a.devices {
+        if ctrls.iter().any(|(_, d)| *d == bdf.to_string()) {
+            bail!("--device {bdf} is given twice");
+        }
+        let hint = || format!("opening NVMe controller {bdf} (bound to vfio-pci? `vfpoll bind {bdf}`)");
+        let ctrl = match &dma {
+            None => {
+                let (c, d) = Controller::open_first(&container, bdf, opts.clone()).with_context(hint)?;
+                dma = Some(d);
+                c
+            }
+            Some(d) => Controller::open(&container, bdf, d.clone(), opts.clone()).with_context(hint)?,
+        };
+        ctrls.push((ctrl, bdf.to_string()));
+    }
+    Ok(Devices {
+        ctrls,
+        _model: None,
+        page: opts.page_size,
+    })
+}
+
+/// Runs `vfpoll perf`.
+pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
+    let cores = match &a.cores {
+        Some(s) => parse_cores(s)?,
+        None => vec![*allowed_cores()?
+            .first()
+            .context("this process may run on no core")?],
+    };
+    let io_size = usize::try_from(a.io_size).context("--io-size is too large")?;
+    let seed = a.seed.unwrap_or_else(|| {
+        SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+    });
+    let limit = match (a.time, a.ios) {
+        (_, Some(0)) => bail!("--ios must be at least 1"),
+        (_, Some(n)) => Limit::Ios(n),
+        (Some(t), None) => Limit::Time(t),
+        (None, None) => Limit::Time(Duration::from_secs(10)),
+    };
+    let devices = open_devices(&a, &cores)?;
+    let mut spaces = Vec::new();
+    for (ctrl, device) in &devices.ctrls {
+        for nsid in namespaces_of(&a.nsid, ctrl, device)? {
+            spaces.push(Namespace {
+                ctrl: ctrl.clone(),
+                device: device.clone(),
+                nsid,
+                size: a.size,
+            });
+        }
+    }
+    let workers = split_evenly(
+        &cores.iter().map(|&c| Some(c)).collect::<Vec<_>>(),
+        &spaces,
+        io_size,
+    )?;
+    let job = JobSpec {
+        workload: a.workload,
+        rwmix_read: a.rwmix,
+        io_size,
+        queue_depth: a.queue_depth,
+        limit,
+        verify: a.verify,
+        seed,
+        qpair: QpairOptions {
+            sgl: a.sgl,
+            ..Default::default()
+        },
+        buffer_page: devices.page,
+    };
+    let header = describe(&a, &job, &cores, &spaces);
+    // Keep this (control) thread off the workers' cores where there is room.
+    let spare: Vec<usize> = allowed_cores()?
+        .into_iter()
+        .filter(|c| !cores.contains(c))
+        .collect();
+    if !spare.is_empty() {
+        set_current(&spare)?;
+    }
+    let engine = Engine::start(job.clone(), workers)?;
+    let live = !a.json && std::io::stdout().is_terminal();
+    if !a.json {
+        println!("{header}");
+    }
+    let mut out = std::io::stdout();
+    let report = engine.run(Duration::from_secs(1), |p| {
+        if live {
+            let _ = write!(
+                out,
+                "\r[{:>4.0} s] {:>12} IOPS {:>10.1} MiB/s  ({} I/Os)\x1b[K",
+                p.elapsed.as_secs_f64(),
+                thousands(p.iops),
+                p.bw_bytes / (1 << 20) as f64,
+                p.ios
+            );
+            let _ = out.flush();
+        }
+    })?;
+    if live {
+        print!("\r\x1b[K");
+    }
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&to_json(&a, &job, &cores, &devices, &report))?
+        );
+    } else {
+        print_text(&job, &report);
+    }
+    Ok(if report.passed() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+fn describe(a: &Args, job: &JobSpec, cores: &[usize], spaces: &[Namespace]) -> String {
+    let what = if a.verify {
+        format!(
+            "verify ({} order)",
+            if job.workload.random() {
+                "random"
+            } else {
+                "sequential"
+            }
+        )
+    } else if matches!(job.workload, Workload::RandRw | Workload::Rw) {
+        format!("{} {}% reads", job.workload, job.rwmix_read)
+    } else {
+        job.workload.to_string()
+    };
+    let limit = match job.limit {
+        _ if a.verify => "one pass".to_string(),
+        Limit::Time(t) => format!("{} s", t.as_secs_f64()),
+        Limit::Ios(n) => format!("{n} I/Os"),
+    };
+    let targets: Vec<String> = spaces
+        .iter()
+        .map(|n| format!("{} ns {}", n.device, n.nsid))
+        .collect();
+    format!(
+        "vfpoll perf: {what}, {} per I/O, queue depth {}, {} worker(s) on core(s) {:?}, {limit}, seed {}\n  {}",
+        human_bytes(job.io_size as u64),
+        job.queue_depth,
+        cores.len(),
+        cores,
+        job.seed,
+        targets.join(", ")
+    )
+}
+
+fn print_text(job: &JobSpec, r: &Report) {
+    let secs = r.elapsed.as_secs_f64();
+    for (name, op) in [("read", &r.read), ("write", &r.write)] {
+        if op.ios == 0 {
+            continue;
+        }
+        let iops = op.ios as f64 / secs.max(f64::MIN_POSITIVE);
+        let bw = op.bytes as f64 / secs.max(f64::MIN_POSITIVE);
+        println!(
+            "{name}: IOPS={} BW={:.1}MiB/s ({:.1}MB/s), {} I/Os in {secs:.2} s",
+            thousands(iops),
+            bw / (1 << 20) as f64,
+            bw / 1e6,
+            op.ios
+        );
+        print_latency(&LatencySummary::of(&op.latency));
+    }
+    if r.read.ios != 0 && r.write.ios != 0 {
+        println!(
+            "total: IOPS={} BW={:.1}MiB/s ({:.1}MB/s)",
+            thousands(r.iops()),
+            r.bw_bytes() / (1 << 20) as f64,
+            r.bw_bytes() / 1e6
+        );
+        print_latency(&LatencySummary::of(&r.latency()));
+    }
+    for w in &r.workers {
+        let core = w.core.map_or("-".into(), |c| c.to_string());
+        println!(
+            "worker {} (core {core}): {} IOPS",
+            w.worker,
+            thousands((w.read.ios + w.write.ios) as f64 / w.elapsed.as_secs_f64().max(f64::MIN_POSITIVE))
+        );
+        for q in &w.queues {
+            let s = q.stats;
+            println!(
+                "  {} queue {} (ns {:?}): {} I/Os, {} commands, SQ doorbells {}, CQ doorbells {}, shadow-only updates {}",
+                q.device, q.qid, q.nsids, q.ios, s.commands, s.sq_doorbells, s.cq_doorbells, s.shadow_only
+            );
+        }
+    }
+    if r.errors != 0 {
+        println!("errors: {} I/Os failed", r.errors);
+        for e in &r.error_samples {
+            println!("  {e}");
+        }
+    }
+    if let Some(v) = &r.verify {
+        if v.mismatches == 0 && r.errors == 0 {
+            println!(
+                "verify: OK: {} blocks written, {} read back and checked (seed {})",
+                v.blocks_written, v.blocks_checked, job.seed
+            );
+        } else {
+            println!(
+                "verify: FAILED: {} of {} blocks checked differ, {} I/O errors (seed {})",
+                v.mismatches, v.blocks_checked, r.errors, job.seed
+            );
+            for m in &v.samples {
+                println!("  {} ns {} LBA {}: holds {}", m.device, m.nsid, m.lba, m.found);
+            }
+        }
+    }
+}
+
+fn print_latency(l: &LatencySummary) {
+    let us = |ns: u64| ns as f64 / 1000.0;
+    println!(
+        "  lat (us): min={:.2} max={:.2} mean={:.2} stdev={:.2}",
+        us(l.min),
+        us(l.max),
+        l.mean / 1000.0,
+        l.stddev / 1000.0
+    );
+    println!(
+        "  lat percentiles (us): p50={:.2} p90={:.2} p99={:.2} p99.9={:.2} p99.99={:.2}",
+        us(l.p50),
+        us(l.p90),
+        us(l.p99),
+        us(l.p999),
+        us(l.p9999)
+    );
+}
+
+fn lat_json(l: &LatencySummary) -> Value {
+    json!({
+        "min": l.min, "max": l.max, "mean": l.mean, "stddev": l.stddev,
+        "p50": l.p50, "p90": l.p90, "p99": l.p99, "p999": l.p999, "p9999": l.p9999,
+        "percentile": {
+            "50.000000": l.p50, "90.000000": l.p90, "99.000000": l.p99,
+            "99.900000": l.p999, "99.990000": l.p9999,
+        },
+    })
+}
+
+fn op_json(op: &OpStats, elapsed: Duration) -> Value {
+    let secs = elapsed.as_secs_f64().max(f64::MIN_POSITIVE);
+    json!({
+        "io_bytes": op.bytes,
+        "total_ios": op.ios,
+        "iops": op.ios as f64 / secs,
+        "bw_bytes": op.bytes as f64 / secs,
+        "lat_ns": lat_json(&LatencySummary::of(&op.latency)),
+    })
+}
+
+fn to_json(a: &Args, job: &JobSpec, cores: &[usize], devices: &Devices, r: &Report) -> Value {
+    let workers: Vec<Value> = r
+        .workers
+        .iter()
+        .map(|w| {
+            let queues: Vec<Value> = w
+                .queues
+                .iter()
+                .map(|q| {
+                    let s = q.stats;
+                    json!({
+                        "device": q.device, "qid": q.qid, "nsids": q.nsids, "ios": q.ios,
+                        "requests": s.requests, "commands": s.commands, "completions": s.completions,
+                        "errors": s.errors, "sq_doorbells": s.sq_doorbells, "cq_doorbells": s.cq_doorbells,
+                        "shadow_only": s.shadow_only, "bogus_completions": s.bogus_completions,
+                        "aborts": s.aborts,
+                    })
+                })
+                .collect();
+            json!({
+                "worker": w.worker, "core": w.core, "runtime_ns": w.elapsed.as_nanos() as u64,
+                "ios": w.read.ios + w.write.ios, "errors": w.errors,
+                "read": op_json(&w.read, w.elapsed), "write": op_json(&w.write, w.elapsed),
+                "queues": queues,
+            })
+        })
+        .collect();
+    let verify = r.verify.as_ref().map(|v| {
+        json!({
+            "passed": r.passed(),
+            "blocks_written": v.blocks_written,
+            "blocks_checked": v.blocks_checked,
+            "mismatches": v.mismatches,
+            "samples": v.samples.iter().map(|m| json!({
+                "device": m.device, "nsid": m.nsid, "lba": m.lba, "found": m.found.to_string(),
+            })).collect::<Vec<_>>(),
+        })
+    });
+    json!({
+        "vfpoll_version": env!("CARGO_PKG_VERSION"),
+        "job": {
+            "workload": job.workload.name(),
+            "rwmix_read": job.workload.read_percent(job.rwmix_read),
+            "io_size": job.io_size,
+            "queue_depth": job.queue_depth,
+            "time_s": match job.limit { Limit::Time(t) if !job.verify => Some(t.as_secs_f64()), _ => None },
+            "ios": match job.limit { Limit::Ios(n) if !job.verify => Some(n), _ => None },
+            "verify": job.verify,
+            "seed": job.seed,
+            "cores": cores,
+            "devices": devices.ctrls.iter().map(|(_, d)| d.as_str()).collect::<Vec<_>>(),
+            "nsid": a.nsid,
+            "iommu": if a.model { "model" } else if a.noiommu { "noiommu" } else { "iommu" },
+            "shadow_doorbells": devices.ctrls.iter().map(|(c, _)| c.shadow_doorbells()).collect::<Vec<_>>(),
+            "sgl": a.sgl,
+        },
+        "runtime_ns": r.elapsed.as_nanos() as u64,
+        "total_ios": r.ios(),
+        "iops": r.iops(),
+        "bw_bytes": r.bw_bytes(),
+        "lat_ns": lat_json(&LatencySummary::of(&r.latency())),
+        "read": op_json(&r.read, r.elapsed),
+        "write": op_json(&r.write, r.elapsed),
+        "errors": r.errors,
+        "error_samples": r.error_samples,
+        "verify": verify,
+        "workers": workers,
+    })
+}
+
+fn human_bytes(n: u64) -> String {
+    match n {
+        n if n >= 1 << 20 && n.is_multiple_of(1 << 20) => format!("{} MiB", n >> 20),
+        n if n >= 1 << 10 && n.is_multiple_of(1 << 10) => format!("{} KiB", n >> 10),
+        n => format!("{n} B"),
+    }
+}
+
+/// `1234567.8` → `1,234,568`.
+fn thousands(v: f64) -> String {
+    let s = format!("{:.0}", v.max(0.0));
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_times_parse() {
+        assert_eq!(parse_size("4k"), Ok(4096));
+        assert_eq!(parse_size("128K"), Ok(128 << 10));
+        assert_eq!(parse_size("1MiB"), Ok(1 << 20));
+        assert_eq!(parse_size("512"), Ok(512));
+        assert!(parse_size("4q").unwrap_err().contains("unknown size unit"));
+        assert!(parse_size("k").is_err() && parse_size("0").is_err());
+        assert_eq!(parse_secs("0.5"), Ok(Duration::from_millis(500)));
+        assert!(parse_secs("-1").is_err() && parse_secs("x").is_err());
+        assert_eq!(thousands(1234567.4), "1,234,567");
+        assert_eq!(thousands(12.0), "12");
+        assert_eq!(human_bytes(128 << 10), "128 KiB");
+    }
+}

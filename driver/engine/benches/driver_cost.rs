@@ -1,0 +1,2 @@
+//! Driver cost benchmark (see below).
+fn main() {}

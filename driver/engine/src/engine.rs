@@ -1,0 +1,423 @@
+//! The control path: start the workers, let them run, stop them, collect their reports.
+//!
+//! The main thread and the workers talk over `crossbeam-channel`s only at the edges of a run
+//! (ready, start, stop, done). While I/O runs, a worker looks at its control channel every few
+//! hundred rounds of its poll loop and publishes its counters there too; the main thread reads
+//! them for the progress callback. Nothing on the per-I/O path is shared between threads.
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use vfpoll_dma::PageSize;
+use vfpoll_nvme::{Controller, QpairOptions};
+
+use crate::clock::Clock;
+use crate::report::{per_second, Report, WorkerReport};
+use crate::worker::{self, queue_entries, same_controller, Control, Counters, Event, Setup};
+use crate::workload::Workload;
+use crate::EngineError;
+
+/// When a run ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    /// After this long (then the I/O in flight completes).
+    Time(Duration),
+    /// After this many I/Os in all, spread evenly over every worker and namespace range.
+    Ios(u64),
+}
+
+/// What every worker does.
+#[derive(Debug, Clone)]
+pub struct JobSpec {
+    /// The access pattern.
+    pub workload: Workload,
+    /// Percent reads of mixed workloads (`randrw`, `rw`).
+    pub rwmix_read: u8,
+    /// Bytes per I/O: a multiple of every target's LBA size.
+    pub io_size: usize,
+    /// I/Os in flight per queue pair (each worker has one queue pair per controller).
+    pub queue_depth: u16,
+    /// When to stop (ignored by verify runs, which make exactly one pass).
+    pub limit: Limit,
+    /// Verify instead of measuring: write every I/O unit of each worker's ranges once with the
+    /// pattern of [`crate::pattern`] (in random order for random workloads), then read each
+    /// back and check it.
+    pub verify: bool,
+    /// Seed of offsets, mixes and the verify pattern: the same seed gives the same run.
+    pub seed: u64,
+    /// Queue pair options; `entries` is set by the engine from the queue depth.
+    pub qpair: QpairOptions,
+    /// Page size of the data buffers' DMA memory (hugepages on hardware, 4 KiB for models).
+    /// I/O sizes up to it come from a pool, larger ones get a region per slot.
+    pub buffer_page: PageSize,
+}
+
+/// A namespace range a worker drives.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// The controller (targets of one controller share the worker's queue pair on it).
+    pub ctrl: Controller,
+    /// Its name in reports (a BDF, or "model").
+    pub device: String,
+    /// The namespace.
+    pub nsid: u32,
+    /// The LBAs it uses: `start` and `end` aligned to the I/O size.
+    pub lbas: Range<u64>,
+}
+
+/// One worker: a thread pinned to `core`, with one queue pair per controller of its targets.
+#[derive(Debug, Clone)]
+pub struct WorkerSpec {
+    /// The core to pin to (`None`: not pinned).
+    pub core: Option<usize>,
+    /// Its namespace ranges.
+    pub targets: Vec<Target>,
+}
+
+/// A namespace to spread over workers: `(controller, device label, nsid, byte range or None
+/// for the whole namespace)`.
+#[derive(Debug, Clone)]
+pub struct Namespace {
+    /// The controller.
+    pub ctrl: Controller,
+    /// Its name in reports.
+    pub device: String,
+    /// The namespace.
+    pub nsid: u32,
+    /// Bytes from the start of the namespace to use (`None`: all of it).
+    pub size: Option<u64>,
+}
+
+/// The usual layout, as fio's `numjobs` with `offset_increment`: every worker gets a queue
+/// pair on every controller and an equal, disjoint share of every namespace (in whole I/O
+/// units). Disjoint shares keep sequential streams apart and make verify runs well defined.
+pub fn split_evenly(
+    cores: &[Option<usize>],
+    namespaces: &[Namespace],
+    io_size: usize,
+) -> Result<Vec<WorkerSpec>, EngineError> {
+    if cores.is_empty() || namespaces.is_empty() {
+        return Err(EngineError::Invalid("no cores or no namespaces to run on".into()));
+    }
+    let w = cores.len() as u64;
+    let mut specs: Vec<WorkerSpec> = cores
+        .iter()
+        .map(|&core| WorkerSpec {
+            core,
+            targets: Vec::new(),
+        })
+        .collect();
+    for n in namespaces {
+        let ns = n.ctrl.namespace(n.nsid).map_err(|source| EngineError::Nvme {
+            device: n.device.clone(),
+            source,
+        })?;
+        let lba = ns.lba_size as u64;
+        if io_size == 0 || !(io_size as u64).is_multiple_of(lba) {
+            return Err(EngineError::Invalid(format!(
+                "{} namespace {}: the I/O size {io_size} is not a multiple of its {lba}-byte blocks",
+                n.device, n.nsid
+            )));
+        }
+        let bytes = match n.size {
+            Some(s) if s > ns.bytes() => {
+                return Err(EngineError::Invalid(format!(
+                    "{} namespace {}: size {s} is larger than the namespace ({} bytes)",
+                    n.device,
+                    n.nsid,
+                    ns.bytes()
+                )))
+            }
+            Some(s) => s,
+            None => ns.bytes(),
+        };
+        let io_blocks = io_size as u64 / lba;
+        let units = bytes / io_size as u64;
+        if units < w {
+            return Err(EngineError::Invalid(format!(
+                "{} namespace {}: {bytes} bytes hold {units} I/Os of {io_size} bytes, fewer than the {w} workers",
+                n.device, n.nsid
+            )));
+        }
+        for (i, spec) in specs.iter_mut().enumerate() {
+            let (a, b) = (units * i as u64 / w, units * (i as u64 + 1) / w);
+            spec.targets.push(Target {
+                ctrl: n.ctrl.clone(),
+                device: n.device.clone(),
+                nsid: n.nsid,
+                lbas: a * io_blocks..b * io_blocks,
+            });
+        }
+    }
+    Ok(specs)
+}
+
+/// A progress sample for the main thread's callback.
+#[derive(Debug, Clone, Copy)]
+pub struct Progress {
+    /// Since the start.
+    pub elapsed: Duration,
+    /// I/Os completed so far (as last published by the workers).
+    pub ios: u64,
+    /// Bytes moved so far.
+    pub bytes: u64,
+    /// I/Os per second since the previous sample.
+    pub iops: f64,
+    /// Bytes per second since the previous sample.
+    pub bw_bytes: f64,
+}
+
+/// Workers that are set up and waiting to start (see [`Engine::start`] and [`Engine::run`]).
+/// Dropping it without running tears them down.
+#[derive(Debug)]
+pub struct Engine {
+    job: Arc<JobSpec>,
+    control: Vec<Sender<Control>>,
+    events: Receiver<Event>,
+    threads: Vec<JoinHandle<()>>,
+    counters: Vec<Arc<Counters>>,
+    clock: Clock,
+}
+
+impl Engine {
+    /// Checks the job, spawns one thread per worker, and waits until each has pinned itself
+    /// and made its queue pairs and buffers. Any failure tears down the others and is returned.
+    pub fn start(job: JobSpec, workers: Vec<WorkerSpec>) -> Result<Engine, EngineError> {
+        let quotas = check(&job, &workers)?;
+        let clock = Clock::calibrate(Duration::from_millis(20));
+        let job = Arc::new(job);
+        let (ev_tx, events) = crossbeam_channel::unbounded();
+        let mut engine = Engine {
+            job: Arc::clone(&job),
+            control: Vec::new(),
+            events,
+            threads: Vec::new(),
+            counters: Vec::new(),
+            clock,
+        };
+        for ((index, spec), quotas) in workers.into_iter().enumerate().zip(quotas) {
+            let (tx, control) = crossbeam_channel::bounded(4);
+            let counters = Arc::new(Counters::default());
+            let setup = Setup {
+                index,
+                spec,
+                job: Arc::clone(&job),
+                clock,
+                control,
+                events: ev_tx.clone(),
+                counters: Arc::clone(&counters),
+                quotas,
+            };
+            let t = std::thread::Builder::new()
+                .name(format!("vfpoll-worker-{index}"))
+                .spawn(move || worker::main(setup))
+                .map_err(EngineError::Spawn)?;
+            engine.control.push(tx);
+            engine.threads.push(t);
+            engine.counters.push(counters);
+        }
+        drop(ev_tx);
+        let mut ready = 0;
+        while ready < engine.threads.len() {
+            match engine.events.recv() {
+                Ok(Event::Ready) => ready += 1,
+                Ok(Event::Failed { worker, error }) => {
+                    return Err(EngineError::Worker {
+                        worker,
+                        source: Box::new(error),
+                    })
+                }
+                Ok(Event::Done(_)) | Err(_) => return Err(EngineError::Lost(ready)),
+            }
+        }
+        Ok(engine)
+    }
+
+    /// The clock the workers time I/O with.
+    pub fn clock(&self) -> Clock {
+        self.clock
+    }
+
+    /// Starts every worker at once, calls `on_tick` about every `tick` on this thread while
+    /// they run, stops them at the time limit, and merges their reports.
+    pub fn run(mut self, tick: Duration, mut on_tick: impl FnMut(&Progress)) -> Result<Report, EngineError> {
+        for c in &self.control {
+            let _ = c.send(Control::Start);
+        }
+        let t0 = Instant::now();
+        let deadline = match self.job.limit {
+            Limit::Time(d) if !self.job.verify => Some(t0 + d),
+            _ => None,
+        };
+        let n = self.threads.len();
+        let mut reports: Vec<WorkerReport> = Vec::with_capacity(n);
+        let mut failure = None;
+        let mut stopped = false;
+        let tick = tick.max(Duration::from_millis(10));
+        let mut next_tick = t0 + tick;
+        let (mut last_t, mut last_ios, mut last_bytes) = (t0, 0, 0);
+        while reports.len() < n && failure.is_none() {
+            let mut wake = next_tick;
+            if let (false, Some(d)) = (stopped, deadline) {
+                wake = wake.min(d);
+            }
+            match self
+                .events
+                .recv_timeout(wake.saturating_duration_since(Instant::now()))
+            {
+                Ok(Event::Done(r)) => reports.push(*r),
+                Ok(Event::Failed { worker, error }) => {
+                    failure = Some(EngineError::Worker {
+                        worker,
+                        source: Box::new(error),
+                    })
+                }
+                Ok(Event::Ready) | Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+            let now = Instant::now();
+            if !stopped && deadline.is_some_and(|d| now >= d) {
+                stopped = true;
+                for c in &self.control {
+                    let _ = c.send(Control::Stop);
+                }
+            }
+            if now >= next_tick {
+                let (ios, bytes) = self.counters.iter().fold((0, 0), |(i, b), c| {
+                    (
+                        i + c.ios.load(std::sync::atomic::Ordering::Relaxed),
+                        b + c.bytes.load(std::sync::atomic::Ordering::Relaxed),
+                    )
+                });
+                let dt = now - last_t;
+                on_tick(&Progress {
+                    elapsed: now - t0,
+                    ios,
+                    bytes,
+                    iops: per_second(ios - last_ios.min(ios), dt),
+                    bw_bytes: per_second(bytes - last_bytes.min(bytes), dt),
+                });
+                (last_t, last_ios, last_bytes) = (now, ios, bytes);
+                while next_tick <= now {
+                    next_tick += tick;
+                }
+            }
+        }
+        if failure.is_some() {
+            for c in &self.control {
+                let _ = c.send(Control::Abort);
+            }
+        }
+        self.join();
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        if reports.len() < n {
+            return Err(EngineError::Lost(n - reports.len()));
+        }
+        Ok(Report::merge(reports))
+    }
+
+    fn join(&mut self) {
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        for c in &self.control {
+            let _ = c.send(Control::Abort);
+        }
+        self.join();
+    }
+}
+
+/// Checks the job against the workers' targets; returns each worker's per-target quotas.
+fn check(job: &JobSpec, workers: &[WorkerSpec]) -> Result<Vec<Vec<u64>>, EngineError> {
+    let bad = |s: String| Err(EngineError::Invalid(s));
+    if workers.is_empty() {
+        return bad("no workers".into());
+    }
+    if job.queue_depth == 0 {
+        return bad("the queue depth must be at least 1".into());
+    }
+    if job.io_size == 0 {
+        return bad("the I/O size must not be 0".into());
+    }
+    if job.rwmix_read > 100 {
+        return bad(format!("rwmix {} is over 100 percent", job.rwmix_read));
+    }
+    if job.limit == Limit::Ios(0) || job.limit == Limit::Time(Duration::ZERO) {
+        return bad("the run must have a non-zero time or I/O count".into());
+    }
+    let mut per_ctrl: Vec<(Controller, String, usize)> = Vec::new();
+    for (i, w) in workers.iter().enumerate() {
+        if w.targets.is_empty() {
+            return bad(format!("worker {i} has no namespace to drive"));
+        }
+        let mut seen: Vec<&Controller> = Vec::new();
+        for t in &w.targets {
+            let ns = t.ctrl.namespace(t.nsid).map_err(|source| EngineError::Nvme {
+                device: t.device.clone(),
+                source,
+            })?;
+            let io_blocks = (job.io_size / ns.lba_size) as u64;
+            if !job.io_size.is_multiple_of(ns.lba_size) {
+                return bad(format!(
+                    "{} namespace {}: the I/O size {} is not a multiple of its {}-byte blocks",
+                    t.device, t.nsid, job.io_size, ns.lba_size
+                ));
+            }
+            let r = &t.lbas;
+            if r.start >= r.end || r.end > ns.blocks || r.end - r.start < io_blocks {
+                return bad(format!(
+                    "{} namespace {}: LBAs {}..{} do not hold one I/O of {} blocks inside its {} blocks",
+                    t.device, t.nsid, r.start, r.end, io_blocks, ns.blocks
+                ));
+            }
+            if !seen.iter().any(|c| same_controller(c, &t.ctrl)) {
+                seen.push(&t.ctrl);
+                queue_entries(job, &t.ctrl)?;
+                match per_ctrl.iter_mut().find(|(c, _, _)| same_controller(c, &t.ctrl)) {
+                    Some(e) => e.2 += 1,
+                    None => per_ctrl.push((t.ctrl.clone(), t.device.clone(), 1)),
+                }
+            }
+        }
+    }
+    for (c, dev, n) in &per_ctrl {
+        if *n > c.io_queues_granted() as usize {
+            return bad(format!(
+                "{dev}: {n} workers need {n} I/O queue pairs; the controller granted {}",
+                c.io_queues_granted()
+            ));
+        }
+    }
+    // Quotas: `--ios` spread evenly over every namespace range of every worker.
+    let ranges: usize = workers.iter().map(|w| w.targets.len()).sum();
+    let mut k = 0u64;
+    Ok(workers
+        .iter()
+        .map(|w| {
+            w.targets
+                .iter()
+                .map(|_| {
+                    let q = match job.limit {
+                        Limit::Ios(total) => {
+                            let r = ranges as u64;
+                            total / r + u64::from(k < total % r)
+                        }
+                        Limit::Time(_) => u64::MAX,
+                    };
+                    k += 1;
+                    q
+                })
+                .collect()
+        })
+        .collect())
+}

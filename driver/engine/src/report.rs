@@ -1,0 +1,264 @@
+//! Results: per worker (made on the worker, off the hot path, at the end) and merged.
+
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use vfpoll_nvme::QpairStats;
+
+use crate::pattern::Found;
+
+/// Latency histograms hold nanoseconds from 1 ns to this, at 3 significant digits.
+pub const MAX_LATENCY_NS: u64 = 3_600_000_000_000;
+
+/// An empty latency histogram (nanoseconds).
+pub fn new_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, MAX_LATENCY_NS, 3).expect("valid histogram bounds")
+}
+
+/// Counts and latencies of one direction (reads or writes).
+#[derive(Debug, Clone)]
+pub struct OpStats {
+    /// Completed I/Os (errors included).
+    pub ios: u64,
+    /// Bytes moved by successful I/Os.
+    pub bytes: u64,
+    /// Submit-to-completion latency of every completed I/O, in nanoseconds.
+    pub latency: Histogram<u64>,
+}
+
+impl Default for OpStats {
+    fn default() -> Self {
+        OpStats {
+            ios: 0,
+            bytes: 0,
+            latency: new_histogram(),
+        }
+    }
+}
+
+impl OpStats {
+    /// Adds `other` into `self`.
+    pub fn merge(&mut self, other: &OpStats) {
+        self.ios += other.ios;
+        self.bytes += other.bytes;
+        self.latency
+            .add(&other.latency)
+            .expect("histograms of the same bounds add");
+    }
+}
+
+/// The usual numbers of a latency histogram, in nanoseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LatencySummary {
+    /// Samples.
+    pub count: u64,
+    /// Smallest.
+    pub min: u64,
+    /// Largest.
+    pub max: u64,
+    /// Mean.
+    pub mean: f64,
+    /// Standard deviation.
+    pub stddev: f64,
+    /// Median.
+    pub p50: u64,
+    /// 90th percentile.
+    pub p90: u64,
+    /// 99th percentile.
+    pub p99: u64,
+    /// 99.9th percentile.
+    pub p999: u64,
+    /// 99.99th percentile.
+    pub p9999: u64,
+}
+
+impl LatencySummary {
+    /// Summarises `h` (all zero when it is empty).
+    pub fn of(h: &Histogram<u64>) -> Self {
+        if h.is_empty() {
+            return LatencySummary::default();
+        }
+        let q = |x| h.value_at_quantile(x);
+        LatencySummary {
+            count: h.len(),
+            min: h.min(),
+            max: h.max(),
+            mean: h.mean(),
+            stddev: h.stdev(),
+            p50: q(0.50),
+            p90: q(0.90),
+            p99: q(0.99),
+            p999: q(0.999),
+            p9999: q(0.9999),
+        }
+    }
+}
+
+/// One queue pair of one worker.
+#[derive(Debug, Clone)]
+pub struct QueueReport {
+    /// The controller's label (its BDF, or "model").
+    pub device: String,
+    /// The I/O queue id.
+    pub qid: u16,
+    /// The namespaces it drove.
+    pub nsids: Vec<u32>,
+    /// I/Os completed on it.
+    pub ios: u64,
+    /// The queue pair's own counters (doorbells, completions, errors).
+    pub stats: QpairStats,
+}
+
+/// One block that did not read back as written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mismatch {
+    /// The controller's label.
+    pub device: String,
+    /// Namespace.
+    pub nsid: u32,
+    /// The LBA read.
+    pub lba: u64,
+    /// What was there instead.
+    pub found: Found,
+}
+
+/// The outcome of a verify run.
+#[derive(Debug, Clone, Default)]
+pub struct VerifyReport {
+    /// Logical blocks written with the pattern.
+    pub blocks_written: u64,
+    /// Logical blocks read back and compared.
+    pub blocks_checked: u64,
+    /// Blocks that differed.
+    pub mismatches: u64,
+    /// The first few mismatches ([`VerifyReport::MAX_SAMPLES`] per worker).
+    pub samples: Vec<Mismatch>,
+}
+
+impl VerifyReport {
+    /// Mismatches kept per worker.
+    pub const MAX_SAMPLES: usize = 16;
+
+    /// Adds `other` into `self`.
+    pub fn merge(&mut self, other: &VerifyReport) {
+        self.blocks_written += other.blocks_written;
+        self.blocks_checked += other.blocks_checked;
+        self.mismatches += other.mismatches;
+        self.samples.extend(other.samples.iter().cloned());
+    }
+}
+
+/// What one worker did.
+#[derive(Debug, Clone)]
+pub struct WorkerReport {
+    /// Worker index.
+    pub worker: usize,
+    /// The core it was pinned to.
+    pub core: Option<usize>,
+    /// From its start to its last completion.
+    pub elapsed: Duration,
+    /// Reads.
+    pub read: OpStats,
+    /// Writes.
+    pub write: OpStats,
+    /// I/Os that completed with an error or were refused at submit.
+    pub errors: u64,
+    /// The first few error messages.
+    pub error_samples: Vec<String>,
+    /// Its queue pairs.
+    pub queues: Vec<QueueReport>,
+    /// Verify results (verify runs only).
+    pub verify: Option<VerifyReport>,
+}
+
+/// Error messages kept per worker.
+pub const MAX_ERROR_SAMPLES: usize = 8;
+
+/// The merged result of a run.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// The longest worker's run time.
+    pub elapsed: Duration,
+    /// Reads of all workers.
+    pub read: OpStats,
+    /// Writes of all workers.
+    pub write: OpStats,
+    /// Failed I/Os of all workers.
+    pub errors: u64,
+    /// The first few error messages.
+    pub error_samples: Vec<String>,
+    /// Verify results (verify runs only).
+    pub verify: Option<VerifyReport>,
+    /// Each worker's own numbers.
+    pub workers: Vec<WorkerReport>,
+}
+
+impl Report {
+    /// Merges the workers' reports.
+    pub fn merge(mut workers: Vec<WorkerReport>) -> Report {
+        workers.sort_by_key(|w| w.worker);
+        let mut r = Report {
+            elapsed: Duration::ZERO,
+            read: OpStats::default(),
+            write: OpStats::default(),
+            errors: 0,
+            error_samples: Vec::new(),
+            verify: None,
+            workers: Vec::new(),
+        };
+        for w in &workers {
+            r.elapsed = r.elapsed.max(w.elapsed);
+            r.read.merge(&w.read);
+            r.write.merge(&w.write);
+            r.errors += w.errors;
+            r.error_samples.extend(w.error_samples.iter().cloned());
+            if let Some(v) = &w.verify {
+                r.verify.get_or_insert_with(VerifyReport::default).merge(v);
+            }
+        }
+        r.error_samples.truncate(MAX_ERROR_SAMPLES);
+        r.workers = workers;
+        r
+    }
+
+    /// Reads plus writes.
+    pub fn ios(&self) -> u64 {
+        self.read.ios + self.write.ios
+    }
+
+    /// Bytes read and written.
+    pub fn bytes(&self) -> u64 {
+        self.read.bytes + self.write.bytes
+    }
+
+    /// I/Os per second over [`Report::elapsed`].
+    pub fn iops(&self) -> f64 {
+        per_second(self.ios(), self.elapsed)
+    }
+
+    /// Bytes per second over [`Report::elapsed`].
+    pub fn bw_bytes(&self) -> f64 {
+        per_second(self.bytes(), self.elapsed)
+    }
+
+    /// Latency of reads and writes together.
+    pub fn latency(&self) -> Histogram<u64> {
+        let mut h = self.read.latency.clone();
+        h.add(&self.write.latency).expect("same bounds");
+        h
+    }
+
+    /// Whether nothing failed: no I/O error and, for verify runs, no mismatch.
+    pub fn passed(&self) -> bool {
+        self.errors == 0 && self.verify.as_ref().is_none_or(|v| v.mismatches == 0)
+    }
+}
+
+/// `n` per second over `d` (0 for an empty interval).
+pub fn per_second(n: u64, d: Duration) -> f64 {
+    if d.is_zero() {
+        0.0
+    } else {
+        n as f64 / d.as_secs_f64()
+    }
+}

@@ -1,0 +1,621 @@
+//! One pinned worker thread: its queue pairs, its buffers, its histograms, its hot loop.
+//!
+//! The hot loop touches only what this thread owns: queue pairs (`&mut`, no lock), slot
+//! buffers, the slot table and the histograms. It reads the clock once per batch of
+//! completions, and looks at the control channel and publishes its progress counters only every
+//! [`CONTROL_EVERY`] rounds.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, Sender, TryRecvError};
+use vfpoll_nvme::{Controller, QpairOptions, QueuePair};
+
+use crate::affinity::pin_current;
+use crate::clock::Clock;
+use crate::engine::{JobSpec, Target, WorkerSpec};
+use crate::pattern;
+use crate::report::{Mismatch, OpStats, QueueReport, VerifyReport, WorkerReport, MAX_ERROR_SAMPLES};
+use crate::slots::{PoolSlots, RegionSlots, Slots};
+use crate::workload::{mix64, Cursor, Rng};
+use crate::EngineError;
+
+/// Rounds of the hot loop between two looks at the control channel.
+const CONTROL_EVERY: u32 = 256;
+
+/// Main thread → worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Control {
+    /// Begin I/O.
+    Start,
+    /// Submit nothing more; finish what is in flight and report.
+    Stop,
+    /// Set-up failed elsewhere: tear down without running.
+    Abort,
+}
+
+/// Worker → main thread.
+#[derive(Debug)]
+pub(crate) enum Event {
+    /// Set up (pinned, queue pairs and buffers made); waiting for `Start`.
+    Ready,
+    /// Set-up failed, or the worker panicked.
+    Failed { worker: usize, error: EngineError },
+    /// Finished; its report.
+    Done(Box<WorkerReport>),
+}
+
+/// Progress counters of one worker, read by the main thread (own cache lines: the worker
+/// stores, nobody else does).
+#[derive(Debug, Default)]
+#[repr(align(128))]
+pub(crate) struct Counters {
+    pub ios: AtomicU64,
+    pub bytes: AtomicU64,
+}
+
+/// Everything a worker thread starts with.
+pub(crate) struct Setup {
+    pub index: usize,
+    pub spec: WorkerSpec,
+    pub job: Arc<JobSpec>,
+    pub clock: Clock,
+    pub control: Receiver<Control>,
+    pub events: Sender<Event>,
+    pub counters: Arc<Counters>,
+    /// Submission quota of each of `spec.targets` (`u64::MAX`: until stopped).
+    pub quotas: Vec<u64>,
+}
+
+/// The worker thread's body.
+pub(crate) fn main(s: Setup) {
+    let events = s.events.clone();
+    let index = s.index;
+    let page = s.job.buffer_page.bytes() as usize;
+    let buffer_fits_page = s.job.io_size <= page && s.job.io_size.is_power_of_two();
+    let r = catch_unwind(AssertUnwindSafe(move || {
+        if buffer_fits_page {
+            run::<PoolSlots>(s)
+        } else {
+            run::<RegionSlots>(s)
+        }
+    }));
+    if let Err(p) = r {
+        let message = p
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "(no message)".into());
+        let _ = events.send(Event::Failed {
+            worker: index,
+            error: EngineError::Panicked {
+                worker: index,
+                message,
+            },
+        });
+    }
+}
+
+fn run<S: Slots>(s: Setup) {
+    let fail = |error| {
+        let _ = s.events.send(Event::Failed {
+            worker: s.index,
+            error,
+        });
+    };
+    if let Some(core) = s.spec.core {
+        if let Err(e) = pin_current(core) {
+            return fail(e);
+        }
+    }
+    let mut queues = match build::<S>(&s) {
+        Ok(q) => q,
+        Err(e) => return fail(e),
+    };
+    if s.events.send(Event::Ready).is_err() {
+        return;
+    }
+    match s.control.recv() {
+        Ok(Control::Start) => {}
+        _ => return,
+    }
+    let mut st = State::new(&s);
+    let elapsed = hot_loop(&mut queues, &mut st, &s.control, &s.counters);
+    let report = WorkerReport {
+        worker: s.index,
+        core: s.spec.core,
+        elapsed,
+        queues: queues.iter().map(Queue::report).collect(),
+        read: st.read,
+        write: st.write,
+        errors: st.errors,
+        error_samples: st.error_samples,
+        verify: st.verify,
+    };
+    // Delete the queue pairs (admin commands) before reporting, so the run's end is clean.
+    drop(queues);
+    let _ = s.events.send(Event::Done(Box::new(report)));
+}
+
+/// What the hot loop shares between the worker's queues.
+struct State {
+    clock: Clock,
+    rng: Rng,
+    read_pct: u8,
+    io_size: usize,
+    /// The pattern seed when verifying.
+    verify_seed: Option<u64>,
+    read: OpStats,
+    write: OpStats,
+    errors: u64,
+    error_samples: Vec<String>,
+    verify: Option<VerifyReport>,
+    scratch: Vec<u8>,
+}
+
+impl State {
+    fn new(s: &Setup) -> Self {
+        let j = &s.job;
+        State {
+            clock: s.clock,
+            rng: Rng::new(mix64(j.seed ^ (s.index as u64).wrapping_mul(0x1000_0000_01b3))),
+            read_pct: j.workload.read_percent(j.rwmix_read),
+            io_size: j.io_size,
+            verify_seed: j.verify.then_some(j.seed),
+            read: OpStats::default(),
+            write: OpStats::default(),
+            errors: 0,
+            error_samples: Vec::new(),
+            verify: j.verify.then(VerifyReport::default),
+            scratch: if j.verify { vec![0; j.io_size] } else { Vec::new() },
+        }
+    }
+
+    #[cold]
+    fn error(&mut self, msg: impl FnOnce() -> String) {
+        self.errors += 1;
+        if self.error_samples.len() < MAX_ERROR_SAMPLES {
+            self.error_samples.push(msg());
+        }
+    }
+
+    /// Read or write, by the mix.
+    #[inline]
+    fn pick_write(&mut self) -> bool {
+        match self.read_pct {
+            100 => false,
+            0 => true,
+            p => !self.rng.percent(p),
+        }
+    }
+}
+
+fn hot_loop<S: Slots>(
+    queues: &mut [Queue<S>],
+    st: &mut State,
+    control: &Receiver<Control>,
+    counters: &Counters,
+) -> Duration {
+    let start = st.clock.ticks();
+    for q in queues.iter_mut() {
+        q.refill(start, st);
+        q.qp.flush_submissions();
+    }
+    let mut round = 0u32;
+    loop {
+        let mut active = false;
+        for q in queues.iter_mut() {
+            active |= q.step(st);
+        }
+        if !active {
+            break;
+        }
+        round = round.wrapping_add(1);
+        if round.is_multiple_of(CONTROL_EVERY) {
+            counters.ios.store(st.read.ios + st.write.ios, Ordering::Relaxed);
+            counters
+                .bytes
+                .store(st.read.bytes + st.write.bytes, Ordering::Relaxed);
+            match control.try_recv() {
+                Err(TryRecvError::Empty) | Ok(Control::Start) => {}
+                Ok(Control::Stop | Control::Abort) | Err(TryRecvError::Disconnected) => {
+                    queues.iter_mut().for_each(Queue::stop)
+                }
+            }
+        }
+    }
+    let end = st.clock.ticks();
+    counters.ios.store(st.read.ios + st.write.ios, Ordering::Relaxed);
+    counters
+        .bytes
+        .store(st.read.bytes + st.write.bytes, Ordering::Relaxed);
+    Duration::from_nanos(st.clock.ns(end.wrapping_sub(start)))
+}
+
+/// One in-flight slot.
+#[derive(Debug, Clone, Copy, Default)]
+struct SlotMeta {
+    submitted: u64,
+    lba: u64,
+    ns: u16,
+    write: bool,
+    failed: bool,
+    lost: bool,
+}
+
+/// One namespace range on a queue pair.
+struct NsState {
+    nsid: u32,
+    lba_size: usize,
+    io_blocks: u64,
+    first_lba: u64,
+    units: u64,
+    cursor: Cursor,
+    /// Submissions left in this pass (`u64::MAX`: until stopped).
+    left: u64,
+    seed: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// A perf run.
+    Run,
+    /// Verify: writing the pattern.
+    VerifyWrite,
+    /// Verify: reading back.
+    VerifyRead,
+}
+
+/// One queue pair of the worker (one per controller), with its slots.
+struct Queue<S: Slots> {
+    // Declared first: dropped (queues deleted on the controller) before the buffers.
+    qp: QueuePair<S::Buf>,
+    slots: S,
+    meta: Box<[SlotMeta]>,
+    /// Slots whose completions came in this poll.
+    ready: Vec<u32>,
+    /// Slots in hand, not submitted.
+    free: Vec<u32>,
+    ns: Vec<NsState>,
+    next_ns: usize,
+    inflight: u32,
+    phase: Phase,
+    /// A submission was refused or a buffer was lost: submit nothing more.
+    broken: bool,
+    ios: u64,
+    device: String,
+}
+
+fn build<S: Slots>(s: &Setup) -> Result<Vec<Queue<S>>, EngineError> {
+    let job = &s.job;
+    let qd = job.queue_depth as usize;
+    // One queue pair per controller: group the targets by controller.
+    let mut groups: Vec<Vec<(usize, &Target)>> = Vec::new();
+    for (i, t) in s.spec.targets.iter().enumerate() {
+        match groups.iter_mut().find(|g| same_controller(&g[0].1.ctrl, &t.ctrl)) {
+            Some(g) => g.push((i, t)),
+            None => groups.push(vec![(i, t)]),
+        }
+    }
+    let mut queues = Vec::new();
+    for (gi, g) in groups.iter().enumerate() {
+        let ctrl = &g[0].1.ctrl;
+        let device = g[0].1.device.clone();
+        let nvme = |source| EngineError::Nvme {
+            device: device.clone(),
+            source,
+        };
+        let opts = QpairOptions {
+            entries: queue_entries(job, ctrl)?,
+            ..job.qpair.clone()
+        };
+        let qp = ctrl.create_qpair::<S::Buf>(&opts).map_err(nvme)?;
+        let slots =
+            S::new(ctrl.dma(), job.io_size, qd, job.buffer_page).map_err(|source| EngineError::Dma {
+                device: device.clone(),
+                source,
+            })?;
+        let mut ns = Vec::new();
+        for (k, &(ti, t)) in g.iter().enumerate() {
+            let n = ctrl.namespace(t.nsid).map_err(nvme)?;
+            let io_blocks = (job.io_size / n.lba_size) as u64;
+            let units = (t.lbas.end - t.lbas.start) / io_blocks;
+            let seed = mix64(job.seed ^ ((s.index as u64) << 40) ^ ((gi as u64) << 20) ^ k as u64);
+            let left = if job.verify { units } else { s.quotas[ti] };
+            ns.push(NsState {
+                nsid: t.nsid,
+                lba_size: n.lba_size,
+                io_blocks,
+                first_lba: t.lbas.start,
+                units,
+                cursor: Cursor::new(units, job.workload.random(), job.verify, seed),
+                left,
+                seed,
+            });
+        }
+        queues.push(Queue {
+            qp,
+            slots,
+            meta: vec![SlotMeta::default(); qd].into_boxed_slice(),
+            ready: Vec::with_capacity(qd),
+            free: (0..qd as u32).rev().collect(),
+            ns,
+            next_ns: 0,
+            inflight: 0,
+            phase: if job.verify {
+                Phase::VerifyWrite
+            } else {
+                Phase::Run
+            },
+            broken: false,
+            ios: 0,
+            device,
+        });
+    }
+    Ok(queues)
+}
+
+/// Queue entries for the job on `ctrl`: every slot's command, split into parts if the I/O is
+/// larger than the maximum transfer, plus the one entry a full queue leaves empty.
+pub(crate) fn queue_entries(job: &JobSpec, ctrl: &Controller) -> Result<u16, EngineError> {
+    let mdts = ctrl.mdts_bytes().unwrap_or(2 << 20);
+    let max = job.qpair.max_transfer.map_or(mdts, |m| m.min(mdts)).max(4096);
+    // A part never spans more pages than MDTS allows bytes: unaligned buffers lose a page.
+    let parts = if job.io_size <= max {
+        1
+    } else {
+        job.io_size.div_ceil(max.saturating_sub(4096).max(4096))
+    };
+    let want = job.queue_depth as usize * parts + 1;
+    let mqes = ctrl.cap().max_queue_entries() as usize;
+    if want > mqes.min(65535) {
+        return Err(EngineError::Invalid(format!(
+            "queue depth {} with {} command(s) per I/O needs {want} queue entries; the controller allows {mqes} (CAP.MQES)",
+            job.queue_depth, parts
+        )));
+    }
+    Ok(want.max(2) as u16)
+}
+
+/// Whether two handles are the same controller (same BAR0 mapping).
+pub(crate) fn same_controller(a: &Controller, b: &Controller) -> bool {
+    a.bar().as_ptr() == b.bar().as_ptr()
+}
+
+impl<S: Slots> Queue<S> {
+    fn stop(&mut self) {
+        for n in &mut self.ns {
+            n.left = 0;
+        }
+        self.phase = Phase::Run;
+    }
+
+    fn can_submit(&self) -> bool {
+        !self.broken && self.ns.iter().any(|n| n.left > 0)
+    }
+
+    /// The next namespace with submissions left (round robin).
+    #[inline]
+    fn pick_ns(&mut self) -> Option<usize> {
+        let n = self.ns.len();
+        for _ in 0..n {
+            let k = self.next_ns;
+            self.next_ns = if k + 1 == n { 0 } else { k + 1 };
+            if self.ns[k].left > 0 {
+                return Some(k);
+            }
+        }
+        None
+    }
+
+    /// Submits into free slots while there is work left.
+    #[inline]
+    fn refill(&mut self, now: u64, st: &mut State) {
+        while !self.broken {
+            let Some(slot) = self.free.pop() else { break };
+            if !self.submit(slot as usize, now, st) {
+                self.free.push(slot);
+                break;
+            }
+        }
+    }
+
+    /// One I/O into `slot`; false when there is nothing to submit or it was refused.
+    #[inline]
+    fn submit(&mut self, slot: usize, now: u64, st: &mut State) -> bool {
+        let Some(k) = self.pick_ns() else {
+            return false;
+        };
+        let write = match self.phase {
+            Phase::Run => st.pick_write(),
+            Phase::VerifyWrite => true,
+            Phase::VerifyRead => false,
+        };
+        let ns = &mut self.ns[k];
+        if ns.left != u64::MAX {
+            ns.left -= 1;
+        }
+        let lba = ns.first_lba + ns.cursor.next_unit(&mut st.rng) * ns.io_blocks;
+        let nsid = ns.nsid;
+        if let (true, Some(seed)) = (write, st.verify_seed) {
+            pattern::fill(&mut st.scratch, ns.lba_size, lba, nsid, seed);
+            if let Err(e) = self.slots.store(slot, &st.scratch) {
+                let dev = &self.device;
+                st.error(|| format!("{dev}: filling a buffer: {e}"));
+                self.broken = true;
+                return false;
+            }
+        }
+        self.meta[slot] = SlotMeta {
+            submitted: now,
+            lba,
+            ns: k as u16,
+            write,
+            failed: false,
+            lost: false,
+        };
+        let buf = self.slots.take(slot);
+        let r = if write {
+            self.qp.write(nsid, lba, buf, slot as u64)
+        } else {
+            self.qp.read(nsid, lba, buf, slot as u64)
+        };
+        match r {
+            Ok(()) => {
+                self.inflight += 1;
+                true
+            }
+            Err(rej) => {
+                self.slots.put(slot, rej.buf);
+                let dev = &self.device;
+                let e = rej.error;
+                st.error(|| format!("{dev}: submitting to namespace {nsid} LBA {lba}: {e}"));
+                self.broken = true;
+                false
+            }
+        }
+    }
+
+    /// Polls once; handles completions and refills. Returns whether the queue has work
+    /// (in flight or still to submit).
+    #[inline]
+    fn step(&mut self, st: &mut State) -> bool {
+        let Queue {
+            qp,
+            slots,
+            meta,
+            ready,
+            device,
+            ..
+        } = self;
+        let n = qp.poll(usize::MAX, |d| {
+            let slot = d.tag as usize;
+            let m = &mut meta[slot];
+            if let Err(e) = &d.result {
+                m.failed = true;
+                let ns = m.ns;
+                st.error(|| {
+                    format!(
+                        "{device}: {} of LBA {} (namespace index {ns}): {e}",
+                        op(m.write),
+                        m.lba
+                    )
+                });
+            }
+            match d.buf {
+                Some(b) => slots.put(slot, b),
+                None => m.lost = true,
+            }
+            ready.push(slot as u32);
+        });
+        if n != 0 {
+            let now = st.clock.ticks();
+            self.complete(now, st);
+            self.refill(now, st);
+            self.qp.flush_submissions();
+        }
+        if self.inflight == 0 && !self.can_submit() {
+            return self.next_phase(st);
+        }
+        true
+    }
+
+    #[inline]
+    fn complete(&mut self, now: u64, st: &mut State) {
+        for i in 0..self.ready.len() {
+            let slot = self.ready[i] as usize;
+            let m = self.meta[slot];
+            self.inflight -= 1;
+            self.ios += 1;
+            let lat = st.clock.ns(now.wrapping_sub(m.submitted));
+            let op = if m.write { &mut st.write } else { &mut st.read };
+            op.ios += 1;
+            op.latency.saturating_record(lat);
+            if !m.failed {
+                op.bytes += st.io_size as u64;
+            }
+            if m.lost {
+                // The queue pair failed and kept the buffer: this slot is gone.
+                self.broken = true;
+                continue;
+            }
+            if self.phase != Phase::Run && !m.failed {
+                self.verified(slot, m, st);
+            }
+            self.free.push(slot as u32);
+        }
+        self.ready.clear();
+    }
+
+    /// Verify bookkeeping for a completed slot: count written blocks, check read ones.
+    #[cold]
+    fn verified(&mut self, slot: usize, m: SlotMeta, st: &mut State) {
+        let ns = &self.ns[m.ns as usize];
+        let (Some(seed), Some(v)) = (st.verify_seed, st.verify.as_mut()) else {
+            return;
+        };
+        if m.write {
+            v.blocks_written += ns.io_blocks;
+            return;
+        }
+        if let Err(e) = self.slots.load(slot, &mut st.scratch) {
+            st.errors += 1;
+            if st.error_samples.len() < MAX_ERROR_SAMPLES {
+                st.error_samples
+                    .push(format!("{}: reading a buffer: {e}", self.device));
+            }
+            return;
+        }
+        v.blocks_checked += ns.io_blocks;
+        let device = &self.device;
+        let nsid = ns.nsid;
+        v.mismatches += pattern::check(&st.scratch, ns.lba_size, m.lba, nsid, seed, |lba, found| {
+            if v.samples.len() < VerifyReport::MAX_SAMPLES {
+                v.samples.push(Mismatch {
+                    device: device.clone(),
+                    nsid,
+                    lba,
+                    found,
+                });
+            }
+        });
+    }
+
+    /// All done in this phase: start the next one (verify: read back) or finish. Returns
+    /// whether there is work again.
+    fn next_phase(&mut self, st: &mut State) -> bool {
+        if self.phase != Phase::VerifyWrite || self.broken {
+            return false;
+        }
+        self.phase = Phase::VerifyRead;
+        for n in &mut self.ns {
+            n.left = n.units;
+            n.seed = mix64(n.seed);
+            n.cursor = Cursor::new(n.units, n.cursor.is_random(), true, n.seed);
+        }
+        let now = st.clock.ticks();
+        self.refill(now, st);
+        self.qp.flush_submissions();
+        self.inflight != 0
+    }
+
+    fn report(&self) -> QueueReport {
+        QueueReport {
+            device: self.device.clone(),
+            qid: self.qp.qid(),
+            nsids: self.ns.iter().map(|n| n.nsid).collect(),
+            ios: self.ios,
+            stats: self.qp.stats(),
+        }
+    }
+}
+
+fn op(write: bool) -> &'static str {
+    if write {
+        "write"
+    } else {
+        "read"
+    }
+}

@@ -1,0 +1,204 @@
+//! The engine over the real driver and the in-process NVMe model: counts, mixes, several
+//! workers and namespaces, I/O limits, verify passes and catches lost writes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use vfpoll_dma::{DmaContext, FakeMapper, PageSize};
+use vfpoll_engine::pattern::Found;
+use vfpoll_engine::{split_evenly, Engine, JobSpec, Limit, Namespace, Workload};
+use vfpoll_nvme::{Controller, ControllerOptions};
+use vfpoll_nvme_model::{Fault, FaultKind, ModelConfig, NamespaceConfig, NvmeModel, Status};
+
+/// A model with namespace 1 (512 B blocks, 4 MiB) and 2 (4 KiB blocks, 8 MiB), and the driver.
+fn bring_up() -> (NvmeModel, Controller) {
+    let mapper = Arc::new(FakeMapper::new());
+    let cfg = ModelConfig {
+        namespaces: vec![
+            NamespaceConfig::new(1, 512, 8192),
+            NamespaceConfig::new(2, 4096, 2048),
+        ],
+        idle_spin: Duration::from_millis(200),
+        ..Default::default()
+    };
+    let model = NvmeModel::start(cfg, mapper.clone()).unwrap();
+    let opts = ControllerOptions {
+        page_size: PageSize::Base4K,
+        io_queues: 8,
+        ..Default::default()
+    };
+    let ctrl = Controller::new(model.bar0(), DmaContext::new(mapper), opts).unwrap();
+    (model, ctrl)
+}
+
+fn job(workload: Workload, io_size: usize, qd: u16, limit: Limit) -> JobSpec {
+    JobSpec {
+        workload,
+        rwmix_read: 70,
+        io_size,
+        queue_depth: qd,
+        limit,
+        verify: false,
+        seed: 42,
+        qpair: Default::default(),
+        buffer_page: PageSize::Base4K,
+    }
+}
+
+fn ns(ctrl: &Controller, nsid: u32, size: Option<u64>) -> Namespace {
+    Namespace {
+        ctrl: ctrl.clone(),
+        device: "model".into(),
+        nsid,
+        size,
+    }
+}
+
+#[test]
+fn an_io_count_is_exact_and_every_io_is_timed() {
+    let (model, ctrl) = bring_up();
+    let workers = split_evenly(&[None], &[ns(&ctrl, 1, None)], 4096).unwrap();
+    let r = Engine::start(job(Workload::RandRead, 4096, 8, Limit::Ios(5000)), workers)
+        .unwrap()
+        .run(Duration::from_millis(50), |_| {})
+        .unwrap();
+    assert_eq!((r.read.ios, r.write.ios, r.errors), (5000, 0, 0));
+    assert_eq!(r.read.bytes, 5000 * 4096);
+    assert_eq!(r.read.latency.len(), 5000);
+    assert!(r.iops() > 0.0 && r.passed());
+    let q = &r.workers[0].queues[0];
+    assert_eq!((q.ios, q.stats.requests, q.stats.errors), (5000, 5000, 0));
+    assert_eq!(model.stats().io_commands(0x02), 5000);
+}
+
+#[test]
+fn two_workers_two_namespaces_mixed_for_a_time() {
+    let (model, ctrl) = bring_up();
+    let spaces = [ns(&ctrl, 1, None), ns(&ctrl, 2, None)];
+    let workers = split_evenly(&[None, None], &spaces, 8192).unwrap();
+    // Disjoint halves of each namespace.
+    assert_eq!(workers[0].targets[0].lbas, 0..4096);
+    assert_eq!(workers[1].targets[0].lbas, 4096..8192);
+    assert_eq!(workers[1].targets[1].lbas, 1024..2048);
+    let mut ticks = 0;
+    let r = Engine::start(
+        job(Workload::RandRw, 8192, 4, Limit::Time(Duration::from_millis(400))),
+        workers,
+    )
+    .unwrap()
+    .run(Duration::from_millis(50), |p| {
+        ticks += 1;
+        assert!(p.ios >= p.iops as u64 / 100);
+    })
+    .unwrap();
+    assert!(ticks >= 3, "{ticks} progress ticks");
+    assert_eq!(r.errors, 0, "{:?}", r.error_samples);
+    let (reads, writes) = (r.read.ios as f64, r.write.ios as f64);
+    let share = reads / (reads + writes);
+    assert!((0.6..0.8).contains(&share), "reads {reads}, writes {writes}");
+    assert!(r.elapsed >= Duration::from_millis(400) && r.elapsed < Duration::from_secs(5));
+    // One queue pair per worker (both namespaces share it), each driving both namespaces.
+    assert_eq!(r.workers.len(), 2);
+    for w in &r.workers {
+        assert_eq!(w.queues.len(), 1);
+        assert_eq!(w.queues[0].nsids, [1, 2]);
+    }
+    let st = model.stats();
+    assert_eq!(st.io_commands(0x02) + st.io_commands(0x01), r.ios());
+}
+
+#[test]
+fn verify_writes_then_reads_every_block_once() {
+    let (model, ctrl) = bring_up();
+    for (workload, io) in [(Workload::RandWrite, 4096), (Workload::Write, 16384)] {
+        let spaces = [ns(&ctrl, 1, Some(1 << 20)), ns(&ctrl, 2, Some(2 << 20))];
+        let workers = split_evenly(&[None, None], &spaces, io).unwrap();
+        let mut j = job(workload, io, 16, Limit::Time(Duration::from_secs(1)));
+        j.verify = true;
+        let before = model.stats();
+        let r = Engine::start(j, workers)
+            .unwrap()
+            .run(Duration::from_secs(1), |_| {})
+            .unwrap();
+        let v = r.verify.clone().expect("verify report");
+        assert!(r.passed(), "{:?} {:?}", r.error_samples, v.samples);
+        let blocks = (1 << 20) / 512 + (2 << 20) / 4096;
+        assert_eq!(
+            (v.blocks_written, v.blocks_checked, v.mismatches),
+            (blocks, blocks, 0)
+        );
+        let st = model.stats();
+        let units = (3 << 20) / io as u64;
+        assert_eq!(st.io_commands(0x01) - before.io_commands(0x01), units);
+        assert_eq!(st.io_commands(0x02) - before.io_commands(0x02), units);
+    }
+    // What is on the medium is the pattern, block by block.
+    let data = model.read_ns(1, 100, 1).unwrap();
+    assert_eq!(u64::from_le_bytes(data[..8].try_into().unwrap()), 100);
+    assert_eq!(u64::from_le_bytes(data[8..16].try_into().unwrap()), 42);
+}
+
+#[test]
+fn verify_reports_a_lost_write_with_its_lba() {
+    let (model, ctrl) = bring_up();
+    // The first write fails without touching the medium: its blocks read back as zeroes.
+    model.inject(
+        Fault::new(FaultKind::Status(Status::DATA_TRANSFER_ERROR))
+            .io()
+            .opcode(0x01),
+    );
+    let workers = split_evenly(&[None], &[ns(&ctrl, 2, Some(256 << 10))], 4096).unwrap();
+    let mut j = job(Workload::Write, 4096, 1, Limit::Ios(1));
+    j.verify = true;
+    let r = Engine::start(j, workers)
+        .unwrap()
+        .run(Duration::from_secs(1), |_| {})
+        .unwrap();
+    assert!(!r.passed());
+    assert_eq!(r.errors, 1, "{:?}", r.error_samples);
+    assert!(
+        r.error_samples[0].contains("Data Transfer Error"),
+        "{:?}",
+        r.error_samples
+    );
+    let v = r.verify.unwrap();
+    assert_eq!(v.mismatches, 1);
+    assert_eq!(v.samples[0].lba, 0, "sequential: the first write is LBA 0");
+    assert_eq!((v.samples[0].nsid, &v.samples[0].found), (2, &Found::Zeroes));
+}
+
+#[test]
+fn bad_jobs_are_refused_with_reasons() {
+    let (_model, ctrl) = bring_up();
+    let e = split_evenly(&[None], &[ns(&ctrl, 2, None)], 512)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not a multiple of its 4096-byte blocks"), "{e}");
+    let e = split_evenly(&[None], &[ns(&ctrl, 9, None)], 4096).unwrap_err();
+    assert!(
+        format!("{e:#}").contains("model") && std::error::Error::source(&e).is_some(),
+        "{e}"
+    );
+    let e = split_evenly(&[None, None, None], &[ns(&ctrl, 2, Some(8192))], 4096)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("fewer than the 3 workers"), "{e}");
+    let workers = split_evenly(&[None], &[ns(&ctrl, 1, None)], 4096).unwrap();
+    let e = Engine::start(job(Workload::Read, 4096, 2000, Limit::Ios(1)), workers.clone())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("CAP.MQES"), "{e}");
+    let e = Engine::start(job(Workload::Read, 4096, 0, Limit::Ios(1)), workers.clone())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("queue depth"), "{e}");
+    // A core that does not exist: the worker reports the affinity error.
+    let mut w = workers;
+    w[0].core = Some(1000);
+    let e = Engine::start(job(Workload::Read, 4096, 1, Limit::Ios(1)), w).unwrap_err();
+    let chain = format!("{e}: {}", std::error::Error::source(&e).unwrap());
+    assert!(
+        chain.contains("cannot pin a worker thread to core 1000"),
+        "{chain}"
+    );
+}

@@ -1,0 +1,228 @@
+//! The Controller Memory Buffer (NVMe Base 2.0 §8.7; registers §3.1.3.11-17): memory inside the
+//! controller, in one of its BARs, that can hold submission queues (saving the controller the
+//! DMA reads of commands) and data (a peer-to-peer buffer: another device can DMA into it).
+
+use std::sync::{Arc, Mutex};
+
+use vfpoll_pci::mmio::Mmio;
+use vfpoll_pci::BusAddr;
+
+use crate::ctrlr::Controller;
+use crate::error::{NvmeError, Result};
+use crate::regs::{off, CmbLoc, CmbSz, CMBMSC_CMSE, CMBMSC_CRE};
+
+/// An enabled CMB.
+#[derive(Debug)]
+pub struct Cmb {
+    mmio: Mmio,
+    bus: BusAddr,
+    size: CmbSz,
+    /// Allocated `(offset, len)` ranges, sorted by offset.
+    used: Mutex<Vec<(usize, usize)>>,
+}
+
+/// A piece of the CMB, freed on drop.
+#[derive(Debug)]
+pub struct CmbSlice {
+    cmb: Arc<Cmb>,
+    off: usize,
+    len: usize,
+}
+
+impl Cmb {
+    /// The CPU mapping of the whole CMB (write-through MMIO: access it with the `Mmio` methods).
+    pub fn mmio(&self) -> &Mmio {
+        &self.mmio
+    }
+
+    /// The CMB's bus address as its own controller sees it (CMBMSC.CBA): what commands to this
+    /// controller use to name CMB memory.
+    pub fn bus_addr(&self) -> BusAddr {
+        self.bus
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        self.mmio.len()
+    }
+
+    /// Whether the CMB is empty (never: a zero-sized CMB is not enabled).
+    pub fn is_empty(&self) -> bool {
+        self.mmio.is_empty()
+    }
+
+    /// CMBSZ: what the CMB may hold (SQs, CQs, PRP/SGL lists, read data, write data).
+    pub fn capabilities(&self) -> CmbSz {
+        self.size
+    }
+
+    /// Takes `len` bytes aligned to `align` (a power of two), first fit.
+    pub fn alloc(self: &Arc<Self>, len: usize, align: usize) -> Result<CmbSlice> {
+        let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
+        let (idx, start) = first_fit(&used, self.len(), len, align).ok_or_else(|| {
+            NvmeError::InvalidOption(format!(
+                "the {}-byte controller memory buffer has no free {len}-byte range",
+                self.len()
+            ))
+        })?;
+        used.insert(idx, (start, len));
+        Ok(CmbSlice {
+            cmb: Arc::clone(self),
+            off: start,
+            len,
+        })
+    }
+}
+
+impl CmbSlice {
+    /// Offset in the CMB.
+    pub fn offset(&self) -> usize {
+        self.off
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the slice is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The slice's bus address as the owning controller sees it.
+    pub fn bus_addr(&self) -> BusAddr {
+        self.cmb.bus.add(self.off as u64)
+    }
+
+    /// A CPU accessor for the slice.
+    pub fn mmio(&self) -> Mmio {
+        self.cmb
+            .mmio
+            .window(self.off, self.len)
+            .expect("slice inside the CMB")
+    }
+
+    /// The CMB this slice belongs to.
+    pub fn cmb(&self) -> &Arc<Cmb> {
+        &self.cmb
+    }
+}
+
+impl Drop for CmbSlice {
+    fn drop(&mut self) {
+        let mut used = self.cmb.used.lock().unwrap_or_else(|e| e.into_inner());
+        used.retain(|&(o, _)| o != self.off);
+    }
+}
+
+impl Controller {
+    /// Enables the controller memory buffer (once; later calls return the same) and maps it.
+    ///
+    /// Needs a controller opened through VFIO (the CMB is in one of its BARs). Steps: CMBMSC.CRE
+    /// to make CMBLOC/CMBSZ readable, map the BAR named by CMBLOC.BIR, then CMBMSC = CBA | CMSE
+    /// | CRE with CBA the BAR's bus address plus the CMB offset, and check CMBSTS.CBAI.
+    pub fn cmb(&self) -> Result<Arc<Cmb>> {
+        let mut slot = self.shared.cmb.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = slot.as_ref() {
+            return Ok(Arc::clone(c));
+        }
+        if !self.cap().cmb_supported() {
+            return Err(NvmeError::Unsupported(
+                "the controller has no controller memory buffer (CAP.CMBS = 0)".into(),
+            ));
+        }
+        let dev = self
+            .device()
+            .ok_or_else(|| NvmeError::Unsupported("the CMB needs a controller opened through VFIO".into()))?;
+        let bar = self.bar();
+        bar.write64(off::CMBMSC, CMBMSC_CRE);
+        let loc = CmbLoc(bar.read32(off::CMBLOC));
+        let sz = CmbSz(bar.read32(off::CMBSZ));
+        let size = sz.size_bytes();
+        if size == 0 {
+            return Err(NvmeError::Unsupported(format!(
+                "CMBSZ reads {:#x}: no usable CMB",
+                sz.0
+            )));
+        }
+        let unit = 1u64 << (12 + 4 * ((sz.0 >> 8) & 0xf));
+        let offset = loc.offset_units() * unit;
+        let whole = dev.map_bar(loc.bir())?;
+        let mmio = whole.window(offset as usize, size as usize).map_err(|e| {
+            NvmeError::Unsupported(format!(
+                "CMB of {size:#x} bytes at {offset:#x} does not fit BAR{}: {e}",
+                loc.bir()
+            ))
+        })?;
+        let bus = dev.bar_bus_addr(loc.bir())?.add(offset);
+        if !bus.is_aligned(4096) {
+            return Err(NvmeError::Unsupported(format!(
+                "CMB bus address {bus} is not 4 KiB aligned"
+            )));
+        }
+        bar.write64(off::CMBMSC, bus.get() | CMBMSC_CMSE | CMBMSC_CRE);
+        let sts = bar.read32(off::CMBSTS);
+        if sts & 1 != 0 {
+            bar.write64(off::CMBMSC, 0);
+            return Err(NvmeError::Unsupported(format!(
+                "the controller refused CMB address {bus} (CMBSTS.CBAI)"
+            )));
+        }
+        log::debug!(
+            "CMB: {size:#x} bytes in BAR{} at {offset:#x}, bus {bus}, {sz:?}",
+            loc.bir()
+        );
+        let cmb = Arc::new(Cmb {
+            mmio,
+            bus,
+            size: sz,
+            used: Mutex::new(Vec::new()),
+        });
+        *slot = Some(Arc::clone(&cmb));
+        Ok(cmb)
+    }
+}
+
+/// First-fit allocation of aligned ranges in `0..size`, given the sorted used ranges.
+fn first_fit(used: &[(usize, usize)], size: usize, len: usize, align: usize) -> Option<(usize, usize)> {
+    let mut at = 0usize;
+    for (i, &(o, l)) in used.iter().enumerate() {
+        if at.next_multiple_of(align) + len <= o {
+            return Some((i, at.next_multiple_of(align)));
+        }
+        at = o + l;
+    }
+    let start = at.next_multiple_of(align);
+    (start + len <= size).then_some((used.len(), start))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_fit;
+
+    #[test]
+    fn first_fit_reuses_holes_and_respects_alignment() {
+        let mut used = vec![];
+        let take = |used: &mut Vec<(usize, usize)>, len, align| {
+            let (i, at) = first_fit(used, 1 << 20, len, align)?;
+            used.insert(i, (at, len));
+            Some(at)
+        };
+        assert_eq!(take(&mut used, 100, 4096), Some(0));
+        assert_eq!(take(&mut used, 4096, 4096), Some(4096));
+        assert_eq!(take(&mut used, 10, 64), Some(8192));
+        used.remove(0); // free the first
+        assert_eq!(take(&mut used, 4000, 64), Some(0), "the hole at 0 is reused");
+        assert_eq!(
+            take(&mut used, 200, 64),
+            Some(8192 + 64),
+            "after the 10-byte range, aligned"
+        );
+        assert_eq!(take(&mut used, 1 << 20, 4096), None, "no room");
+        assert!(
+            used.windows(2).all(|w| w[0].0 + w[0].1 <= w[1].0),
+            "sorted, disjoint: {used:?}"
+        );
+    }
+}
