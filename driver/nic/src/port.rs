@@ -1,0 +1,265 @@
+//! The device-independent API: a [`Port`] is a NIC's control path ([`NicControl`]) plus one
+//! receive queue ([`RxQueue`]) and one transmit queue ([`TxQueue`]).
+//!
+//! Queues follow the NVMe queue pair's rules: `Send`, not `Sync`, every operation `&mut self`,
+//! so one thread owns a queue and the hot path takes no lock and makes no system call. Split a
+//! port ([`Port::split`]) to run its queues on different threads.
+//!
+//! Bursts work on a caller-owned `Vec<Packet>` that is reused from burst to burst (no
+//! allocation once it has capacity):
+//! - [`RxQueue::rx_burst`] appends up to `max` received packets;
+//! - [`TxQueue::tx_burst`] takes packets from the front of the vector, as many as the ring has
+//!   room for, and leaves the rest (DPDK's `rte_eth_tx_burst` returning fewer than asked).
+//!   The tail register is written once per burst on both sides; completed transmissions are
+//!   reclaimed in batches at the start of each `tx_burst` (or by [`TxQueue::reclaim`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use vfpoll_dma::{DmaContext, PageSize};
+use vfpoll_pci::vfio::{Container, Device};
+use vfpoll_pci::{sysfs, Bdf, Host};
+
+use crate::error::{NicError, Result};
+use crate::mac::MacAddr;
+use crate::pool::{Mempool, Packet};
+use crate::stats::{PortStats, RxQueueStats, TxQueueStats};
+
+/// The NICs this crate drives, as text for error messages.
+pub const SUPPORTED: &str = "8086:10d3 Intel 82574L (QEMU `-device e1000e`)";
+
+/// Options of a port.
+#[derive(Debug, Clone)]
+pub struct PortOptions {
+    /// Receive descriptors (a multiple of 8, 8..=4096). One stays empty, so `rx_entries - 1`
+    /// frames can wait in the ring; the ring holds that many pool buffers all the time.
+    pub rx_entries: u16,
+    /// Transmit descriptors (a multiple of 8, 8..=4096); `tx_entries - 1` packets in flight.
+    pub tx_entries: u16,
+    /// Page size of the descriptor rings' DMA memory (hugepages in production,
+    /// [`PageSize::Base4K`] for device models).
+    pub page_size: PageSize,
+    /// Receive every unicast and multicast frame, not only those for the port's address
+    /// (broadcast is always received).
+    pub promiscuous: bool,
+    /// How long bring-up waits for the link before failing with [`NicError::LinkDown`].
+    pub link_timeout: Duration,
+}
+
+impl Default for PortOptions {
+    fn default() -> Self {
+        PortOptions {
+            rx_entries: 512,
+            tx_entries: 512,
+            page_size: PageSize::Huge2M,
+            promiscuous: false,
+            link_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Link state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Link {
+    /// Whether the link is up.
+    pub up: bool,
+    /// Speed in Mb/s (10, 100 or 1000) as the MAC reports it.
+    pub speed_mbps: u32,
+    /// Full duplex.
+    pub full_duplex: bool,
+}
+
+impl std::fmt::Display for Link {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.up {
+            let d = if self.full_duplex { "full" } else { "half" };
+            write!(f, "up, {} Mb/s {d} duplex", self.speed_mbps)
+        } else {
+            f.write_str("down")
+        }
+    }
+}
+
+/// What a port is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortInfo {
+    /// The PCI address, or a name for a device model.
+    pub name: String,
+    /// The driver, e.g. `e1000e (82574L)`.
+    pub driver: &'static str,
+    /// The station address in use.
+    pub mac: MacAddr,
+}
+
+/// The control path of a port: link, address filter, counters. Not on the hot path.
+pub trait NicControl: Send {
+    /// What the port is.
+    fn info(&self) -> &PortInfo;
+    /// The link state now.
+    fn link(&self) -> Link;
+    /// Polls the link until it is up or `timeout` passes ([`NicError::LinkDown`]).
+    fn wait_link(&self, timeout: Duration) -> Result<Link>;
+    /// Turns unicast and multicast promiscuous mode on or off.
+    fn set_promiscuous(&mut self, on: bool);
+    /// Whether promiscuous mode is on.
+    fn promiscuous(&self) -> bool;
+    /// The hardware counters accumulated since the port was opened.
+    fn stats(&self) -> PortStats;
+}
+
+/// A receive queue.
+pub trait RxQueue: Send {
+    /// Appends up to `max` received packets to `out` and gives the device fresh buffers for
+    /// them (one tail write for the burst); returns how many. Allocates nothing if `out` has
+    /// room for `max` more.
+    fn rx_burst(&mut self, out: &mut Vec<Packet>, max: usize) -> usize;
+    /// Counters.
+    fn stats(&self) -> RxQueueStats;
+}
+
+/// A transmit queue.
+pub trait TxQueue: Send {
+    /// Reclaims completed transmissions, then places as many packets from the front of `pkts`
+    /// on the ring as it has room for (one tail write for the burst). Returns how many were
+    /// taken; the rest stay in `pkts`, in order. Empty packets are dropped, not sent.
+    fn tx_burst(&mut self, pkts: &mut Vec<Packet>) -> usize;
+    /// Gives the buffers of completed transmissions back to their pools, in batches; returns
+    /// how many.
+    fn reclaim(&mut self) -> usize;
+    /// Packets on the ring not yet reclaimed.
+    fn in_flight(&self) -> usize;
+    /// The most packets the ring holds at once.
+    fn capacity(&self) -> usize;
+    /// Waits until every packet placed on the ring has been sent and reclaimed.
+    fn flush(&mut self, timeout: Duration) -> Result<()>;
+    /// Counters.
+    fn stats(&self) -> TxQueueStats;
+}
+
+/// A NIC port: control path plus one receive and one transmit queue.
+pub struct Port {
+    ctrl: Box<dyn NicControl>,
+    rx: Box<dyn RxQueue>,
+    tx: Box<dyn TxQueue>,
+}
+
+impl std::fmt::Debug for Port {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Port")
+            .field("info", self.ctrl.info())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Which driver a PCI device needs; [`NicError::Unsupported`] names what it is otherwise.
+pub fn probe(host: &Host, bdf: Bdf) -> Result<&'static str> {
+    let dev = match sysfs::device(host, bdf) {
+        Ok(d) => d,
+        Err(sysfs::SysfsError::NoSuchDevice { .. }) => return Err(NicError::NoSuchDevice { bdf }),
+        Err(e) => return Err(NicError::Vfio(e.into())),
+    };
+    match (dev.vendor, dev.device) {
+        (crate::e1000e::VENDOR_INTEL, crate::e1000e::DEVICE_82574L) => Ok(crate::e1000e::DRIVER),
+        (vendor, device) => Err(NicError::Unsupported {
+            bdf,
+            vendor,
+            device,
+            kind: if dev.is_nvme() {
+                "an NVMe controller"
+            } else if dev.is_network() {
+                "a network controller"
+            } else {
+                dev.kind()
+            },
+            supported: SUPPORTED,
+        }),
+    }
+}
+
+impl Port {
+    /// Assembles a port from a driver's parts.
+    pub fn from_parts(ctrl: Box<dyn NicControl>, rx: Box<dyn RxQueue>, tx: Box<dyn TxQueue>) -> Self {
+        Port { ctrl, rx, tx }
+    }
+
+    /// Brings up the NIC `device` (opened through VFIO; checked with [`probe`]) with buffers
+    /// from `pool` and rings from `dma`.
+    pub fn open(device: Device, dma: &DmaContext, pool: &Mempool, opts: &PortOptions) -> Result<Self> {
+        probe(device.container().host(), device.bdf())?;
+        crate::e1000e::E1000e::open_port(device, dma, pool, opts)
+    }
+
+    /// Opens the NICs `bdfs` through `container`, then makes the container's DMA context and one
+    /// packet pool of `pool_bufs` buffers on `opts.page_size` pages that they share, and brings
+    /// every port up. Every device is checked ([`probe`]) before any is touched.
+    pub fn open_all(
+        container: &Arc<Container>,
+        bdfs: &[Bdf],
+        pool_bufs: usize,
+        opts: &PortOptions,
+    ) -> Result<(Vec<Port>, Mempool)> {
+        for &b in bdfs {
+            probe(container.host(), b)?;
+        }
+        // The DMA context must be made after the first device is open: it reads the IOMMU's
+        // IOVA ranges from the container.
+        let devices = bdfs
+            .iter()
+            .map(|&b| container.device(b))
+            .collect::<Result<Vec<_>, _>>()?;
+        let dma = DmaContext::new(container.clone());
+        let pool = Mempool::new(&dma, pool_bufs, opts.page_size)?;
+        let ports = devices
+            .into_iter()
+            .map(|d| Port::open(d, &dma, &pool, opts))
+            .collect::<Result<Vec<_>>>()?;
+        Ok((ports, pool))
+    }
+
+    /// Control path.
+    pub fn control(&self) -> &dyn NicControl {
+        &*self.ctrl
+    }
+
+    /// Control path, mutable.
+    pub fn control_mut(&mut self) -> &mut dyn NicControl {
+        &mut *self.ctrl
+    }
+
+    /// The port's name and address.
+    pub fn info(&self) -> &PortInfo {
+        self.ctrl.info()
+    }
+
+    /// The station address.
+    pub fn mac(&self) -> MacAddr {
+        self.ctrl.info().mac
+    }
+
+    /// See [`RxQueue::rx_burst`].
+    #[inline]
+    pub fn rx_burst(&mut self, out: &mut Vec<Packet>, max: usize) -> usize {
+        self.rx.rx_burst(out, max)
+    }
+
+    /// See [`TxQueue::tx_burst`].
+    #[inline]
+    pub fn tx_burst(&mut self, pkts: &mut Vec<Packet>) -> usize {
+        self.tx.tx_burst(pkts)
+    }
+
+    /// The receive queue.
+    pub fn rx(&mut self) -> &mut dyn RxQueue {
+        &mut *self.rx
+    }
+
+    /// The transmit queue.
+    pub fn tx(&mut self) -> &mut dyn TxQueue {
+        &mut *self.tx
+    }
+
+    /// The parts, to put the queues on threads of their own.
+    pub fn split(self) -> (Box<dyn NicControl>, Box<dyn RxQueue>, Box<dyn TxQueue>) {
+        (self.ctrl, self.rx, self.tx)
+    }
+}
