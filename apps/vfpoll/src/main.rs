@@ -15,6 +15,7 @@ use clap::{Parser, Subcommand};
 mod bind;
 mod ctx;
 mod doctor;
+mod perf;
 mod hello;
 mod identify;
 mod nvme_open;
@@ -88,6 +89,15 @@ enum Cmd {
     /// --hugepages; a hugetlbfs mount; the memlock limit. Prints OK, WARN or FAIL per finding,
     /// with the command that fixes it.
     Doctor(doctor::Args),
+    /// Measure NVMe I/O through vfpoll's driver (IOPS, bandwidth, latency), or verify data.
+    ///
+    /// One pinned worker per core of --cores, each with one queue pair per --device, driving the
+    /// namespaces of --nsid with --workload at --queue-depth for --time or --ios; prints IOPS,
+    /// MB/s and latency (min/mean/max, p50/p90/p99/p99.9/p99.99), and a live line per second on
+    /// a terminal. --json gives fio-like fields (iops, bw_bytes, lat_ns.{mean,p50,p99,p999}).
+    /// --verify writes a seeded, LBA-tagged pattern and reads it back; a mismatch exits 1.
+    /// --model runs against vfpoll's in-process NVMe model (no device needed).
+    Perf(perf::Args),
     /// Identify an NVMe controller and its namespaces (like `nvme id-ctrl` / `id-ns`).
     ///
     /// Opens the controller through VFIO (bound to vfio-pci: `vfpoll bind`), brings it up and
@@ -115,6 +125,7 @@ fn main() -> ExitCode {
         Cmd::Reset(a) => reset::run(&ctx, a),
         Cmd::Status(a) => status::run(&ctx, a),
         Cmd::Doctor(a) => doctor::run(&ctx, a),
+        Cmd::Perf(a) => perf::run(&ctx, a),
         Cmd::Identify(a) => identify::run(&ctx, a),
         Cmd::Hello(a) => hello::run(&ctx, a),
     };

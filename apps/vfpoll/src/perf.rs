@@ -84,6 +84,10 @@ pub struct Args {
     /// them: every doorbell update is an MMIO write.
     #[arg(long)]
     pub no_shadow_doorbell: bool,
+    /// Put each queue pair's submission queue in the controller memory buffer (CMBSZ.SQS):
+    /// the controller reads commands from its own memory. Needs a device with a CMB.
+    #[arg(long, conflicts_with = "model")]
+    pub cmb_sq: bool,
     /// Describe data with SGLs where the controller supports them (PRPs otherwise).
     #[arg(long)]
     pub sgl: bool,
@@ -276,6 +280,7 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
         seed,
         qpair: QpairOptions {
             sgl: a.sgl,
+            sq_in_cmb: a.cmb_sq,
             ..Default::default()
         },
         buffer_page: devices.page,
@@ -522,6 +527,7 @@ fn to_json(a: &Args, job: &JobSpec, cores: &[usize], devices: &Devices, r: &Repo
             "iommu": if a.model { "model" } else if a.noiommu { "noiommu" } else { "iommu" },
             "shadow_doorbells": devices.ctrls.iter().map(|(c, _)| c.shadow_doorbells()).collect::<Vec<_>>(),
             "sgl": a.sgl,
+            "cmb_sq": a.cmb_sq,
         },
         "runtime_ns": r.elapsed.as_nanos() as u64,
         "total_ios": r.ios(),
