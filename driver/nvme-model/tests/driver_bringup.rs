@@ -157,7 +157,6 @@ fn ready_never_set_is_init_timeout_within_cap_to() {
 /// was freed: a controller that becomes ready late would fetch commands from freed (and, behind
 /// an IOMMU, unmapped and reused) memory. Either disable it first, or leak the memory.
 #[test]
-#[ignore = "driver bug: Controller::new returns from a failed `enable` wait with CC.EN = 1 after freeing the admin queue memory"]
 fn a_failed_enable_leaves_no_enabled_controller_over_freed_memory() {
     // Never ready.
     let bar = dead_bar();

@@ -536,7 +536,6 @@ fn duplicate_completion_is_delivered_once() {
 /// A duplicate still in the completion queue when its command id is handed out again must not
 /// complete the new command (before the device has even run it).
 #[test]
-#[ignore = "driver bug: a duplicate completion completes the next command that reuses its command id (LIFO CID reuse, no generation check)"]
 fn duplicate_completion_left_in_the_queue_does_not_complete_the_next_command() {
     let mut fx = Fx::new(16);
     fx.rig
@@ -581,7 +580,6 @@ fn duplicate_completion_left_in_the_queue_does_not_complete_the_next_command() {
 /// A command whose completion never comes must time out even while other commands keep
 /// completing (an application that polls now and then, finding work each time).
 #[test]
-#[ignore = "driver bug: timeouts are checked only after 4096 consecutive empty polls, so a lost command is never noticed while others complete"]
 fn a_lost_command_times_out_while_others_complete() {
     let mut fx = Fx::new(32);
     fx.rig
@@ -618,7 +616,6 @@ fn a_lost_command_times_out_while_others_complete() {
 /// When a split request times out, the abort must name its part that is still outstanding, not
 /// the command id of a part that completed long ago and may now belong to another command.
 #[test]
-#[ignore = "driver bug: a timed-out split request aborts its first part's command id, which may have completed and been reused by an innocent command"]
 fn a_timed_out_split_request_aborts_its_own_outstanding_part() {
     let t = Duration::from_millis(400);
     let mut fx = Fx::new(16);

@@ -487,7 +487,6 @@ fn a_full_queue_refuses_with_the_buffer_back_and_recovers() {
 /// A request that needs more commands than the queue can ever hold must not be told to "poll
 /// and submit again": nothing it could poll for would make room.
 #[test]
-#[ignore = "driver bug: a request needing more parts than entries - 1 gets QueueFull (outstanding 0) forever instead of an error or a completion"]
 fn a_request_larger_than_the_whole_queue_is_not_queue_full() {
     let rig = rig(io_cfg(3));
     let mut qp = rig.ctrl.create_qpair::<RegionBuf>(&qp_opts(4, false)).unwrap();

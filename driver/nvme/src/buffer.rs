@@ -9,6 +9,11 @@ use vfpoll_pci::BusAddr;
 ///
 /// The queue pair takes the buffer by value at submit time and gives it back with the
 /// completion, so the memory cannot be freed or reused while the device may still access it.
+/// Ordinary memory is not an `IoBuffer`, so it cannot reach the device:
+///
+/// ```compile_fail,E0277
+/// fn f(qp: &mut vfpoll_nvme::QueuePair<Vec<u8>>) { let _ = qp.read(1, 0, vec![0; 512], 0); }
+/// ```
 ///
 /// # Safety
 /// For as long as a value of the implementing type is alive, `bus_addr(off)` for every

@@ -260,15 +260,16 @@ impl Controller {
             .with_page_size(PAGE_SIZE)
             .with_entry_sizes(6, 4);
         bar.write32(off::CC, cc.0);
-        // §3.5.1 steps 5-6: enable and wait for ready.
-        bar.write32(off::CC, cc.with_enable(true).0);
-        wait_csts(&bar, cap, "enable", |s| s.ready())?;
-
+        // §3.5.1 steps 5-6: enable and wait for ready. From here on, a failure disables the
+        // controller before the admin queue's memory is released (the guard).
         let mut guard = EnabledGuard {
             bar: bar.clone(),
             cap,
             admin: Some(admin),
         };
+        bar.write32(off::CC, cc.with_enable(true).0);
+        wait_csts(&bar, cap, "enable", |s| s.ready())?;
+
         let admin = guard.admin.as_mut().expect("set above");
         // §3.5.1 step 7: Identify Controller.
         let mut page = vec![0u8; 4096];

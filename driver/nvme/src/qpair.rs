@@ -106,10 +106,20 @@ pub struct QpairStats {
     pub aborts: u64,
 }
 
+/// A command slot. The command id on the wire is `slot | gen << 12`: the 4-bit generation,
+/// bumped each time the slot is reused, lets a stale or duplicated completion be told apart
+/// from one for the slot's current command (Linux's nvme driver does the same).
 #[derive(Debug, Clone, Copy)]
 struct Tracker {
     req: u16,
+    gen: u8,
 }
+
+const SLOT_BITS: u32 = 12;
+const SLOT_MASK: u16 = (1 << SLOT_BITS) - 1;
+
+/// The most entries a queue pair may have: slot numbers fit in 12 bits of the command id.
+pub const MAX_QUEUE_ENTRIES: u16 = 1 << SLOT_BITS;
 
 #[derive(Debug)]
 struct Request<B> {
@@ -198,9 +208,10 @@ impl<B: IoBuffer> QueuePair<B> {
     fn create(ctrl: &Controller, opts: &QpairOptions) -> Result<Self> {
         let sh = &ctrl.shared;
         let mqes = sh.cap.max_queue_entries().min(65536);
-        if opts.entries < 2 || opts.entries as u32 > mqes {
+        let most = mqes.min(MAX_QUEUE_ENTRIES as u32);
+        if opts.entries < 2 || opts.entries as u32 > most {
             return Err(NvmeError::InvalidOption(format!(
-                "queue entries {} not in 2..={mqes} (CAP.MQES)",
+                "queue entries {} not in 2..={most} (CAP.MQES {mqes}; vfpoll's limit {MAX_QUEUE_ENTRIES})",
                 opts.entries
             )));
         }
@@ -302,7 +313,7 @@ impl<B: IoBuffer> QueuePair<B> {
         Ok(QueuePair {
             ring,
             mem,
-            trackers: vec![Tracker { req: UNUSED }; n].into_boxed_slice(),
+            trackers: vec![Tracker { req: UNUSED, gen: 0 }; n].into_boxed_slice(),
             free_cids: (0..n as u16).rev().collect(),
             reqs: (0..n).map(|_| None).collect(),
             free_reqs: (0..n as u16).rev().collect(),
@@ -328,6 +339,15 @@ impl<B: IoBuffer> QueuePair<B> {
             ctrl: Arc::clone(sh),
             _not_sync: PhantomData,
         })
+    }
+
+    /// Gives slot `slot` to request `rid` and returns the command id for it.
+    #[inline]
+    fn claim(&mut self, slot: u16, rid: u16) -> u16 {
+        let t = &mut self.trackers[slot as usize];
+        t.req = rid;
+        t.gen = (t.gen + 1) & 0xf;
+        slot | (t.gen as u16) << SLOT_BITS
     }
 
     /// The queue id.
@@ -448,6 +468,15 @@ impl<B: IoBuffer> QueuePair<B> {
             self.max_xfer
         };
         let parts = len.div_ceil(step);
+        if parts > self.trackers.len() {
+            return reject(
+                NvmeError::TooLarge {
+                    len,
+                    mdts: step * self.trackers.len(),
+                },
+                buf,
+            );
+        }
         if parts > 1 && !self.split {
             return reject(
                 NvmeError::TooLarge {
@@ -478,10 +507,7 @@ impl<B: IoBuffer> QueuePair<B> {
         let mut first_cid = 0;
         for part in 0..parts {
             let plen = step.min(len - done);
-            let cid = self.free_cids.pop().expect("checked above");
-            if part == 0 {
-                first_cid = cid;
-            }
+            let slot = self.free_cids.pop().expect("checked above");
             let mut cmd = Command::rw(
                 opcode,
                 nsid,
@@ -489,12 +515,12 @@ impl<B: IoBuffer> QueuePair<B> {
                 (plen >> ns.lba_shift) as u32,
             );
             cmd.set_fua(fua);
-            if let Err(e) = self.set_data_pointer(&mut cmd, cid, &buf, done, plen) {
+            if let Err(e) = self.set_data_pointer(&mut cmd, slot, &buf, done, plen) {
                 // Take back the parts already written: none was announced to the controller
                 // (the doorbell rings only in `poll`/`flush_submissions`), so rewinding the tail
                 // removes them.
                 self.ring.unpush(part as u16);
-                self.free_cids.push(cid);
+                self.free_cids.push(slot);
                 for (c, t) in self.trackers.iter_mut().enumerate() {
                     if t.req == rid {
                         t.req = UNUSED;
@@ -504,8 +530,11 @@ impl<B: IoBuffer> QueuePair<B> {
                 self.free_reqs.push(rid);
                 return reject(e, buf);
             }
+            let cid = self.claim(slot, rid);
+            if part == 0 {
+                first_cid = cid;
+            }
             cmd.set_cid(cid);
-            self.trackers[cid as usize] = Tracker { req: rid };
             self.ring.push(&mut self.mem, &cmd);
             done += plen;
         }
@@ -530,7 +559,7 @@ impl<B: IoBuffer> QueuePair<B> {
     fn set_data_pointer(
         &mut self,
         cmd: &mut Command,
-        cid: u16,
+        slot: u16,
         buf: &B,
         off: usize,
         len: usize,
@@ -541,7 +570,7 @@ impl<B: IoBuffer> QueuePair<B> {
             return Ok(());
         }
         let first = start as usize & (PAGE_SIZE - 1);
-        let lists_off = self.lists_off + cid as usize * self.list_pages * PAGE_SIZE;
+        let lists_off = self.lists_off + slot as usize * self.list_pages * PAGE_SIZE;
         let mut lists = TrackerLists {
             mem: &mut self.mem,
             off: lists_off,
@@ -569,10 +598,10 @@ impl<B: IoBuffer> QueuePair<B> {
             });
         }
         let rid = self.free_reqs.pop().expect("checked");
-        let cid = self.free_cids.pop().expect("checked");
+        let slot = self.free_cids.pop().expect("checked");
+        let cid = self.claim(slot, rid);
         let mut cmd = cmd;
         cmd.set_cid(cid);
-        self.trackers[cid as usize] = Tracker { req: rid };
         self.ring.push(&mut self.mem, &cmd);
         self.stats.requests += 1;
         self.stats.commands += 1;
@@ -614,17 +643,17 @@ impl<B: IoBuffer> QueuePair<B> {
             };
             return Err(Rejected { error, buf });
         }
-        let cid = *self.free_cids.last().expect("checked");
+        let slot = *self.free_cids.last().expect("checked");
         let mut cmd = cmd;
         if let Some(b) = &buf {
-            if let Err(error) = self.set_data_pointer(&mut cmd, cid, b, 0, b.len()) {
+            if let Err(error) = self.set_data_pointer(&mut cmd, slot, b, 0, b.len()) {
                 return Err(Rejected { error, buf });
             }
         }
         let rid = self.free_reqs.pop().expect("checked");
         self.free_cids.pop();
+        let cid = self.claim(slot, rid);
         cmd.set_cid(cid);
-        self.trackers[cid as usize] = Tracker { req: rid };
         self.ring.push(&mut self.mem, &cmd);
         self.stats.requests += 1;
         self.stats.commands += 1;
@@ -677,7 +706,7 @@ impl<B: IoBuffer> QueuePair<B> {
             self.check_range(ns, slba, n as u64)?;
         }
         self.check_usable()?;
-        let Some(&cid) = self.free_cids.last() else {
+        let Some(&slot) = self.free_cids.last() else {
             return Err(NvmeError::QueueFull {
                 qid: self.ring.qid,
                 outstanding: self.outstanding(),
@@ -685,7 +714,7 @@ impl<B: IoBuffer> QueuePair<B> {
         };
         // The range list (16 bytes per range, NVM Command Set 1.0 Figure 39) goes into the list
         // page of the tracker this command will get.
-        let off = self.lists_off + cid as usize * self.list_pages * PAGE_SIZE;
+        let off = self.lists_off + slot as usize * self.list_pages * PAGE_SIZE;
         for (i, &(slba, n)) in ranges.iter().enumerate() {
             self.mem.write_u64(off + i * 16, (n as u64) << 32);
             self.mem.write_u64(off + i * 16 + 8, slba);
@@ -720,8 +749,14 @@ impl<B: IoBuffer> QueuePair<B> {
         while delivered < max {
             let Some(c) = self.ring.pop(&self.mem) else { break };
             consumed += 1;
-            let cid = c.cid as usize;
-            let Some(t) = self.trackers.get(cid).copied().filter(|t| t.req != UNUSED) else {
+            let slot = (c.cid & SLOT_MASK) as usize;
+            let gen = (c.cid >> SLOT_BITS) as u8;
+            let Some(t) = self
+                .trackers
+                .get(slot)
+                .copied()
+                .filter(|t| t.req != UNUSED && t.gen == gen)
+            else {
                 self.stats.bogus_completions += 1;
                 log::error!(
                     "queue {}: completion for command id {} which is not in flight: {c:?}",
@@ -730,8 +765,8 @@ impl<B: IoBuffer> QueuePair<B> {
                 );
                 continue;
             };
-            self.trackers[cid].req = UNUSED;
-            self.free_cids.push(c.cid);
+            self.trackers[slot].req = UNUSED;
+            self.free_cids.push(slot as u16);
             let st = c.status();
             let req = self.reqs[t.req as usize]
                 .as_mut()
@@ -766,9 +801,11 @@ impl<B: IoBuffer> QueuePair<B> {
             } else {
                 self.stats.shadow_only += 1;
             }
-            self.idle_polls = 0;
-        } else if self.outstanding() != 0 {
-            self.idle_polls += 1;
+        }
+        if self.outstanding() != 0 {
+            // Every few thousand polls with work outstanding (busy or not), look for commands
+            // past their deadline and a failed controller.
+            self.idle_polls = self.idle_polls.wrapping_add(1);
             if self.idle_polls.is_multiple_of(4096) {
                 delivered += self.check_health(&mut f);
             }
@@ -790,9 +827,16 @@ impl<B: IoBuffer> QueuePair<B> {
         }
         let now = Instant::now();
         let mut expired = Vec::new();
-        for r in self.reqs.iter_mut().flatten() {
+        for (rid, r) in self.reqs.iter_mut().enumerate() {
+            let Some(r) = r else { continue };
             if now.duration_since(r.submitted) > self.timeout {
-                expired.push((r.first_cid, r.aborted));
+                // Every part of the request still in flight (a split request's other parts may
+                // have completed, and their slots now belong to other requests).
+                for (slot, t) in self.trackers.iter().enumerate() {
+                    if t.req == rid as u16 {
+                        expired.push((slot as u16 | (t.gen as u16) << SLOT_BITS, r.aborted));
+                    }
+                }
                 r.aborted = true;
                 r.submitted = now;
             }
