@@ -15,11 +15,15 @@ use clap::{Parser, Subcommand};
 mod bind;
 mod ctx;
 mod doctor;
+mod fwd;
 mod hello;
 mod identify;
+mod nic_common;
 mod nvme_open;
 mod perf;
+mod pktgen;
 mod reset;
+mod responder;
 mod setup;
 mod status;
 mod table;
@@ -107,6 +111,29 @@ enum Cmd {
     Identify(identify::Args),
     /// Write a block to an NVMe namespace, read it back, compare, restore the original content.
     Hello(hello::Args),
+    /// Transmit generated frames on a NIC as fast as possible or at --rate (like DPDK's
+    /// testpmd txonly, or the kernel's pktgen).
+    ///
+    /// Frames of --size bytes (without FCS) to --dst-mac: IPv4/UDP 198.18.0.1:9 -> 198.18.0.2:9
+    /// with a sequence number first in the payload, or raw frames of --ethertype with the
+    /// sequence number right after the Ethernet header. Stops after --count packets, after
+    /// --time seconds, or at SIGINT/SIGTERM; prints packets and bytes sent, Mpps, Gb/s, and the
+    /// queue and hardware counters.
+    Pktgen(pktgen::Args),
+    /// Forward frames between two NIC ports, both ways, on one core (zero-copy).
+    ///
+    /// Every frame received on one --device is sent out of the other unchanged (what the
+    /// transmit ring cannot take is dropped and counted). Ports are promiscuous unless
+    /// --no-promisc; --tx-first sends one burst out of each port first. Stops after --count
+    /// packets, --time seconds, or at SIGINT/SIGTERM, and prints the counts per direction.
+    Fwd(fwd::Args),
+    /// Answer ARP and ICMP echo requests for --ip on a NIC, and count what arrives.
+    ///
+    /// Replies are the received buffers rewritten in place. Prints a line when it is ready, then
+    /// runs until --count requests were answered, --time seconds passed, or SIGINT/SIGTERM,
+    /// and prints what it saw (frames, ARP and ICMP requests, replies, other traffic) with the
+    /// queue and hardware counters.
+    Responder(responder::Args),
 }
 
 fn main() -> ExitCode {
@@ -128,6 +155,9 @@ fn main() -> ExitCode {
         Cmd::Perf(a) => perf::run(&ctx, a),
         Cmd::Identify(a) => identify::run(&ctx, a),
         Cmd::Hello(a) => hello::run(&ctx, a),
+        Cmd::Pktgen(a) => pktgen::run(&ctx, a),
+        Cmd::Fwd(a) => fwd::run(&ctx, a),
+        Cmd::Responder(a) => responder::run(&ctx, a),
     };
     result.unwrap_or_else(|e| {
         eprintln!("vfpoll: error: {e:#}");

@@ -47,7 +47,8 @@ pub struct TxQueueStats {
 /// registers clear when read, so the driver adds them up).
 ///
 /// Byte counts are the NIC's: from the destination address through the FCS, 4 bytes per frame
-/// more than the packet lengths the queues count.
+/// more than the packet lengths the queues count (QEMU 7.2's e1000e leaves the FCS out of the
+/// transmit byte count).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PortStats {
     /// Good packets received (GPRC).

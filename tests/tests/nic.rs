@@ -1,0 +1,635 @@
+//! NIC tests in the test bed (`cargo xtask test --filter nic`, both IOMMU modes).
+//!
+//! The two e1000e share one QEMU hub and nothing else. NIC 0 (00:05.0) is claimed by vfpoll;
+//! NIC 1 (00:06.0) stays on the guest kernel's e1000e driver with a link-local address and is
+//! the other end of every exchange: an AF_PACKET socket on it sends and counts frames, and
+//! `ping` runs from it. QEMU's hub and e1000e drop frames silently when a sender outruns the
+//! receiver, so every exchange is paced by flow control: a burst, then wait until the other end
+//! has counted all of it, then the next burst. Counts are then exact, and the order is checked
+//! through sequence numbers in the payload.
+
+use std::io;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use vfpoll_nic::e1000e::E1000e;
+use vfpoll_nic::{free_bulk, MacAddr, Mempool, NicControl, NicError, Packet, Port, PortOptions};
+use vfpoll_pci::bind::{self, BindOptions};
+use vfpoll_pci::vfio::Container;
+use vfpoll_pci::{sysfs, Host};
+use vfpoll_tests::*;
+
+/// IEEE 802 local experimental EtherType: nothing else in the guest sends it.
+const ETHERTYPE: u16 = 0x88b5;
+/// The kernel side's address (link-local only).
+const KERNEL_IP: &str = "169.254.77.1";
+/// The address `vfpoll responder` answers for.
+const VFPOLL_IP: &str = "169.254.77.2";
+/// NIC 0's MAC (QEMU `-device e1000e,mac=...`).
+const NIC_0_MAC: MacAddr = MacAddr([0x52, 0x54, 0, 0, 0, 1]);
+
+// ---- the kernel side -----------------------------------------------------------------------
+
+fn run(cmd: &str, args: &[&str]) -> Output {
+    let out = Command::new(cmd)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// The interface of a NIC bound to its kernel driver.
+fn netdev(bdf_s: &str) -> String {
+    let dir = Host::default().pci_device_dir(bdf(bdf_s)).join("net");
+    std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .next()
+        .expect("an interface")
+        .unwrap()
+        .file_name()
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// NIC 1 on the kernel's e1000e, up, with [`KERNEL_IP`]; returns its name and MAC.
+fn kernel_side() -> (String, MacAddr) {
+    let host = Host::default();
+    let dev = sysfs::device(&host, bdf(NIC_1)).unwrap();
+    if dev.driver.as_deref() != Some("e1000e") {
+        bind::unbind_to_kernel(&host, bdf(NIC_1), &BindOptions::default()).expect("NIC 1 back to e1000e");
+    }
+    let ifname = netdev(NIC_1);
+    run("ip", &["link", "set", &ifname, "up"]);
+    let addrs = String::from_utf8(run("ip", &["-4", "addr", "show", "dev", &ifname]).stdout).unwrap();
+    if !addrs.contains(KERNEL_IP) {
+        run("ip", &["addr", "add", &format!("{KERNEL_IP}/16"), "dev", &ifname]);
+    }
+    let mac = std::fs::read_to_string(format!("/sys/class/net/{ifname}/address"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // The kernel's link comes up after its own auto-negotiation.
+    let start = Instant::now();
+    let carrier =
+        || std::fs::read_to_string(format!("/sys/class/net/{ifname}/carrier")).is_ok_and(|s| s.trim() == "1");
+    while !carrier() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{ifname} has no carrier"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (ifname, mac)
+}
+
+fn kernel_counter(ifname: &str, name: &str) -> u64 {
+    std::fs::read_to_string(format!("/sys/class/net/{ifname}/statistics/{name}"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// An AF_PACKET socket bound to one interface and [`ETHERTYPE`].
+struct RawSocket {
+    fd: i32,
+}
+
+impl RawSocket {
+    fn open(ifname: &str) -> Self {
+        let proto = (ETHERTYPE.to_be()) as i32;
+        // SAFETY: plain socket(2) call; the result is checked.
+        let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, proto) };
+        assert!(fd >= 0, "socket(AF_PACKET): {}", io::Error::last_os_error());
+        let s = RawSocket { fd };
+        let name = std::ffi::CString::new(ifname).unwrap();
+        // SAFETY: `name` is a NUL-terminated string that outlives the call.
+        let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
+        assert_ne!(index, 0, "{ifname}: {}", io::Error::last_os_error());
+        // SAFETY: an all-zero sockaddr_ll is valid; the fields are set below.
+        let mut sa: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        sa.sll_family = libc::AF_PACKET as u16;
+        sa.sll_protocol = ETHERTYPE.to_be();
+        sa.sll_ifindex = index as i32;
+        let len = std::mem::size_of::<libc::sockaddr_ll>() as u32;
+        let sap = (&sa as *const libc::sockaddr_ll).cast::<libc::sockaddr>();
+        // SAFETY: `sap` points at a live sockaddr_ll of `len` bytes.
+        let r = unsafe { libc::bind(fd, sap, len) };
+        assert_eq!(r, 0, "bind: {}", io::Error::last_os_error());
+        s.setsockopt(libc::SO_RCVBUFFORCE, 8 << 20);
+        s.setsockopt(libc::SO_SNDBUFFORCE, 8 << 20);
+        s
+    }
+
+    fn setsockopt(&self, opt: i32, v: i32) {
+        let p = (&v as *const i32).cast::<libc::c_void>();
+        // SAFETY: `p` points at an i32 that outlives the call, with its size given.
+        let r = unsafe { libc::setsockopt(self.fd, libc::SOL_SOCKET, opt, p, 4) };
+        assert_eq!(r, 0, "setsockopt {opt}: {}", io::Error::last_os_error());
+    }
+
+    fn send(&self, frame: &[u8]) {
+        // SAFETY: `frame` is a live slice of the length given.
+        let n = unsafe { libc::send(self.fd, frame.as_ptr().cast(), frame.len(), 0) };
+        assert_eq!(n, frame.len() as isize, "send: {}", io::Error::last_os_error());
+    }
+
+    /// The next frame, or `None` after `timeout`.
+    fn recv(&self, buf: &mut [u8], timeout: Duration) -> Option<usize> {
+        let mut pfd = libc::pollfd {
+            fd: self.fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one live pollfd.
+        let r = unsafe { libc::poll(&mut pfd, 1, timeout.as_millis() as i32) };
+        if r <= 0 {
+            return None;
+        }
+        // SAFETY: `buf` is a live, writable slice of the length given.
+        let n = unsafe { libc::recv(self.fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
+        assert!(n >= 0, "recv: {}", io::Error::last_os_error());
+        Some(n as usize)
+    }
+}
+
+impl Drop for RawSocket {
+    fn drop(&mut self) {
+        // SAFETY: our own descriptor, closed once.
+        unsafe { libc::close(self.fd) };
+    }
+}
+
+// ---- frames --------------------------------------------------------------------------------
+
+/// A test frame: Ethernet header with [`ETHERTYPE`], a 32-bit sequence number, then a pattern
+/// from the boot's seed.
+fn frame(dst: MacAddr, src: MacAddr, seq: u32, len: usize) -> Vec<u8> {
+    let mut f = Vec::with_capacity(len);
+    f.extend_from_slice(&dst.0);
+    f.extend_from_slice(&src.0);
+    f.extend_from_slice(&ETHERTYPE.to_be_bytes());
+    f.extend_from_slice(&seq.to_be_bytes());
+    f.extend_from_slice(&Pattern::new(seed(), seq as u64).bytes(len - f.len()));
+    f
+}
+
+/// Frame lengths cycle through the range a 1500-byte MTU allows (without FCS).
+fn len_of(seq: u32) -> usize {
+    60 + (seq as usize * 37) % (1514 - 60 + 1)
+}
+
+fn is_ours(f: &[u8]) -> bool {
+    f.len() >= 18 && f[12..14] == ETHERTYPE.to_be_bytes()
+}
+
+fn seq_of(f: &[u8]) -> u32 {
+    u32::from_be_bytes(f[14..18].try_into().unwrap())
+}
+
+// ---- the vfpoll side -----------------------------------------------------------------------
+
+fn vfpoll_port(opts: &PortOptions) -> (Port, Mempool) {
+    bind_all(&[NIC_0]);
+    reserve_hugepages(64);
+    let c = Container::open(mode()).expect("container");
+    let (mut ports, pool) = Port::open_all(&c, &[bdf(NIC_0)], 2048, opts).expect("open NIC 0");
+    (ports.remove(0), pool)
+}
+
+/// Receives until `n` frames of ours arrived (others, such as the kernel's broadcasts, are
+/// skipped) or 10 s pass.
+fn rx_ours(port: &mut Port, n: usize, out: &mut Vec<Vec<u8>>) {
+    let mut pkts: Vec<Packet> = Vec::with_capacity(32);
+    let start = Instant::now();
+    let mut got = 0;
+    while got < n {
+        port.rx_burst(&mut pkts, 32);
+        for p in &pkts {
+            if is_ours(p.data()) {
+                out.push(p.to_vec());
+                got += 1;
+            }
+        }
+        free_bulk(&mut pkts);
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "only {got} of {n} frames arrived at vfpoll"
+        );
+    }
+}
+
+#[test]
+#[ignore = "test bed"]
+fn guest_nic_frames_both_ways_counted_in_order() {
+    let (ifname, kmac) = kernel_side();
+    let (mut port, pool) = vfpoll_port(&PortOptions::default());
+    assert_eq!(port.mac(), NIC_0_MAC, "MAC from RAL0/RAH0");
+    let link = port.control().link();
+    assert!(link.up, "{link}");
+    println!(
+        "{}: {} {}, link {link}",
+        port.info().name,
+        port.info().driver,
+        port.mac()
+    );
+    let sock = RawSocket::open(&ifname);
+    const N: u32 = 1024;
+    const BURST: u32 = 32;
+
+    // Kernel -> vfpoll: a burst from the socket, then wait until vfpoll has all of it.
+    let k_tx0 = kernel_counter(&ifname, "tx_packets");
+    let mut got = Vec::new();
+    for b in 0..N / BURST {
+        for s in b * BURST..(b + 1) * BURST {
+            sock.send(&frame(NIC_0_MAC, kmac, s, len_of(s)));
+        }
+        rx_ours(&mut port, BURST as usize, &mut got);
+    }
+    assert_eq!(got.len(), N as usize);
+    for (i, f) in got.iter().enumerate() {
+        let s = i as u32;
+        assert_eq!(seq_of(f), s, "in order");
+        assert!(f == &frame(NIC_0_MAC, kmac, s, len_of(s)), "frame {s} intact");
+    }
+    let rxq = port.rx().stats();
+    assert!(
+        rxq.packets >= N as u64 && rxq.errors == 0 && rxq.no_buffer == 0,
+        "{rxq:?}"
+    );
+    assert!(kernel_counter(&ifname, "tx_packets") - k_tx0 >= N as u64);
+
+    // vfpoll -> kernel: a burst through tx_burst, then wait until the socket has all of it.
+    let k_rx0 = kernel_counter(&ifname, "rx_packets");
+    let mut buf = vec![0u8; 2048];
+    let mut pkts = Vec::with_capacity(BURST as usize);
+    for b in 0..N / BURST {
+        pool.alloc_exact(&mut pkts, BURST as usize).unwrap();
+        for (i, p) in pkts.iter_mut().enumerate() {
+            let s = b * BURST + i as u32;
+            p.fill(&frame(kmac, NIC_0_MAC, s, len_of(s))).unwrap();
+        }
+        while !pkts.is_empty() {
+            port.tx_burst(&mut pkts);
+        }
+        for i in 0..BURST {
+            let s = b * BURST + i;
+            let n = sock
+                .recv(&mut buf, Duration::from_secs(10))
+                .unwrap_or_else(|| panic!("frame {s} did not reach the kernel"));
+            assert_eq!(seq_of(&buf[..n]), s, "in order");
+            assert!(
+                buf[..n] == frame(kmac, NIC_0_MAC, s, len_of(s))[..],
+                "frame {s} intact"
+            );
+        }
+    }
+    port.tx().flush(Duration::from_secs(5)).unwrap();
+    let txq = port.tx().stats();
+    assert_eq!((txq.packets, txq.reclaimed), (N as u64, N as u64), "{txq:?}");
+    assert!(txq.doorbells <= txq.bursts);
+    assert!(kernel_counter(&ifname, "rx_packets") - k_rx0 >= N as u64);
+    // The NIC's own counters agree (read-to-clear, accumulated).
+    let hw = port.control().stats();
+    println!("hw counters: {hw}");
+    assert_eq!(hw.tx_packets, N as u64, "{hw}");
+    assert!(hw.rx_packets >= N as u64, "{hw}");
+    let bytes: u64 = (0..N).map(|s| len_of(s) as u64).sum();
+    // The datasheet's GOTC counts the FCS; QEMU 7.2's e1000e leaves it out (its GORC has it).
+    assert!(
+        hw.tx_bytes == bytes || hw.tx_bytes == bytes + 4 * N as u64,
+        "{hw}"
+    );
+    assert!(hw.rx_bytes >= bytes + 4 * N as u64, "GORC counts the FCS: {hw}");
+    assert_eq!(
+        port.control().stats().tx_packets,
+        N as u64,
+        "accumulated, not double counted"
+    );
+    drop(port);
+    assert_eq!(pool.available(), pool.capacity(), "every buffer back after close");
+}
+
+#[test]
+#[ignore = "test bed"]
+fn guest_nic_errors_say_what_to_do() {
+    let host = Host::default();
+    // An address with no device, and a device that is not a NIC.
+    let e = vfpoll_nic::probe(&host, bdf("0000:00:1e.0")).unwrap_err();
+    assert!(
+        matches!(e, NicError::NoSuchDevice { .. }) && e.to_string().contains("vfpoll status"),
+        "{e}"
+    );
+    let e = vfpoll_nic::probe(&host, bdf(NVME_A)).unwrap_err().to_string();
+    assert!(
+        e.contains("NVMe") && e.contains("1b36:0010") && e.contains("8086:10d3"),
+        "{e}"
+    );
+    assert_eq!(
+        vfpoll_nic::probe(&host, bdf(NIC_1)).unwrap(),
+        vfpoll_nic::e1000e::DRIVER
+    );
+
+    // A pool smaller than the receive ring.
+    bind_all(&[NIC_0]);
+    reserve_hugepages(64);
+    let c = Container::open(mode()).unwrap();
+    let dev = c.device(bdf(NIC_0)).unwrap();
+    let dma = vfpoll_dma::DmaContext::new(c.clone());
+    let small = Mempool::new(&dma, 256, vfpoll_dma::PageSize::Huge2M).unwrap();
+    let e = Port::open(dev, &dma, &small, &PortOptions::default()).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            NicError::PoolExhausted {
+                need: 512,
+                available: 256,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("make the pool larger"), "{e}");
+
+    // Link down: restarting auto-negotiation drops QEMU's link for 500 ms.
+    let dev = c.device(bdf(NIC_0)).unwrap();
+    let pool = Mempool::new(&dma, 1024, vfpoll_dma::PageSize::Huge2M).unwrap();
+    let (ctrl, _rx, _tx) = E1000e::open(dev, &dma, &pool, &PortOptions::default()).unwrap();
+    ctrl.restart_autoneg().unwrap();
+    let e = ctrl.wait_link(Duration::from_millis(20)).unwrap_err();
+    assert!(matches!(e, NicError::LinkDown { .. }), "{e}");
+    assert!(e.to_string().contains("link is down after waiting"), "{e}");
+    let l = ctrl
+        .wait_link(Duration::from_secs(5))
+        .expect("the link comes back");
+    println!("link back: {l}");
+}
+
+// ---- the vfpoll binary ---------------------------------------------------------------------
+
+/// `vfpoll ARGS` with `--noiommu` in no-IOMMU mode.
+fn vfpoll(args: &[&str]) -> Command {
+    let mut c = Command::new("vfpoll");
+    c.args(args);
+    if mode() == vfpoll_pci::vfio::IommuMode::NoIommu {
+        c.arg("--noiommu");
+    }
+    c
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// The number after `key` in `s` (e.g. `"sent "` in `"sent 1000 packets"`).
+fn number_after(s: &str, key: &str) -> u64 {
+    let at = s.find(key).unwrap_or_else(|| panic!("no `{key}` in:\n{s}")) + key.len();
+    s[at..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit())
+        .collect::<String>()
+        .parse()
+        .unwrap_or_else(|_| panic!("no number after `{key}` in:\n{s}"))
+}
+
+/// Sends SIGTERM to a child and collects its output.
+fn terminate(child: Child) -> Output {
+    // SAFETY: kill(2) on our own child's pid.
+    let r = unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert_eq!(r, 0, "kill: {}", io::Error::last_os_error());
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+#[ignore = "test bed"]
+fn guest_nic_responder_answers_ping() {
+    let (ifname, _) = kernel_side();
+    bind_all(&[NIC_0]);
+    reserve_hugepages(64);
+    let mut child = vfpoll(&["responder", "--device", NIC_0, "--ip", &format!("{VFPOLL_IP}/16")])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("vfpoll on PATH");
+    // Wait for its ready line.
+    let mut out = child.stdout.take().unwrap();
+    let mut first = Vec::new();
+    let mut byte = [0u8; 1];
+    while !first.ends_with(b"\n") {
+        use std::io::Read;
+        if out.read(&mut byte).unwrap() == 0 {
+            let o = child.wait_with_output().unwrap();
+            panic!(
+                "responder exited: {}{}",
+                String::from_utf8_lossy(&first),
+                text(&o)
+            );
+        }
+        first.push(byte[0]);
+    }
+    let first = String::from_utf8(first).unwrap();
+    assert!(
+        first.contains("answering ARP and ICMP echo for 169.254.77.2/16"),
+        "{first}"
+    );
+    // As fast as TCG allows: 100 requests 10 ms apart, each answered.
+    let ping = Command::new("busybox")
+        .args([
+            "ping", "-c", "100", "-i", "0.01", "-W", "5", "-I", &ifname, VFPOLL_IP,
+        ])
+        .output()
+        .unwrap();
+    child.stdout = Some(out);
+    let resp = terminate(child);
+    let (p, r) = (text(&ping), text(&resp));
+    println!("{p}\n{r}");
+    assert!(p.contains("100 packets transmitted, 100 packets received"), "{p}");
+    assert!(resp.status.success(), "responder exits cleanly on SIGTERM: {r}");
+    assert!(r.contains("stopped by signal"), "{r}");
+    assert_eq!(number_after(&r, "ICMP echo requests "), 100, "{r}");
+    assert!(
+        number_after(&r, "ARP requests ") >= 1,
+        "the kernel asked for our MAC first: {r}"
+    );
+    assert!(number_after(&r, "replies ") >= 101, "{r}");
+    assert_eq!(number_after(&r, "replies dropped "), 0, "{r}");
+}
+
+#[test]
+#[ignore = "test bed"]
+fn guest_nic_pktgen_frames_all_counted_by_the_kernel() {
+    let (ifname, kmac) = kernel_side();
+    bind_all(&[NIC_0]);
+    reserve_hugepages(64);
+    let sock = RawSocket::open(&ifname);
+    const N: u64 = 1000;
+    let k_rx0 = kernel_counter(&ifname, "rx_packets");
+    // Paced well below what the kernel side takes under TCG, so the hub drops nothing.
+    let child = vfpoll(&[
+        "pktgen",
+        "--device",
+        NIC_0,
+        "--count",
+        &N.to_string(),
+        "--rate",
+        "1000",
+        "--size",
+        "128",
+        "--dst-mac",
+        &kmac.to_string(),
+        "--ethertype",
+        "0x88b5",
+    ])
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("vfpoll on PATH");
+    let mut buf = vec![0u8; 2048];
+    let mut next = 0u32;
+    while (next as u64) < N {
+        let Some(n) = sock.recv(&mut buf, Duration::from_secs(20)) else {
+            let o = child.wait_with_output().unwrap();
+            panic!("the kernel counted {next} of {N} frames\n{}", text(&o));
+        };
+        assert_eq!(n, 128);
+        assert_eq!(seq_of(&buf[..n]), next, "in order");
+        assert_eq!(&buf[6..12], &NIC_0_MAC.0);
+        next += 1;
+    }
+    let o = child.wait_with_output().unwrap();
+    let t = text(&o);
+    println!("{t}");
+    assert!(o.status.success(), "{t}");
+    assert_eq!(number_after(&t, "sent "), N, "{t}");
+    let hw = t
+        .lines()
+        .find(|l| l.contains("hw: rx"))
+        .expect("hardware counters");
+    assert_eq!(number_after(hw, "; tx "), N, "GPTC: {t}");
+    assert!(kernel_counter(&ifname, "rx_packets") - k_rx0 >= N);
+    assert!(
+        sock.recv(&mut buf, Duration::from_millis(200)).is_none(),
+        "no more than {N}"
+    );
+}
+
+#[test]
+#[ignore = "test bed"]
+fn guest_nic_fwd_between_the_two_ports() {
+    // Both NICs on vfpoll: they sit on one hub, so what one port sends the other receives, and
+    // with --tx-first the frames go round: A -> hub -> B -> fwd -> A -> hub -> B ...
+    if sysfs::device(&Host::default(), bdf(NIC_1))
+        .unwrap()
+        .driver
+        .as_deref()
+        == Some("e1000e")
+    {
+        run("ip", &["link", "set", &netdev(NIC_1), "down"]);
+    }
+    bind_all(&[NIC_0, NIC_1]);
+    reserve_hugepages(64);
+    let o = vfpoll(&[
+        "fwd",
+        "--device",
+        NIC_0,
+        "--device",
+        NIC_1,
+        "--tx-first",
+        "--burst",
+        "8",
+        "--count",
+        "2000",
+    ])
+    .output()
+    .unwrap();
+    let t = text(&o);
+    println!("{t}");
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("tx-first: 8 frames out of 0000:00:05.0"), "{t}");
+    let line = t
+        .lines()
+        .find(|l| l.contains("packets forwarded in"))
+        .expect("a total");
+    let total = number_after(line, "fwd: ");
+    assert!(total >= 2000, "{t}");
+    for dir in [
+        "0000:00:05.0 -> 0000:00:06.0: received ",
+        "0000:00:06.0 -> 0000:00:05.0: received ",
+    ] {
+        assert!(number_after(&t, dir) >= 500, "both directions carry traffic: {t}");
+    }
+    // A signal ends it cleanly too.
+    let child = vfpoll(&["fwd", "--device", NIC_0, "--device", NIC_1])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    let o = terminate(child);
+    assert!(
+        o.status.success() && text(&o).contains("stopped by signal"),
+        "{}",
+        text(&o)
+    );
+    bind::unbind_to_kernel(&Host::default(), bdf(NIC_1), &BindOptions::default()).unwrap();
+}
+
+#[test]
+#[ignore = "test bed"]
+fn guest_nic_cli_errors_say_what_to_do() {
+    bind_all(&[NIC_0]);
+    reserve_hugepages(64);
+    let cases: &[(&[&str], &[&str])] = &[
+        (
+            &["pktgen", "--device", "0000:00:1e.0", "--count", "1"],
+            &["no such PCI device", "vfpoll status"],
+        ),
+        (
+            &["pktgen", "--device", NVME_A, "--count", "1"],
+            &["1b36:0010", "NVMe", "not a NIC vfpoll drives", "8086:10d3"],
+        ),
+        (
+            &["responder", "--device", NIC_0, "--ip", VFPOLL_IP],
+            &["ADDR/PREFIX"],
+        ),
+        (
+            &["pktgen", "--device", NIC_0, "--count", "1", "--pool", "100"],
+            &["packet pool exhausted", "512 buffers needed", "raise --pool"],
+        ),
+        (&["fwd", "--device", NIC_0], &["give --device twice"]),
+        (
+            &["pktgen", "--device", NIC_0, "--dst-mac", "nope"],
+            &["six hex octets"],
+        ),
+    ];
+    for (args, want) in cases {
+        let o = vfpoll(args).output().unwrap();
+        let t = text(&o);
+        println!("vfpoll {}: {t}", args.join(" "));
+        assert!(!o.status.success(), "{args:?} succeeded: {t}");
+        for w in *want {
+            assert!(t.contains(w), "{args:?}: `{w}` missing from: {t}");
+        }
+    }
+    // A device on its kernel driver: the VFIO error names the fix.
+    let (_, _) = kernel_side();
+    let o = vfpoll(&["pktgen", "--device", NIC_1, "--count", "1"])
+        .output()
+        .unwrap();
+    let t = text(&o);
+    assert!(
+        !o.status.success() && t.contains("vfpoll bind 0000:00:06.0"),
+        "{t}"
+    );
+}
