@@ -25,7 +25,7 @@
 //! | 0000:00:01.0 | virtio-9p `hostroot`            | 1af4:1009 | the host's `/`, read-only |
 //! | 0000:00:02.0 | virtio-9p `out`                 | 1af4:1009 | `<run-dir>/out`, read-write, at `/out` |
 //! | 0000:00:03.0 | NVMe controller A               | 1b36:0010 | serial `vfpoll-a`, 16 MiB CMB (BAR2); nsid 1: 64 MiB, 512 B blocks (`nvme-a-ns1.img`); nsid 2: 32 MiB, 4 KiB blocks (`nvme-a-ns2.img`); MDTS 512 KiB |
-//! | 0000:00:04.0 | NVMe controller B               | 1b36:0010 | serial `vfpoll-b`, MDTS 4 MiB; nsid 1: 64 MiB, 512 B blocks (`nvme-b-ns1.img`) |
+//! | 0000:00:04.0 | NVMe controller B               | 1b36:0010 | serial `vfpoll-b`, MDTS 4 MiB, 16 MiB CMB (BAR2); nsid 1: 64 MiB, 512 B blocks (`nvme-b-ns1.img`) |
 //! | 0000:00:05.0 | e1000e, MAC 52:54:00:00:00:01   | 8086:10d3 | on QEMU hub 0 with the other NIC, nothing else |
 //! | 0000:00:06.0 | e1000e, MAC 52:54:00:00:00:02   | 8086:10d3 | frames sent by one arrive at the other |
 //! | 0000:00:07.0 | ivshmem-plain (GPU-BAR stand-in)| 1af4:1110 | BAR2: 64 MiB, backed by `<run-dir>/gpubar.shm` |

@@ -419,7 +419,10 @@ pub fn qemu_command(assets: &Assets, b: &Boot) -> Command {
         "nvme-ns,drive=nvmea2,bus=nvmea,nsid=2,logical_block_size=4096,physical_block_size=4096",
     ]);
     // B allows 4 MiB transfers (MDTS 10): one command needs chained PRP list pages.
-    q.args(["-device", "nvme,id=nvmeb,serial=vfpoll-b,mdts=10,addr=4"]);
+    q.args([
+        "-device",
+        "nvme,id=nvmeb,serial=vfpoll-b,mdts=10,cmb_size_mb=16,addr=4",
+    ]);
     q.args(drive("nvmeb1", IMAGES[2].0));
     q.args(["-device", "nvme-ns,drive=nvmeb1,bus=nvmeb,nsid=1"]);
     // Two NICs on one QEMU hub: frames go from one to the other and nowhere else.

@@ -2,7 +2,9 @@
 
 use std::sync::Arc;
 
-use vfpoll_dma::{DmaBuf, DmaRegion};
+use vfpoll_dma::{DmaBuf, DmaRegion, PeerRegion};
+
+use crate::cmb::CmbSlice;
 use vfpoll_pci::BusAddr;
 
 /// Memory a controller may read or write, owned by the queue pair while a command uses it.
@@ -96,5 +98,155 @@ unsafe impl IoBuffer for RegionBuf {
     }
     fn contiguous_len(&self, off: usize) -> usize {
         self.region.contiguous_len(self.offset + off).min(self.len - off)
+    }
+}
+
+/// A byte range of another device's memory (a GPU BAR, a peer's CMB, any PCI BAR registered as a
+/// DMA target with `DmaContext::register_peer_bar`): the controller reads or writes it directly,
+/// peer to peer, with no CPU copy. Device memory is never host memory: there is no CPU view of
+/// it here; the CPU reaches it through the BAR's `Mmio` mapping.
+#[derive(Debug, Clone)]
+pub struct DeviceBuf {
+    region: Arc<PeerRegion>,
+    offset: usize,
+    len: usize,
+}
+
+impl DeviceBuf {
+    /// `len` bytes of `region` from `offset`; `None` if the range does not fit.
+    pub fn new(region: Arc<PeerRegion>, offset: usize, len: usize) -> Option<Self> {
+        (offset.checked_add(len)? <= region.len()).then_some(DeviceBuf { region, offset, len })
+    }
+
+    /// The registered device memory.
+    pub fn region(&self) -> &Arc<PeerRegion> {
+        &self.region
+    }
+
+    /// Offset in the region.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+}
+
+// SAFETY: the `Arc` keeps the registration (and so the IOMMU mapping of the BAR, or the BAR's
+// bus address range in no-IOMMU mode) alive as long as this value; a BAR is contiguous in bus
+// address space, and behind an IOMMU it is mapped at one contiguous IOVA range.
+unsafe impl IoBuffer for DeviceBuf {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn bus_addr(&self, off: usize) -> BusAddr {
+        self.region.bus_addr(self.offset + off)
+    }
+    fn contiguous_len(&self, off: usize) -> usize {
+        self.len - off
+    }
+}
+
+/// A range of bus addresses named by the caller, for no-IOMMU mode: memory vfpoll knows nothing
+/// about (a BAR of a device that another driver owns, memory reserved at boot).
+#[derive(Debug, Clone, Copy)]
+pub struct BusRange {
+    bus: BusAddr,
+    len: usize,
+}
+
+impl BusRange {
+    /// `len` bytes at bus address `bus`.
+    ///
+    /// # Safety
+    /// The controller will read or write these bus addresses. They must be memory (or a BAR)
+    /// that may be used this way for as long as the value lives, reachable by the controller
+    /// without translation (no-IOMMU mode; behind an IOMMU bus addresses are IOVAs, which only
+    /// `DmaContext` hands out), and contiguous.
+    pub unsafe fn new(bus: BusAddr, len: usize) -> Self {
+        BusRange { bus, len }
+    }
+}
+
+// SAFETY: the caller of `BusRange::new` promised what the trait requires.
+unsafe impl IoBuffer for BusRange {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn bus_addr(&self, off: usize) -> BusAddr {
+        self.bus.add(off as u64)
+    }
+    fn contiguous_len(&self, off: usize) -> usize {
+        self.len - off
+    }
+}
+
+/// A piece of this controller's own CMB used as a data buffer (CMBSZ.RDS/WDS): the controller
+/// moves data between its media and its own memory. The CPU reaches it through
+/// [`crate::cmb::CmbSlice::mmio`]. Only valid for commands to the controller that owns the CMB;
+/// for another controller, register the CMB's BAR range as a peer region and use [`DeviceBuf`].
+#[derive(Debug, Clone)]
+pub struct CmbBuf {
+    slice: Arc<CmbSlice>,
+    offset: usize,
+    len: usize,
+}
+
+impl CmbBuf {
+    /// `len` bytes of `slice` from `offset`; `None` if the range does not fit.
+    pub fn new(slice: Arc<CmbSlice>, offset: usize, len: usize) -> Option<Self> {
+        (offset.checked_add(len)? <= slice.len()).then_some(CmbBuf { slice, offset, len })
+    }
+}
+
+// SAFETY: the `Arc` keeps the CMB slice allocated (and the CMB enabled: the controller holds
+// the CMB for its lifetime) as long as this value; the CMB is contiguous at CMBMSC.CBA.
+unsafe impl IoBuffer for CmbBuf {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn bus_addr(&self, off: usize) -> BusAddr {
+        self.slice.bus_addr().add((self.offset + off) as u64)
+    }
+    fn contiguous_len(&self, off: usize) -> usize {
+        self.len - off
+    }
+}
+
+/// Any of the buffer kinds, for a queue pair that mixes them (host memory and device memory on
+/// one queue).
+#[derive(Debug)]
+pub enum AnyBuf {
+    /// A pool buffer.
+    Pool(DmaBuf),
+    /// A range of a host DMA region.
+    Host(RegionBuf),
+    /// A range of a peer device's memory.
+    Device(DeviceBuf),
+    /// A range of this controller's CMB.
+    Cmb(CmbBuf),
+    /// A caller-named bus range (no-IOMMU mode).
+    Bus(BusRange),
+}
+
+macro_rules! any_buf {
+    ($self:ident, $b:ident => $e:expr) => {
+        match $self {
+            AnyBuf::Pool($b) => $e,
+            AnyBuf::Host($b) => $e,
+            AnyBuf::Device($b) => $e,
+            AnyBuf::Cmb($b) => $e,
+            AnyBuf::Bus($b) => $e,
+        }
+    };
+}
+
+// SAFETY: each variant is an `IoBuffer` and upholds the contract itself.
+unsafe impl IoBuffer for AnyBuf {
+    fn len(&self) -> usize {
+        any_buf!(self, b => IoBuffer::len(b))
+    }
+    fn bus_addr(&self, off: usize) -> BusAddr {
+        any_buf!(self, b => IoBuffer::bus_addr(b, off))
+    }
+    fn contiguous_len(&self, off: usize) -> usize {
+        any_buf!(self, b => IoBuffer::contiguous_len(b, off))
     }
 }

@@ -211,10 +211,18 @@ mod tests {
         };
         assert_eq!(take(&mut used, 100, 4096), Some(0));
         assert_eq!(take(&mut used, 4096, 4096), Some(4096));
-        assert_eq!(take(&mut used, 10, 64), Some(128), "in the gap after the first range, aligned");
+        assert_eq!(
+            take(&mut used, 10, 64),
+            Some(128),
+            "in the gap after the first range, aligned"
+        );
         used.remove(0); // free the first
         assert_eq!(take(&mut used, 64, 64), Some(0), "the hole at 0 is reused");
-        assert_eq!(take(&mut used, 200, 64), Some(192), "after the 10-byte range at 128, aligned");
+        assert_eq!(
+            take(&mut used, 200, 64),
+            Some(192),
+            "after the 10-byte range at 128, aligned"
+        );
         assert_eq!(take(&mut used, 8192, 4096), Some(8192), "after the 4 KiB range");
         assert_eq!(take(&mut used, 1 << 20, 4096), None, "no room");
         assert!(

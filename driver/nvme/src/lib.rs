@@ -45,7 +45,7 @@ mod queue;
 pub mod regs;
 pub mod status;
 
-pub use buffer::{IoBuffer, RegionBuf};
+pub use buffer::{AnyBuf, BusRange, CmbBuf, DeviceBuf, IoBuffer, RegionBuf};
 pub use ctrlr::{Controller, ControllerOptions, Namespace, PAGE_SIZE};
 pub use error::{NvmeError, Result};
 pub use qpair::{Done, QpairOptions, QpairStats, QueuePair, Rejected};

@@ -1,0 +1,221 @@
+//! Peer-to-peer DMA in the test bed (issue 5): the NVMe controller reads into and writes from
+//! the ivshmem BAR (the GPU-BAR stand-in) with no CPU copy, and moves data through controller
+//! B's CMB into a namespace of controller A. After the guest exits, the host compares the
+//! ivshmem backing file and the namespace images.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use vfpoll_dma::{DmaContext, PageSize};
+use vfpoll_nvme::{
+    AnyBuf, CmbBuf, Controller, ControllerOptions, DeviceBuf, QpairOptions, QueuePair, RegionBuf,
+};
+use vfpoll_pci::vfio::Container;
+use vfpoll_tests::*;
+
+const MIB: usize = 1 << 20;
+/// NVMe → BAR reads: (BAR offset, LBA of A's namespace 1, length). Offsets and lengths cross
+/// pages, PRP lists and A's 512 KiB MDTS; BAR offsets are dword aligned.
+const READS: [(usize, u64, usize); 5] = [
+    (0, 2048, 4096),
+    (8192 + 512, 4096, 64 * 1024 + 512),
+    (MIB, 8192, MIB),
+    (5 * MIB + 4, 16384, 3 * MIB + 512),
+    (12 * MIB, 32768, 512),
+];
+/// BAR → NVMe writes: (BAR offset, LBA of A's namespace 1, length).
+const WRITES: [(usize, u64, usize); 2] = [(16 * MIB, 65536, 2 * MIB + 512), (20 * MIB + 2048, 73728, 4096)];
+/// CMB copy: B's namespace 1 at this LBA → B's CMB → A's namespace 2 at this LBA, this long.
+const CMB_COPY: (u64, u64, usize) = (4096, 1024, 3 * MIB);
+
+fn wait<B: vfpoll_nvme::IoBuffer>(qp: &mut QueuePair<B>, what: &str) {
+    let mut n = 0;
+    qp.drain(Duration::from_secs(60), |d| {
+        d.result.unwrap_or_else(|e| panic!("{what}: {e}"));
+        n += 1;
+    })
+    .unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(n > 0, "{what}: nothing completed");
+}
+
+fn host_buf(dma: &DmaContext, data: &[u8]) -> RegionBuf {
+    let mut r = dma.alloc_region(data.len(), PageSize::Huge2M).unwrap();
+    r.write(0, data).unwrap();
+    RegionBuf::new(Arc::new(r), 0, data.len()).unwrap()
+}
+
+fn read_back(qp: &mut QueuePair<AnyBuf>, dma: &DmaContext, nsid: u32, lba: u64, len: usize) -> Vec<u8> {
+    let r = Arc::new(dma.alloc_region(len, PageSize::Huge2M).unwrap());
+    qp.read(
+        nsid,
+        lba,
+        AnyBuf::Host(RegionBuf::new(r.clone(), 0, len).unwrap()),
+        0,
+    )
+    .map_err(|r| r.error)
+    .unwrap();
+    wait(qp, "read back");
+    let mut v = vec![0u8; len];
+    r.read(0, &mut v).unwrap();
+    v
+}
+
+#[test]
+#[ignore = "test bed"]
+fn guest_nvme_reads_into_and_writes_from_the_ivshmem_bar() {
+    bind_all(&[NVME_A, IVSHMEM]);
+    reserve_hugepages(64);
+    let c = Container::open(mode()).unwrap();
+    let (a, dma) = Controller::open_first(&c, bdf(NVME_A), ControllerOptions::default()).unwrap();
+    let shm = c.device(bdf(IVSHMEM)).unwrap();
+    let bar = shm.map_bar(2).unwrap();
+    // SAFETY: `bar` is this process's mapping of the BAR and outlives the registration.
+    let peer = Arc::new(
+        unsafe { dma.register_peer_bar(bar.as_ptr(), bar.len() as u64, shm.bar_bus_addr(2).unwrap()) }
+            .unwrap(),
+    );
+    let mut qp = a.create_qpair::<AnyBuf>(&QpairOptions::default()).unwrap();
+    let seed = seed();
+
+    // NVMe → BAR: put known data on the namespace, then read it straight into the BAR.
+    for (i, &(_, lba, len)) in READS.iter().enumerate() {
+        let data = Pattern::new(seed, 10 + i as u64).bytes(len);
+        qp.write(1, lba, AnyBuf::Host(host_buf(&dma, &data)), 0)
+            .map_err(|r| r.error)
+            .unwrap();
+        wait(&mut qp, "write source data");
+    }
+    for &(off, lba, len) in &READS {
+        let dst = DeviceBuf::new(peer.clone(), off, len).unwrap();
+        qp.read(1, lba, AnyBuf::Device(dst), 1)
+            .map_err(|r| r.error)
+            .unwrap();
+    }
+    wait(&mut qp, "NVMe -> BAR reads");
+    for (i, &(off, _, len)) in READS.iter().enumerate() {
+        let mut got = vec![0u8; len];
+        bar.copy_from(off, &mut got).unwrap();
+        assert!(
+            got == Pattern::new(seed, 10 + i as u64).bytes(len),
+            "BAR at {off:#x}: not what the namespace holds"
+        );
+    }
+
+    // BAR → NVMe: the CPU puts data in the BAR, the controller writes it to the namespace.
+    for (i, &(off, lba, len)) in WRITES.iter().enumerate() {
+        let data = Pattern::new(seed, 20 + i as u64).bytes(len);
+        bar.copy_to(off, &data).unwrap();
+        let src = DeviceBuf::new(peer.clone(), off, len).unwrap();
+        qp.write(1, lba, AnyBuf::Device(src), 2)
+            .map_err(|r| r.error)
+            .unwrap();
+        wait(&mut qp, "BAR -> NVMe write");
+        assert!(
+            read_back(&mut qp, &dma, 1, lba, len) == data,
+            "namespace at LBA {lba}: not what the BAR held"
+        );
+    }
+    write_manifest("p2p.txt", &[("mode".into(), mode_name().into())]);
+}
+
+#[test]
+#[ignore = "test bed"]
+fn host_check_nvme_reads_into_and_writes_from_the_ivshmem_bar() {
+    assert_eq!(manifest_get(&read_manifest("p2p.txt"), "mode"), run_mode());
+    let shm = run_dir().join("gpubar.shm");
+    let img = run_dir().join("nvme-a-ns1.img");
+    for (i, &(off, lba, len)) in READS.iter().enumerate() {
+        let want = Pattern::new(seed(), 10 + i as u64).bytes(len);
+        assert!(
+            read_file_range(&shm, off as u64, len) == want,
+            "gpubar.shm at {off:#x}"
+        );
+        assert!(
+            read_file_range(&img, lba * 512, len) == want,
+            "nvme-a-ns1.img at LBA {lba}"
+        );
+    }
+    for (i, &(off, lba, len)) in WRITES.iter().enumerate() {
+        let want = Pattern::new(seed(), 20 + i as u64).bytes(len);
+        assert!(
+            read_file_range(&shm, off as u64, len) == want,
+            "gpubar.shm at {off:#x}"
+        );
+        assert!(
+            read_file_range(&img, lba * 512, len) == want,
+            "nvme-a-ns1.img at LBA {lba}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "test bed"]
+fn guest_copy_through_the_cmb_of_b_into_a() {
+    bind_all(&[NVME_A, NVME_B]);
+    reserve_hugepages(64);
+    let c = Container::open(mode()).unwrap();
+    let (a, dma) = Controller::open_first(&c, bdf(NVME_A), ControllerOptions::default()).unwrap();
+    let b = Controller::open(&c, bdf(NVME_B), dma.clone(), ControllerOptions::default()).unwrap();
+    let (src_lba, dst_lba, len) = CMB_COPY;
+    let data = Pattern::new(seed(), 30).bytes(len);
+    let mut qb = b.create_qpair::<AnyBuf>(&QpairOptions::default()).unwrap();
+    let mut qa = a.create_qpair::<AnyBuf>(&QpairOptions::default()).unwrap();
+    qb.write(1, src_lba, AnyBuf::Host(host_buf(&dma, &data)), 0)
+        .map_err(|r| r.error)
+        .unwrap();
+    wait(&mut qb, "write source data on B");
+
+    // B reads its namespace into its own CMB (no host memory involved).
+    let cmb = b.cmb().expect("B's CMB");
+    assert!(cmb.capabilities().rds() && cmb.capabilities().wds());
+    let slice = Arc::new(cmb.alloc(len, 4096).unwrap());
+    qb.read(
+        1,
+        src_lba,
+        AnyBuf::Cmb(CmbBuf::new(slice.clone(), 0, len).unwrap()),
+        1,
+    )
+    .map_err(|r| r.error)
+    .unwrap();
+    wait(&mut qb, "B: namespace -> own CMB");
+    let mut seen = vec![0u8; len];
+    slice.mmio().copy_from(0, &mut seen).unwrap();
+    assert!(seen == data, "B's CMB does not hold what B read");
+
+    // A writes B's CMB to A's namespace 2: A reaches B's memory peer to peer, through the IOMMU
+    // when there is one.
+    // SAFETY: the CMB mapping lives in B's controller, which outlives the registration.
+    let peer = Arc::new(
+        unsafe { dma.register_peer_bar(slice.mmio().as_ptr(), len as u64, slice.bus_addr()) }.unwrap(),
+    );
+    qa.write(
+        2,
+        dst_lba,
+        AnyBuf::Device(DeviceBuf::new(peer.clone(), 0, len).unwrap()),
+        2,
+    )
+    .map_err(|r| r.error)
+    .unwrap();
+    wait(&mut qa, "A: B's CMB -> A's namespace 2");
+    assert!(
+        read_back(&mut qa, &dma, 2, dst_lba, len) == data,
+        "A's namespace 2 does not hold the copy"
+    );
+    write_manifest("cmb.txt", &[("mode".into(), mode_name().into())]);
+}
+
+#[test]
+#[ignore = "test bed"]
+fn host_check_copy_through_the_cmb_of_b_into_a() {
+    assert_eq!(manifest_get(&read_manifest("cmb.txt"), "mode"), run_mode());
+    let (src_lba, dst_lba, len) = CMB_COPY;
+    let want = Pattern::new(seed(), 30).bytes(len);
+    assert!(
+        read_file_range(&run_dir().join("nvme-b-ns1.img"), src_lba * 512, len) == want,
+        "B's namespace 1"
+    );
+    assert!(
+        read_file_range(&run_dir().join("nvme-a-ns2.img"), dst_lba * 4096, len) == want,
+        "A's namespace 2"
+    );
+}
