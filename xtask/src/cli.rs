@@ -17,6 +17,7 @@ Commands:
   vm      Boot the test-bed guest and run one command in it
   test    Run every test: fmt, clippy, host tests, then the test-bed tests in the guest
   demo    vfpoll's main job on the emulated test bed: setup, status, identify, hello, perf
+  bench   vfpoll perf against fio (io_uring, libaio, hipri) on the guest kernel, one table
   help    Print this help, or the help of a command (`cargo xtask help vm`)
 
 Each command has its own --help.";
@@ -106,6 +107,8 @@ pub enum Task {
     Test(TestArgs),
     /// `demo`: the mode and verbosity.
     Demo(Mode, bool),
+    /// `bench`.
+    Bench(crate::bench::BenchArgs),
 }
 
 /// Options of `cargo xtask vm`.
@@ -166,6 +169,7 @@ pub fn parse(args: Vec<OsString>) -> Result<Task> {
             Some("vm") => VM_HELP,
             Some("test") => TEST_HELP,
             Some("demo") => DEMO_HELP,
+            Some("bench") => crate::bench::HELP,
             _ => HELP,
         })),
         "setup" => {
@@ -190,6 +194,13 @@ pub fn parse(args: Vec<OsString>) -> Result<Task> {
                 }
             }
             Ok(Task::Demo(mode, verbose))
+        }
+        "bench" => {
+            let mut rest = Vec::new();
+            while let Some(a) = p.next_str()? {
+                rest.push(a);
+            }
+            crate::bench::parse(&rest)
         }
         _ => Err(err!("unknown command {cmd:?}; try `cargo xtask --help`")),
     }

@@ -5,6 +5,7 @@
 //! cargo xtask vm [OPTIONS] -- CMD ARGS   # boot the guest, run CMD in it, exit with its code
 //! cargo xtask test [--host-only] [--filter S] [--mode iommu|noiommu|both]   # everything
 //! cargo xtask demo [--noiommu]           # vfpoll's main job on the test bed
+//! cargo xtask bench [--time SECS]        # vfpoll perf vs fio on the guest kernel, one table
 //! ```
 //!
 //! Each command has a `--help`. Everything the test bed makes lives under `target/testbed/`.
@@ -67,6 +68,7 @@
 //! both. `tests/tests/xtask_selftest.rs` is the harness's own test.
 #![forbid(unsafe_code)]
 
+mod bench;
 mod cli;
 mod cpio;
 mod demo;
@@ -120,6 +122,7 @@ fn main() -> ExitCode {
         cli::Task::Vm(args) => vm::main(&ws, &args),
         cli::Task::Test(args) => test::main(&ws, &args),
         cli::Task::Demo(mode, verbose) => demo::main(&ws, mode, verbose),
+        cli::Task::Bench(args) => bench::main(&ws, &args),
     });
     match result {
         Ok(code) => ExitCode::from(code),

@@ -1,0 +1,483 @@
+//! `cargo xtask bench`: vfpoll against the guest kernel's NVMe driver, on the same emulated
+//! controller, in one boot of the test bed.
+//!
+//! The guest runs every measurement on NVMe A (0000:00:03.0), namespace 1, on CPU 1, for the
+//! same time, queue depth and I/O size:
+//! 1. the kernel's nvme driver (interrupts): fio with io_uring and with libaio;
+//! 2. the kernel's nvme driver with a poll queue (`nvme.poll_queues`; the module is reloaded
+//!    with `poll_queues=1` if it has none): fio with io_uring and `hipri` (polled completions);
+//! 3. the device on vfio-pci (`vfpoll bind`): `vfpoll perf` (release build).
+//!
+//! fio runs with `clocksource=cpu` (the TSC, as vfpoll's own clock): the guest's clocksource is
+//! the HPET, and fio's default `clock_gettime` would spend more time reading it than the kernel
+//! spends on the I/O, which would make the kernel look slower than it is. Every run writes JSON
+//! into the guest's `/out`; the host reads those files and prints one table.
+
+use std::ffi::OsString;
+use std::fmt::Write as _;
+use std::fs;
+use std::path::Path;
+use std::time::Duration;
+
+use crate::cli::Task;
+use crate::json::{self, Value};
+use crate::setup;
+use crate::util::{err, run, Result};
+use crate::vm::{self, Boot, Mode, DEFAULT_MODULES};
+use crate::Workspace;
+
+/// `cargo xtask bench --help`.
+pub const HELP: &str = "\
+Benchmark vfpoll against the guest kernel's NVMe driver (fio) on the test bed
+
+Usage: cargo xtask bench [OPTIONS]
+
+One boot of the QEMU guest (IOMMU mode). On NVMe A (0000:00:03.0, namespace 1), CPU 1, the same
+time, queue depth and I/O size for everyone: fio with io_uring and libaio on the kernel's nvme
+driver, fio with io_uring hipri on a poll queue (nvme reloaded with poll_queues=1 if needed),
+then `vfpoll perf` with the device on vfio-pci. Cases: 4 KiB random read at queue depth 1 and 32,
+128 KiB sequential read at queue depth 32. Prints one table: IOPS, p50 and p99 latency, and the
+ratios vfpoll/kernel. The guest's JSON files stay in target/testbed/run/bench-iommu/out.
+
+Options:
+      --time <SECS>       Seconds per run [default: 10]
+      --engines <LIST>    Only these of vfpoll,io_uring,libaio,io_uring-hipri [default: all]
+      --no-build          Do not build vfpoll (release) first
+  -v, --verbose           Show the guest init's lines and kernel warnings
+  -h, --help              Print this help";
+
+/// Options of `cargo xtask bench`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BenchArgs {
+    /// Seconds per run.
+    pub time: u32,
+    /// Which engines run.
+    pub engines: Vec<Engine>,
+    /// Skip the release build.
+    pub no_build: bool,
+    /// Show init lines and kernel warnings.
+    pub verbose: bool,
+}
+
+/// Who does the I/O.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    /// `vfpoll perf`.
+    Vfpoll,
+    /// fio, io_uring, interrupts.
+    IoUring,
+    /// fio, libaio.
+    Libaio,
+    /// fio, io_uring with `hipri` on a poll queue.
+    IoUringHipri,
+}
+
+impl Engine {
+    const ALL: [Engine; 4] = [
+        Engine::Vfpoll,
+        Engine::IoUring,
+        Engine::IoUringHipri,
+        Engine::Libaio,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Engine::Vfpoll => "vfpoll",
+            Engine::IoUring => "io_uring",
+            Engine::Libaio => "libaio",
+            Engine::IoUringHipri => "io_uring-hipri",
+        }
+    }
+}
+
+/// One workload, run by every engine.
+struct Case {
+    /// File-name stem.
+    id: &'static str,
+    /// In the table.
+    label: &'static str,
+    /// fio's `rw` and vfpoll's `--workload`.
+    rw: &'static str,
+    /// Bytes per I/O (fio's `bs`, vfpoll's `--io-size`).
+    bs: &'static str,
+    qd: u32,
+}
+
+const CASES: &[Case] = &[
+    Case {
+        id: "4k-randread-qd1",
+        label: "4 KiB randread QD1",
+        rw: "randread",
+        bs: "4k",
+        qd: 1,
+    },
+    Case {
+        id: "4k-randread-qd32",
+        label: "4 KiB randread QD32",
+        rw: "randread",
+        bs: "4k",
+        qd: 32,
+    },
+    Case {
+        id: "128k-read-qd32",
+        label: "128 KiB read QD32",
+        rw: "read",
+        bs: "128k",
+        qd: 32,
+    },
+];
+
+/// The controller and the CPU everything runs on.
+const BDF: &str = "0000:00:03.0";
+const CPU: u32 = 1;
+
+/// Parses the options after `cargo xtask bench`.
+pub fn parse(args: &[String]) -> Result<Task> {
+    let mut a = BenchArgs {
+        time: 10,
+        engines: Engine::ALL.to_vec(),
+        no_build: false,
+        verbose: false,
+    };
+    let mut it = args.iter();
+    while let Some(s) = it.next() {
+        let (name, inline) = match s.split_once('=') {
+            Some((n, v)) if n.starts_with("--") => (n, Some(v.to_string())),
+            _ => (s.as_str(), None),
+        };
+        let mut value = || {
+            inline
+                .clone()
+                .or_else(|| it.next().cloned())
+                .ok_or_else(|| err!("bench: {name} needs a value"))
+        };
+        match name {
+            "-h" | "--help" => return Ok(Task::Help(HELP)),
+            "--no-build" => a.no_build = true,
+            "-v" | "--verbose" => a.verbose = true,
+            "--time" => {
+                let v = value()?;
+                a.time = v
+                    .parse()
+                    .ok()
+                    .filter(|&t| t > 0)
+                    .ok_or_else(|| err!("bench: --time takes whole seconds above 0, not {v:?}"))?;
+            }
+            "--engines" => {
+                let v = value()?;
+                a.engines = v
+                    .split(',')
+                    .map(|e| {
+                        Engine::ALL.into_iter().find(|x| x.name() == e).ok_or_else(|| {
+                            err!("bench: unknown engine {e:?}; one of vfpoll, io_uring, io_uring-hipri, libaio")
+                        })
+                    })
+                    .collect::<Result<_>>()?;
+            }
+            _ => return Err(err!("bench: unexpected argument {s:?}")),
+        }
+    }
+    Ok(Task::Bench(a))
+}
+
+/// The guest's job: every run of every engine, results as JSON in `/out`.
+fn job_script(a: &BenchArgs, vfpoll: &Path) -> String {
+    let t = a.time;
+    let has = |e| a.engines.contains(&e);
+    let mut s = format!(
+        r#"set -u
+BDF={BDF}
+V={vfpoll}
+uname -r > /out/kernel.txt
+ns1() {{ ls /sys/bus/pci/devices/$BDF/nvme/*/ 2>/dev/null | grep -m1 '^nvme[0-9]*n1$'; }}
+wait_ns1() {{
+  for _ in $(seq 100); do d=$(ns1); [ -n "$d" ] && [ -b /dev/$d ] && return 0; sleep 0.2; done
+  echo "bench: no namespace 1 block device for $BDF"; return 1
+}}
+fio_run() {{ # NAME FIO-OPTIONS...
+  name=$1; shift
+  echo "bench: fio $name"
+  fio --name="$name" --filename=/dev/$(ns1) --direct=1 --size=64M --time_based --runtime={t} \
+      --cpus_allowed={CPU} --numjobs=1 --lat_percentiles=1 --clocksource=cpu \
+      --output-format=json --eta=never --output=/out/$name.json "$@" || echo "bench: fio $name failed"
+}}
+wait_ns1 || exit 1
+"#,
+        vfpoll = vfpoll.display()
+    );
+    for c in CASES {
+        let fio = format!("--rw={} --bs={} --iodepth={}", c.rw, c.bs, c.qd);
+        for e in [Engine::IoUring, Engine::Libaio] {
+            if has(e) {
+                let _ = writeln!(s, "fio_run {}-{} --ioengine={} {fio}", e.name(), c.id, e.name());
+            }
+        }
+    }
+    if has(Engine::IoUringHipri) {
+        s.push_str(
+            r#"pq=$(cat /sys/module/nvme/parameters/poll_queues)
+if [ "$pq" = 0 ]; then
+  echo "bench: nvme has no poll queues: reloading it with poll_queues=1"
+  busybox modprobe -r nvme && busybox modprobe nvme poll_queues=1 && wait_ns1
+fi
+cat /sys/module/nvme/parameters/poll_queues > /out/poll_queues.txt
+"#,
+        );
+        for c in CASES {
+            let _ = writeln!(
+                s,
+                "fio_run io_uring-hipri-{} --ioengine=io_uring --hipri --rw={} --bs={} --iodepth={}",
+                c.id, c.rw, c.bs, c.qd
+            );
+        }
+    }
+    if has(Engine::Vfpoll) {
+        s.push_str("$V bind $BDF || exit 1\n");
+        for c in CASES {
+            let _ = writeln!(
+                s,
+                "echo 'bench: vfpoll {id}'; $V perf --device $BDF --nsid 1 --cores {CPU} --time {t} \
+                 --workload {} --io-size {} --queue-depth {} --json > /out/vfpoll-{id}.json || echo 'bench: vfpoll {id} failed'",
+                c.rw,
+                c.bs,
+                c.qd,
+                id = c.id
+            );
+        }
+        s.push_str("$V reset $BDF\n");
+    }
+    s
+}
+
+/// `cargo xtask bench`.
+pub fn main(ws: &Workspace, a: &BenchArgs) -> Result<u8> {
+    if !a.no_build {
+        run(vm::cargo(ws).args(["build", "--release", "-p", "vfpoll"]))?;
+    }
+    let vfpoll = ws.target.join("release/vfpoll");
+    if a.engines.contains(&Engine::Vfpoll) && !vfpoll.exists() {
+        return Err(err!(
+            "{} is missing: build it (cargo build --release -p vfpoll)",
+            vfpoll.display()
+        ));
+    }
+    let assets = setup::ensure(ws)?;
+    let run_dir = vm::default_run_dir(ws, "bench-iommu");
+    let runs = CASES.len() as u64 * a.engines.len() as u64;
+    let boot = Boot {
+        mode: Mode::Iommu,
+        timeout: Duration::from_secs(300 + runs * (a.time as u64 + 30)),
+        mem: "2G".into(),
+        smp: 2,
+        modules: DEFAULT_MODULES.iter().map(|m| m.to_string()).collect(),
+        hugepages: 64,
+        run_dir: run_dir.clone(),
+        keep_run_dir: false,
+        verbose: a.verbose,
+        cwd: ws.root.clone(),
+        env: Vec::new(),
+        command: ["bash", "-c", &job_script(a, &vfpoll)]
+            .iter()
+            .map(OsString::from)
+            .collect(),
+    };
+    let load_before = loadavg();
+    let lock = vm::lock_run_dir(&run_dir)?;
+    let out = vm::run_boot(ws, &assets, &boot, &lock)?;
+    let load_after = loadavg();
+    if out.code != 0 {
+        eprintln!(
+            "bench: the guest job exited with {}; the table shows what finished",
+            out.code
+        );
+    }
+    let dir = run_dir.join("out");
+    let read = |f: &str| {
+        fs::read_to_string(dir.join(f))
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    };
+    println!(
+        "\ncargo xtask bench: NVMe A {BDF} ns 1 (QEMU 7.2 nvme, 64 MiB, 512 B blocks) in the TCG guest \
+         (kernel {}, 2 vCPUs, IOMMU), CPU {CPU}, {} s per run; nvme poll_queues={}",
+        read("kernel.txt"),
+        a.time,
+        read("poll_queues.txt"),
+    );
+    println!(
+        "host: {}, {} CPUs; load average (1 min) {load_before} before, {load_after} after\n",
+        cpu_model(),
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    print!("{}", table(&dir, &a.engines));
+    Ok(out.code)
+}
+
+/// IOPS and latency percentiles (µs) of one run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Result3 {
+    iops: f64,
+    p50_us: f64,
+    p99_us: f64,
+}
+
+fn num(v: Option<&Value>) -> Option<f64> {
+    match v? {
+        Value::Num(n) => Some(*n),
+        _ => None,
+    }
+}
+
+/// Parses a JSON file that may have lines of text before the document (fio's notes).
+fn load_json(path: &Path) -> Option<Value> {
+    let text = fs::read_to_string(path).ok()?;
+    let start = text.find('{')?;
+    json::parse(text[start..].trim_end()).ok()
+}
+
+/// vfpoll perf's JSON: `iops`, `lat_ns.p50`, `lat_ns.p99`.
+fn vfpoll_result(v: &Value) -> Option<Result3> {
+    let lat = v.get("lat_ns")?;
+    Some(Result3 {
+        iops: num(v.get("iops"))?,
+        p50_us: num(lat.get("p50"))? / 1000.0,
+        p99_us: num(lat.get("p99"))? / 1000.0,
+    })
+}
+
+/// fio's JSON: `jobs[0].read.iops` and `lat_ns.percentile` (with `lat_percentiles=1`).
+fn fio_result(v: &Value) -> Option<Result3> {
+    let read = v.get("jobs")?.as_array()?.first()?.get("read")?;
+    let pct = read.get("lat_ns")?.get("percentile")?;
+    Some(Result3 {
+        iops: num(read.get("iops"))?,
+        p50_us: num(pct.get("50.000000"))? / 1000.0,
+        p99_us: num(pct.get("99.000000"))? / 1000.0,
+    })
+}
+
+fn result_of(dir: &Path, e: Engine, case: &Case) -> Option<Result3> {
+    let v = load_json(&dir.join(format!("{}-{}.json", e.name(), case.id)))?;
+    match e {
+        Engine::Vfpoll => vfpoll_result(&v),
+        _ => fio_result(&v),
+    }
+}
+
+/// The table: one block per case, vfpoll first, then each kernel engine with the ratios.
+fn table(dir: &Path, engines: &[Engine]) -> String {
+    let mut s = format!(
+        "{:<22} {:<16} {:>10} {:>10} {:>10} {:>14} {:>14}\n",
+        "case", "engine", "IOPS", "p50 us", "p99 us", "IOPS vfpoll/k", "p99 vfpoll/k"
+    );
+    for c in CASES {
+        let ours = result_of(dir, Engine::Vfpoll, c);
+        let mut label = c.label;
+        for &e in Engine::ALL.iter().filter(|e| engines.contains(e)) {
+            let r = result_of(dir, e, c);
+            let cell = |f: fn(&Result3) -> f64, prec: usize| {
+                r.as_ref().map_or("-".to_string(), |r| format!("{:.prec$}", f(r)))
+            };
+            let (ratio, p99) = match (e, &ours, &r) {
+                (Engine::Vfpoll, _, _) | (_, None, _) | (_, _, None) => (String::new(), String::new()),
+                (_, Some(o), Some(k)) => (
+                    format!("{:.2}x", o.iops / k.iops.max(f64::MIN_POSITIVE)),
+                    format!("{:.2}x", o.p99_us / k.p99_us.max(f64::MIN_POSITIVE)),
+                ),
+            };
+            let _ = writeln!(
+                s,
+                "{label:<22} {:<16} {:>10} {:>10} {:>10} {ratio:>14} {p99:>14}",
+                e.name(),
+                cell(|r| r.iops, 0),
+                cell(|r| r.p50_us, 1),
+                cell(|r| r.p99_us, 1),
+            );
+            label = "";
+        }
+    }
+    s.push_str(
+        "\nIOPS vfpoll/k: vfpoll's IOPS over the kernel engine's (higher is better); \
+         p99 vfpoll/k: vfpoll's p99 over the kernel's (below 1 is better).\n",
+    );
+    s
+}
+
+fn loadavg() -> String {
+    fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(String::from))
+        .unwrap_or_else(|| "?".into())
+}
+
+fn cpu_model() -> String {
+    fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, m)| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options() {
+        let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let Task::Bench(a) = parse(&args(&["--time=3", "--engines", "vfpoll,libaio", "--no-build"])).unwrap()
+        else {
+            panic!("not bench")
+        };
+        assert_eq!((a.time, a.no_build), (3, true));
+        assert_eq!(a.engines, [Engine::Vfpoll, Engine::Libaio]);
+        assert!(parse(&args(&["--time", "0"])).is_err());
+        assert!(parse(&args(&["--engines", "spdk"])).is_err());
+        assert!(matches!(parse(&args(&["-h"])).unwrap(), Task::Help(HELP)));
+    }
+
+    #[test]
+    fn script_runs_every_engine_on_the_same_case() {
+        let a = BenchArgs {
+            time: 7,
+            engines: Engine::ALL.to_vec(),
+            no_build: true,
+            verbose: false,
+        };
+        let s = job_script(&a, Path::new("/t/release/vfpoll"));
+        assert!(s.contains(
+            "fio_run io_uring-4k-randread-qd32 --ioengine=io_uring --rw=randread --bs=4k --iodepth=32"
+        ));
+        assert!(
+            s.contains("fio_run libaio-128k-read-qd32 --ioengine=libaio --rw=read --bs=128k --iodepth=32")
+        );
+        assert!(s.contains("--hipri --rw=randread --bs=4k --iodepth=1"));
+        assert!(s.contains("--runtime=7") && s.contains("--cpus_allowed=1"));
+        assert!(s.contains(
+            "perf --device $BDF --nsid 1 --cores 1 --time 7 --workload randread --io-size 4k --queue-depth 1 --json"
+        ));
+    }
+
+    #[test]
+    fn both_json_shapes_are_read() {
+        let fio = json::parse(
+            r#"{"jobs":[{"read":{"iops":7688.5,"lat_ns":{"mean":4.1e6,"percentile":{"50.000000":3900000,"99.000000":9000000}}}}]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            fio_result(&fio),
+            Some(Result3 {
+                iops: 7688.5,
+                p50_us: 3900.0,
+                p99_us: 9000.0
+            })
+        );
+        let ours = json::parse(r#"{"iops":60000,"lat_ns":{"p50":236000,"p99":4775000}}"#).unwrap();
+        assert_eq!(vfpoll_result(&ours).unwrap().p99_us, 4775.0);
+    }
+}
