@@ -405,6 +405,13 @@ fn print_text(job: &JobSpec, r: &Report) {
                 "  {} queue {} (ns {:?}): {} I/Os, {} commands, SQ doorbells {}, CQ doorbells {}, shadow-only updates {}",
                 q.device, q.qid, q.nsids, q.ios, s.commands, s.sq_doorbells, s.cq_doorbells, s.shadow_only
             );
+            let busy = q.polls - q.empty_polls;
+            println!(
+                "    polls {} ({:.1}% empty), {:.2} completions per non-empty poll",
+                q.polls,
+                100.0 * q.empty_polls as f64 / q.polls.max(1) as f64,
+                s.completions as f64 / busy.max(1) as f64
+            );
         }
     }
     if r.errors != 0 {
@@ -484,6 +491,7 @@ fn to_json(a: &Args, job: &JobSpec, cores: &[usize], devices: &Devices, r: &Repo
                     let s = q.stats;
                     json!({
                         "device": q.device, "qid": q.qid, "nsids": q.nsids, "ios": q.ios,
+                        "polls": q.polls, "empty_polls": q.empty_polls,
                         "requests": s.requests, "commands": s.commands, "completions": s.completions,
                         "errors": s.errors, "sq_doorbells": s.sq_doorbells, "cq_doorbells": s.cq_doorbells,
                         "shadow_only": s.shadow_only, "bogus_completions": s.bogus_completions,

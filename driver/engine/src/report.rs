@@ -105,6 +105,11 @@ pub struct QueueReport {
     pub nsids: Vec<u32>,
     /// I/Os completed on it.
     pub ios: u64,
+    /// Times the worker polled it.
+    pub polls: u64,
+    /// Polls that found no completion: a worker that mostly finds nothing waits on the device;
+    /// one that rarely does is limited by its own CPU time.
+    pub empty_polls: u64,
     /// The queue pair's own counters (doorbells, completions, errors).
     pub stats: QpairStats,
 }

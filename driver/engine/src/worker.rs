@@ -285,6 +285,9 @@ struct Queue<S: Slots> {
     /// A submission was refused or a buffer was lost: submit nothing more.
     broken: bool,
     ios: u64,
+    /// Polls, and those that found no completion (how long the worker waited on the device).
+    polls: u64,
+    empty_polls: u64,
     device: String,
 }
 
@@ -351,6 +354,8 @@ fn build<S: Slots>(s: &Setup) -> Result<Vec<Queue<S>>, EngineError> {
             },
             broken: false,
             ios: 0,
+            polls: 0,
+            empty_polls: 0,
             device,
         });
     }
@@ -510,7 +515,10 @@ impl<S: Slots> Queue<S> {
             }
             ready.push(slot as u32);
         });
-        if n != 0 {
+        self.polls += 1;
+        if n == 0 {
+            self.empty_polls += 1;
+        } else {
             let now = st.clock.ticks();
             self.complete(now, st);
             self.refill(now, st);
@@ -607,6 +615,8 @@ impl<S: Slots> Queue<S> {
             qid: self.qp.qid(),
             nsids: self.ns.iter().map(|n| n.nsid).collect(),
             ios: self.ios,
+            polls: self.polls,
+            empty_polls: self.empty_polls,
             stats: self.qp.stats(),
         }
     }
