@@ -596,3 +596,60 @@ fn guest_cli_identify_and_hello() {
         "{err}"
     );
 }
+
+/// Starts `hold-controller` on controller A and waits for its `ready`.
+fn hold() -> (std::process::Child, std::io::BufReader<std::process::ChildStdout>) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_hold-controller"))
+        .args([NVME_A, mode_name()])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("hold-controller");
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+    (child, out)
+}
+
+#[test]
+#[ignore = "test bed"]
+fn guest_a_process_killed_by_a_signal_shuts_its_controller_down() {
+    use std::os::unix::process::ExitStatusExt;
+    bind_all(&[NVME_A]);
+    reserve_hugepages(64);
+    // While another process holds the controller, this one is told so.
+    let (mut child, mut out) = hold();
+    let e = Container::open(mode()).unwrap().device(bdf(NVME_A)).unwrap_err();
+    assert!(e.to_string().contains("in use by another process"), "{e}");
+    // SIGTERM: the handler shuts the controller down, then the process dies of the signal.
+    std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    assert_eq!(
+        rest.trim(),
+        "shst=2",
+        "the handler saw CSTS.SHST = shutdown complete before dying"
+    );
+    // The same, called directly: CC.SHN = normal, then CSTS.SHST = complete.
+    let c = Container::open(mode()).unwrap();
+    let (ctrl, _dma) = Controller::open_first(&c, bdf(NVME_A), ControllerOptions::default()).unwrap();
+    assert_eq!(ctrl.identify().serial, "vfpoll-a");
+    assert_eq!(
+        ctrl.bar().read32(0x14) >> 14 & 3,
+        0,
+        "running, no shutdown notified"
+    );
+    vfpoll_nvme::shutdown_all();
+    let cc = ctrl.bar().read32(0x14);
+    assert_eq!(cc >> 14 & 3, 1, "CC.SHN = normal shutdown: {cc:#x}");
+    assert_eq!(
+        ctrl.status().shutdown_status(),
+        vfpoll_nvme::regs::ShutdownStatus::Complete
+    );
+}

@@ -145,6 +145,10 @@ fn main() -> ExitCode {
         _ => "trace",
     };
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level)).init();
+    // A process killed by a signal still shuts its NVMe controllers down cleanly.
+    if let Err(e) = vfpoll_nvme::shutdown_on_signals() {
+        log::warn!("cannot install the signal handlers: {e}");
+    }
     let ctx = Ctx::new(cli.root);
     let result = match cli.cmd {
         Cmd::Setup(a) => setup::run(&ctx, a),

@@ -92,6 +92,9 @@ pub(crate) struct Shared {
     /// I/O submission/completion queues granted by the controller.
     pub io_queues_granted: u16,
     qids: Mutex<Vec<bool>>,
+    /// The controller's place in the signal handler's registry. Dropped first (declared before
+    /// the memory), right after the shutdown in `Drop`.
+    registration: Mutex<Option<crate::signal::Registration>>,
     /// The controller memory buffer, once enabled.
     pub(crate) cmb: Mutex<Option<Arc<crate::cmb::Cmb>>>,
     /// The Doorbell Buffer Config pages, when in use.
@@ -353,6 +356,7 @@ impl Controller {
         }
 
         let admin = guard.admin.take().expect("still there");
+        let bar_ptr = bar.as_ptr();
         Ok(Controller {
             shared: Arc::new(Shared {
                 bar,
@@ -367,6 +371,7 @@ impl Controller {
                 qids: Mutex::new(vec![false; granted as usize + 1]),
                 shadow,
                 cmb: Mutex::new(None),
+                registration: Mutex::new(Some(crate::signal::Registration::new(bar_ptr, cap.timeout_ms()))),
                 device,
             }),
         })
@@ -621,6 +626,13 @@ impl Shared {
 
 impl Drop for Shared {
     fn drop(&mut self) {
+        // Out of the signal handler's reach before the shutdown starts.
+        drop(
+            self.registration
+                .get_mut()
+                .unwrap_or_else(|e| e.into_inner())
+                .take(),
+        );
         match self.shutdown() {
             Ok(()) => log::debug!("controller {} shut down", self.identify.serial),
             Err(e) => {

@@ -8,7 +8,8 @@
 //! - [`Controller`]: bring-up, admin commands, namespaces, shutdown;
 //! - [`QueuePair`]: I/O submission and polled completion, one per thread.
 //!
-//! The only `unsafe` code is in the private `qmem` module (queue memory access).
+//! The only `unsafe` code is in the private `qmem` (queue memory access) and `signal` (clean
+//! shutdown on SIGINT/SIGTERM: [`shutdown_on_signals`]) modules.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -43,10 +44,12 @@ mod qmem;
 mod qpair;
 mod queue;
 pub mod regs;
+mod signal;
 pub mod status;
 
 pub use buffer::{AnyBuf, BusRange, CmbBuf, DeviceBuf, IoBuffer, RegionBuf};
 pub use ctrlr::{Controller, ControllerOptions, Namespace, PAGE_SIZE};
 pub use error::{NvmeError, Result};
 pub use qpair::{Done, QpairOptions, QpairStats, QueuePair, Rejected};
+pub use signal::{shutdown_all, shutdown_on_signals, shutdown_on_signals_then};
 pub use status::{Sct, Status};
