@@ -163,3 +163,8 @@ pub fn manifest_get<'a>(m: &'a [(String, String)], key: &str) -> &'a str {
         .map(|(_, v)| v.as_str())
         .unwrap_or_else(|| panic!("manifest has no `{key}`"))
 }
+
+/// NVMe controller C: controller 0 of the test bed's NVM subsystem (serial `vfpoll-s`).
+pub const NVME_C: &str = "0000:00:08.0";
+/// NVMe controller D: controller 1 of the same subsystem; namespace 1 is shared by C and D.
+pub const NVME_D: &str = "0000:00:09.0";

@@ -653,3 +653,82 @@ fn guest_a_process_killed_by_a_signal_shuts_its_controller_down() {
         vfpoll_nvme::regs::ShutdownStatus::Complete
     );
 }
+
+/// Where the subsystem test writes: (LBA, length, pattern stream, writer is C).
+const SUBSYS_WRITES: [(u64, usize, u64, bool); 2] =
+    [(2048, 256 * 1024, 40, true), (8192, 64 * 1024 + 512, 41, false)];
+
+#[test]
+#[ignore = "test bed"]
+fn guest_two_controllers_of_one_subsystem_share_a_namespace() {
+    bind_all(&[NVME_C, NVME_D]);
+    reserve_hugepages(64);
+    let c = Container::open(mode()).unwrap();
+    let (ctl_c, dma) = Controller::open_first(&c, bdf(NVME_C), ControllerOptions::default()).unwrap();
+    let ctl_d = Controller::open(&c, bdf(NVME_D), dma.clone(), ControllerOptions::default()).unwrap();
+    let (ic, id) = (ctl_c.identify(), ctl_d.identify());
+    assert_eq!((ic.serial.as_str(), id.serial.as_str()), ("vfpoll-s", "vfpoll-s"));
+    // QEMU 7.2 reports the configured NQN behind its own prefix.
+    assert!(
+        ic.subnqn.ends_with("nqn.2026-11.io.vfpoll:subsys0"),
+        "{}",
+        ic.subnqn
+    );
+    assert_eq!(ic.subnqn, id.subnqn);
+    assert_ne!(ic.cntlid, id.cntlid, "two controllers, two controller ids");
+    assert!(
+        ic.cmic & 0b10 != 0 && id.cmic & 0b10 != 0,
+        "CMIC: more than one controller"
+    );
+    let ns = ctl_c.namespace(1).unwrap();
+    assert!(
+        ns.identify.nmic & 1 != 0,
+        "namespace 1 may be attached to several controllers"
+    );
+    assert_eq!(
+        ctl_d.namespace(1).unwrap().identify.nguid,
+        ns.identify.nguid,
+        "the same namespace"
+    );
+    let mut qc = ctl_c.create_qpair::<RegionBuf>(&QpairOptions::default()).unwrap();
+    let mut qd = ctl_d.create_qpair::<RegionBuf>(&QpairOptions::default()).unwrap();
+    for &(lba, len, stream, by_c) in &SUBSYS_WRITES {
+        let data = Pattern::new(seed(), stream).bytes(len);
+        let mut r = dma.alloc_region(len, PageSize::Huge2M).unwrap();
+        r.write(0, &data).unwrap();
+        let back = Arc::new(dma.alloc_region(len, PageSize::Huge2M).unwrap());
+        let (w, rd) = if by_c {
+            (&mut qc, &mut qd)
+        } else {
+            (&mut qd, &mut qc)
+        };
+        w.write(1, lba, RegionBuf::new(Arc::new(r), 0, len).unwrap(), 0)
+            .map_err(|r| r.error)
+            .unwrap();
+        wait(w).result.expect("write on one controller");
+        rd.read(1, lba, RegionBuf::new(back.clone(), 0, len).unwrap(), 1)
+            .map_err(|r| r.error)
+            .unwrap();
+        wait(rd).result.expect("read on the other");
+        let mut got = vec![0u8; len];
+        back.read(0, &mut got).unwrap();
+        assert!(
+            got == data,
+            "LBA {lba}: written through one controller, read differently through the other"
+        );
+    }
+    write_manifest("subsys.txt", &[("mode".into(), mode_name().into())]);
+}
+
+#[test]
+#[ignore = "test bed"]
+fn host_check_two_controllers_of_one_subsystem_share_a_namespace() {
+    assert_eq!(manifest_get(&read_manifest("subsys.txt"), "mode"), run_mode());
+    for &(lba, len, stream, _) in &SUBSYS_WRITES {
+        let got = read_file_range(&run_dir().join("nvme-s-ns1.img"), lba * 512, len);
+        assert!(
+            got == Pattern::new(seed(), stream).bytes(len),
+            "nvme-s-ns1.img at LBA {lba}"
+        );
+    }
+}

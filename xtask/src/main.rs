@@ -30,6 +30,8 @@
 //! | 0000:00:05.0 | e1000e, MAC 52:54:00:00:00:01   | 8086:10d3 | on QEMU hub 0 with the other NIC, nothing else |
 //! | 0000:00:06.0 | e1000e, MAC 52:54:00:00:00:02   | 8086:10d3 | frames sent by one arrive at the other |
 //! | 0000:00:07.0 | ivshmem-plain (GPU-BAR stand-in)| 1af4:1110 | BAR2: 64 MiB, backed by `<run-dir>/gpubar.shm` |
+//! | 0000:00:08.0 | NVMe controller C               | 1b36:0010 | serial `vfpoll-s`, controller 0 of NVM subsystem `nqn.2026-11.io.vfpoll:subsys0` |
+//! | 0000:00:09.0 | NVMe controller D               | 1b36:0010 | serial `vfpoll-s`, controller 1 of the same subsystem; nsid 1 (64 MiB, 512 B blocks, `nvme-s-ns1.img`) is shared by C and D |
 //!
 //! Modes: `iommu` (default): emulated VT-d (`intel-iommu,caching-mode=on`, `intel_iommu=on`),
 //! one IOMMU group per device, type1 containers. `noiommu` (`--noiommu`): no vIOMMU, a rebuilt
@@ -49,7 +51,7 @@
 //!
 //! `target/testbed/run/<iommu|noiommu>` (or `--run-dir`; while another boot holds the default
 //! one, `<mode>-2`, `<mode>-3`, ...), recreated at each boot (unless `--keep-run-dir`) and kept
-//! after it: zero-filled sparse `nvme-a-ns1.img`, `nvme-a-ns2.img`, `nvme-b-ns1.img`, a zeroed
+//! after it: zero-filled sparse `nvme-a-ns1.img`, `nvme-a-ns2.img`, `nvme-b-ns1.img`, `nvme-s-ns1.img`, a zeroed
 //! `gpubar.shm`, `out/` (the guest's `/out`; `job.sh`, `exit-code`, `lib-modules` live there),
 //! `console.log` (the raw serial console), `qemu-cmd.txt` and `lock` (while in use).
 //!

@@ -248,6 +248,7 @@ pub const IMAGES: &[(&str, u64)] = &[
     ("nvme-a-ns1.img", 64),
     ("nvme-a-ns2.img", 32),
     ("nvme-b-ns1.img", 64),
+    ("nvme-s-ns1.img", 64),
 ];
 /// The ivshmem backing file (the GPU-BAR stand-in) and its size in MiB.
 pub const GPUBAR: (&str, u64) = ("gpubar.shm", 64);
@@ -425,6 +426,16 @@ pub fn qemu_command(assets: &Assets, b: &Boot) -> Command {
     ]);
     q.args(drive("nvmeb1", IMAGES[2].0));
     q.args(["-device", "nvme-ns,drive=nvmeb1,bus=nvmeb,nsid=1"]);
+    // An NVM subsystem with two controllers (same serial, as QEMU requires) sharing namespace 1:
+    // several controllers of one subsystem, as multi-path devices have.
+    q.args([
+        "-device",
+        "nvme-subsys,id=subsys0,nqn=nqn.2026-11.io.vfpoll:subsys0",
+    ]);
+    q.args(["-device", "nvme,id=nvmec,serial=vfpoll-s,subsys=subsys0,addr=8"]);
+    q.args(["-device", "nvme,id=nvmed,serial=vfpoll-s,subsys=subsys0,addr=9"]);
+    q.args(drive("nvmes1", IMAGES[3].0));
+    q.args(["-device", "nvme-ns,drive=nvmes1,nsid=1,shared=on"]);
     // Two NICs on one QEMU hub: frames go from one to the other and nowhere else.
     // romfile= skips their iPXE option ROMs, which SeaBIOS would otherwise run at every boot.
     for (i, addr) in [(0, 5), (1, 6)] {
