@@ -16,6 +16,7 @@ mod bind;
 mod ctx;
 mod doctor;
 mod fwd;
+mod gpu;
 mod hello;
 mod identify;
 mod nic_common;
@@ -134,6 +135,15 @@ enum Cmd {
     /// and prints what it saw (frames, ARP and ICMP requests, replies, other traffic) with the
     /// queue and hardware counters.
     Responder(responder::Args),
+    /// Load GPU memory from NVMe (or a file) and save it back, through hugepage slots with no
+    /// CPU copy; show what GPU peer-to-peer DMA needs here.
+    ///
+    /// `load`: the source is read into hugepage slots while earlier slots are copied to the GPU;
+    /// prints the path the data took, GB/s and the CPU time. `save`: the reverse. `info`: the
+    /// GPUs, a dma-buf export of GPU memory, and the peer-to-peer prerequisites of this machine.
+    /// The GPU needs a build with the `cuda` feature (the CUDA driver is loaded at run time);
+    /// --cpu runs the pipeline into ordinary memory instead.
+    Gpu(gpu::Args),
 }
 
 fn main() -> ExitCode {
@@ -162,6 +172,7 @@ fn main() -> ExitCode {
         Cmd::Pktgen(a) => pktgen::run(&ctx, a),
         Cmd::Fwd(a) => fwd::run(&ctx, a),
         Cmd::Responder(a) => responder::run(&ctx, a),
+        Cmd::Gpu(a) => gpu::run(&ctx, a),
     };
     result.unwrap_or_else(|e| {
         eprintln!("vfpoll: error: {e:#}");
