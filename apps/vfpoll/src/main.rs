@@ -155,9 +155,15 @@ fn main() -> ExitCode {
         _ => "trace",
     };
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level)).init();
-    // A process killed by a signal still shuts its NVMe controllers down cleanly.
-    if let Err(e) = vfpoll_nvme::shutdown_on_signals() {
-        log::warn!("cannot install the signal handlers: {e}");
+    // A process killed by a signal still shuts its NVMe controllers down cleanly. The NIC
+    // commands open no NVMe controller and stop on SIGINT/SIGTERM themselves (a flag their loop
+    // polls), printing their counters: the NVMe handler, which ends the process, would be
+    // chained after theirs.
+    let nic_cmd = matches!(cli.cmd, Cmd::Pktgen(_) | Cmd::Fwd(_) | Cmd::Responder(_));
+    if !nic_cmd {
+        if let Err(e) = vfpoll_nvme::shutdown_on_signals() {
+            log::warn!("cannot install the signal handlers: {e}");
+        }
     }
     let ctx = Ctx::new(cli.root);
     let result = match cli.cmd {

@@ -120,6 +120,14 @@ impl RingMem {
         unsafe { p.wrapping_add(1).write_volatile(hi.to_le()) };
     }
 
+    /// Stores the high quadword of descriptor `slot`.
+    #[inline]
+    pub(crate) fn write_hi(&mut self, slot: usize, hi: u64) {
+        let p = self.at(slot).wrapping_add(1);
+        // SAFETY: in bounds and aligned (see `write_desc`); volatile because the device reads it.
+        unsafe { p.write_volatile(hi.to_le()) };
+    }
+
     /// Loads the high quadword of descriptor `slot` (where the 82574 writes status back).
     #[inline]
     pub(crate) fn read_hi(&self, slot: usize) -> u64 {

@@ -154,6 +154,11 @@ fn transmit_wraps_the_ring_in_order_with_one_tail_write_per_burst() {
     assert_eq!(s.packets, total as u64);
     assert_eq!(s.doorbells, bursts, "one TDT write per burst that placed packets");
     assert!(rig.model.get(&rig.model.counters().tdt_moves) <= bursts);
+    assert_eq!(
+        rig.model.get(&rig.model.counters().tx_rs),
+        bursts,
+        "a status write-back asked for once per burst (RS on its last descriptor)"
+    );
     assert_eq!(s.reclaimed, total as u64);
     assert!(
         s.reclaim_batches < s.reclaimed / 4,

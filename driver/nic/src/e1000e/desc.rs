@@ -120,11 +120,15 @@ pub const TX_DD: u64 = 1 << 32;
 /// The most bytes one legacy transmit descriptor carries.
 pub const TX_MAX_LEN: usize = 16288;
 
-/// The high quadword of a legacy transmit descriptor for one whole frame of `len` bytes:
-/// EOP, IFCS (the MAC appends the FCS) and RS (DD is written back, which reclaim polls).
+/// The high quadword of a legacy transmit descriptor for one whole frame of `len` bytes: EOP,
+/// IFCS (the MAC appends the FCS), and RS (write DD back, which reclaim polls) when `rs`.
 #[inline]
-pub fn tx_hi(len: u16) -> u64 {
-    len as u64 | ((TxCmd::EOP | TxCmd::IFCS | TxCmd::RS).bits() as u64) << 24
+pub fn tx_hi(len: u16, rs: bool) -> u64 {
+    let mut cmd = TxCmd::EOP | TxCmd::IFCS;
+    if rs {
+        cmd |= TxCmd::RS;
+    }
+    len as u64 | (cmd.bits() as u64) << 24
 }
 
 /// Fields of a legacy transmit descriptor's high quadword (device models and tests).
@@ -150,8 +154,9 @@ mod tests {
         let bad = RxWriteBack::new(64, RxStatus::DD | RxStatus::EOP, RxErrors::CE | RxErrors::TCPE);
         assert!(bad.errors().intersects(RxErrors::FATAL));
         assert!(!RxErrors::TCPE.intersects(RxErrors::FATAL));
-        assert_eq!(tx_hi(1514), 0x0b00_05ea);
-        let (len, cmd, dd) = tx_fields(tx_hi(60) | TX_DD);
+        assert_eq!(tx_hi(1514, true), 0x0b00_05ea);
+        assert_eq!(tx_hi(1514, false), 0x0300_05ea);
+        let (len, cmd, dd) = tx_fields(tx_hi(60, true) | TX_DD);
         assert_eq!((len, cmd, dd), (60, TxCmd::EOP | TxCmd::IFCS | TxCmd::RS, true));
     }
 }

@@ -1,12 +1,13 @@
 //! The transmit queue (82574 datasheet §7.2, legacy transmit descriptors; initialization
 //! §4.6.6).
 //!
-//! One descriptor per packet (EOP | IFCS | RS). The device owns the slots from its head (TDH)
-//! to the tail (TDT); the driver keeps at most `entries - 1` packets in flight so that a full
-//! ring never looks empty. A burst writes descriptors and moves the tail once. Completions are
-//! reclaimed in batches of up to [`RECLAIM_BATCH`]: the device finishes descriptors in order,
-//! so when the last descriptor of a batch reads DD, the whole batch is done and its buffers go
-//! back to their pools with one lock.
+//! One descriptor per packet (EOP | IFCS). The device owns the slots from its head (TDH) to the
+//! tail (TDT); the driver keeps at most `entries - 1` packets in flight so that a full ring
+//! never looks empty. A burst writes descriptors and moves the tail once, and asks for a status
+//! write-back (RS) on its last descriptor only (DPDK's `tx_rs_thresh`; the device writes DD back
+//! only for descriptors with RS, §7.2). The device finishes descriptors in order, so when a
+//! burst's last descriptor reads DD the whole burst is done: reclaim frees it in batches of up
+//! to [`RECLAIM_BATCH`] buffers, one pool lock each.
 
 use std::cell::Cell;
 use std::marker::PhantomData;
@@ -39,6 +40,11 @@ pub struct E1000eTx {
     clean: usize,
     in_flight: usize,
     entries: usize,
+    /// The last slot of each burst in flight (the one with RS), oldest first: a ring of
+    /// `entries` with `rs_head` and `rs_len`.
+    rs: Box<[u32]>,
+    rs_head: usize,
+    rs_len: usize,
     /// Reclaimed packets of one batch (capacity [`RECLAIM_BATCH`], never grows).
     scratch: Vec<Packet>,
     stats: TxQueueStats,
@@ -87,6 +93,9 @@ impl E1000eTx {
             clean: 0,
             in_flight: 0,
             entries,
+            rs: vec![0; entries].into_boxed_slice(),
+            rs_head: 0,
+            rs_len: 0,
             scratch: Vec::with_capacity(RECLAIM_BATCH),
             stats: TxQueueStats::default(),
             tdt: bar.window(off::TDT, 4).expect("TDT inside BAR0"),
@@ -128,19 +137,27 @@ impl TxQueue for E1000eTx {
         let mut placed = 0usize;
         let mut bytes = 0u64;
         let mut t = self.tail;
+        let mut last = (t, 0u16);
         for pkt in pkts.drain(..n) {
             let len = pkt.len();
             if len == 0 || len > TX_MAX_LEN {
                 self.stats.dropped_empty += 1;
                 continue;
             }
-            self.ring.write_desc(t, pkt.bus_addr().get(), tx_hi(len as u16));
+            self.ring
+                .write_desc(t, pkt.bus_addr().get(), tx_hi(len as u16, false));
             self.slots[t] = Some(pkt);
             bytes += len as u64;
             placed += 1;
+            last = (t, len as u16);
             t = self.next(t);
         }
         if placed != 0 {
+            // Status write-back for the burst's last descriptor only.
+            self.ring.write_hi(last.0, tx_hi(last.1, true));
+            let at = (self.rs_head + self.rs_len) % self.entries;
+            self.rs[at] = last.0 as u32;
+            self.rs_len += 1;
             self.tail = t;
             self.in_flight += placed;
             // Descriptors (and the packet data the caller wrote) before the tail write.
@@ -155,23 +172,34 @@ impl TxQueue for E1000eTx {
 
     fn reclaim(&mut self) -> usize {
         let mut total = 0;
-        while self.in_flight != 0 {
-            let k = self.in_flight.min(RECLAIM_BATCH);
-            let last = (self.clean + k - 1) % self.entries;
-            if self.ring.read_hi(last) & TX_DD == 0 {
+        while self.rs_len != 0 {
+            let end = self.rs[self.rs_head] as usize;
+            if self.ring.read_hi(end) & TX_DD == 0 {
                 break;
             }
-            for _ in 0..k {
-                let p = self.slots[self.clean]
-                    .take()
-                    .expect("a packet behind every descriptor in flight");
-                self.scratch.push(p);
-                self.clean = self.next(self.clean);
-            }
+            // The whole burst up to `end` is done.
+            let mut k = (end + self.entries - self.clean) % self.entries + 1;
+            self.rs_head = if self.rs_head + 1 == self.entries {
+                0
+            } else {
+                self.rs_head + 1
+            };
+            self.rs_len -= 1;
             self.in_flight -= k;
-            free_bulk(&mut self.scratch);
-            self.stats.reclaim_batches += 1;
             total += k;
+            while k != 0 {
+                let b = k.min(RECLAIM_BATCH);
+                for _ in 0..b {
+                    let p = self.slots[self.clean]
+                        .take()
+                        .expect("a packet behind every descriptor in flight");
+                    self.scratch.push(p);
+                    self.clean = self.next(self.clean);
+                }
+                free_bulk(&mut self.scratch);
+                self.stats.reclaim_batches += 1;
+                k -= b;
+            }
         }
         self.stats.reclaimed += total as u64;
         total

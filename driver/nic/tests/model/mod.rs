@@ -52,6 +52,8 @@ pub struct RxFrame {
 pub struct Counters {
     pub tx_frames: AtomicU64,
     pub tx_bytes: AtomicU64,
+    /// Transmit descriptors with RS (status write-backs asked for).
+    pub tx_rs: AtomicU64,
     pub rx_frames: AtomicU64,
     /// Times the model saw TDT move.
     pub tdt_moves: AtomicU64,
@@ -427,8 +429,8 @@ impl Device {
             // SAFETY: as above, second quadword.
             let hi = u64::from_le(unsafe { dh.read_volatile() });
             let (len, cmd, _) = tx_fields(hi);
-            if !cmd.contains(TxCmd::EOP | TxCmd::RS) || cmd.contains(TxCmd::DEXT) || len == 0 {
-                self.violation("transmit descriptor without EOP|RS, extended, or empty");
+            if !cmd.contains(TxCmd::EOP) || cmd.contains(TxCmd::DEXT) || len == 0 {
+                self.violation("transmit descriptor without EOP, extended, or empty");
             }
             if record {
                 match self.xlat(lo, len as u64) {
@@ -444,9 +446,13 @@ impl Device {
             }
             frames += 1;
             bytes += len as u64;
-            fence(Ordering::Release);
-            // SAFETY: as above; the write-back sets DD in the status field.
-            unsafe { dh.write_volatile((hi | TX_DD).to_le()) };
+            if cmd.contains(TxCmd::RS) {
+                self.sh.c.tx_rs.fetch_add(1, Ordering::AcqRel);
+                fence(Ordering::Release);
+                // SAFETY: as above; the write-back sets DD in the status field (only with RS, as
+                // the 82574 does).
+                unsafe { dh.write_volatile((hi | TX_DD).to_le()) };
+            }
             tdh = if tdh + 1 == n { 0 } else { tdh + 1 };
         }
         b.write32(off::TDH, tdh);
