@@ -329,18 +329,18 @@ fn transfer(a: XferArgs, save: bool) -> anyhow::Result<ExitCode> {
     let mut s = open_source(&a, save)?;
     let mut engine = open_engine(&a, &s.slots)?;
     // The pipeline stages through hugepage slots; peer-to-peer needs what the check lists.
-    let check = Check::probe(std::path::Path::new("/"), None, None);
+    let check = Check::probe(std::path::Path::new("/"), None, kernel_config());
     let path = DataPath::Staged;
     let p2p_note = if a.cpu {
         "the CPU stand-in has no device memory to target".to_string()
     } else if check.possible() {
         "the machine offers what peer-to-peer DMA needs, but vfpoll cannot target GPU memory yet".to_string()
     } else {
-        let missing: Vec<String> = check
-            .missing()
-            .map(|m| format!("{} ({})", m.what, m.detail))
-            .collect();
-        format!("peer-to-peer not possible here: {}", missing.join("; "))
+        let missing: Vec<&str> = check.missing().map(|m| m.what).collect();
+        format!(
+            "peer-to-peer not possible here, missing: {} (`vfpoll gpu info` says more)",
+            missing.join(", ")
+        )
     };
     let o = Options {
         timeout: Duration::from_secs(a.timeout),

@@ -57,7 +57,7 @@ pub const KERNEL_OPTIONS: &[(&str, &str)] = &[
 impl Check {
     /// Looks at the machine under `root` (`/` normally; a fake tree in tests). `dmabuf` is the
     /// outcome of exporting a GPU allocation as a dma-buf (`Ok(detail)` or `Err(why)`), when
-    /// tried. `config` is the kernel configuration text, when the caller could read it (it may
+    /// tried (the item is left out otherwise). `config` is the kernel configuration text, when the caller could read it (it may
     /// be gzip-compressed in `/proc/config.gz`); otherwise `/boot/config-<release>` is read.
     pub fn probe(root: &Path, dmabuf: Option<Result<String, String>>, config: Option<String>) -> Check {
         let read = |p: &str| fs::read_to_string(root.join(p)).unwrap_or_default();
@@ -115,16 +115,17 @@ impl Check {
             ok: iommufd_cfg,
             detail,
         });
-        let (ok, detail) = match dmabuf {
-            Some(Ok(d)) => (true, d),
-            Some(Err(e)) => (false, e),
-            None => (false, "not tried".into()),
-        };
-        items.push(Prerequisite {
-            what: "GPU memory exported as a dma-buf",
-            ok,
-            detail,
-        });
+        if let Some(r) = dmabuf {
+            let (ok, detail) = match r {
+                Ok(d) => (true, d),
+                Err(e) => (false, e),
+            };
+            items.push(Prerequisite {
+                what: "GPU memory exported as a dma-buf",
+                ok,
+                detail,
+            });
+        }
         items.push(Prerequisite {
             what: "iommufd importing the GPU's dma-buf (IOMMU_IOAS_MAP_FILE)",
             ok: false,
