@@ -130,12 +130,12 @@ fn iommu(host: &Host, a: &Args, out: &mut Vec<Finding>) {
     let groups = std::fs::read_dir(host.sys.join("kernel/iommu_groups")).map_or(0, |d| d.count());
     if !a.noiommu {
         out.push(if units.is_empty() {
-            finding(
-                Level::Fail,
-                "iommu",
-                "no IOMMU is on (/sys/class/iommu is empty)",
-                Some("turn on VT-d / AMD-Vi in the firmware and boot with intel_iommu=on iommu=pt (AMD: amd_iommu=on); on a machine without an IOMMU, no-IOMMU mode is the unsafe way out: vfpoll doctor --noiommu".into()),
-            )
+            let fix = if bind::noiommu(host) == NoIommu::On {
+                "this machine has VFIO's no-IOMMU mode on: run vfpoll with --noiommu (vfpoll doctor --noiommu); for IOMMU protection, turn on VT-d / AMD-Vi in the firmware and boot with intel_iommu=on iommu=pt (AMD: amd_iommu=on)"
+            } else {
+                "turn on VT-d / AMD-Vi in the firmware and boot with intel_iommu=on iommu=pt (AMD: amd_iommu=on); on a machine without an IOMMU, no-IOMMU mode is the unsafe way out: vfpoll doctor --noiommu"
+            };
+            finding(Level::Fail, "iommu", "no IOMMU is on (/sys/class/iommu is empty)", Some(fix.into()))
         } else {
             finding(Level::Ok, "iommu", format!("IOMMU on ({}), {groups} IOMMU groups", units.join(", ")), None)
         });
