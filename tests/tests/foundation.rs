@@ -46,6 +46,15 @@ fn guest_claims_nvme_and_reads_cap_and_vs() {
     assert!(dev.region(7).unwrap().size >= 256);
     let vendor = dev.config_read_u16(0).unwrap();
     assert_eq!(vendor, 0x1b36);
+    // Function reset (QEMU's NVMe offers FLR): an enabled controller comes back disabled.
+    assert!(dev.can_reset(), "QEMU's NVMe controller offers a function reset");
+    bar0.write32(off::CC, 0x0046_0001);
+    let t = std::time::Instant::now();
+    while bar0.read32(off::CSTS) & 1 == 0 && t.elapsed() < std::time::Duration::from_secs(5) {}
+    assert_eq!(bar0.read32(off::CSTS) & 1, 1, "enabled");
+    assert!(dev.reset().expect("reset"));
+    dev.enable_bus_master().unwrap();
+    assert_eq!(bar0.read32(off::CC) & 1, 0, "CC.EN is clear after the reset");
     match mode {
         IommuMode::Type1 => {
             let info = c.iommu_info().expect("type1 reports IOMMU info");
