@@ -36,11 +36,13 @@ One boot of the QEMU guest (IOMMU mode). On NVMe A (0000:00:03.0, namespace 1), 
 time, queue depth and I/O size for everyone: fio with io_uring and libaio on the kernel's nvme
 driver, fio with io_uring hipri on a poll queue (nvme reloaded with poll_queues=1 if needed),
 then `vfpoll perf` with the device on vfio-pci. Cases: 4 KiB random read at queue depth 1 and 32,
-128 KiB sequential read at queue depth 32. Prints one table: IOPS, p50 and p99 latency, and the
-ratios vfpoll/kernel. The guest's JSON files stay in target/testbed/run/bench-iommu/out.
+128 KiB sequential read at queue depth 32. Prints one table: IOPS (median and range over the
+repetitions), p50 and p99 latency (medians), and the ratios vfpoll/kernel. The guest's JSON files stay in target/testbed/run/bench-iommu/out.
 
 Options:
-      --time <SECS>       Seconds per run [default: 10]
+      --time <SECS>       Seconds per run [default: 5]
+      --repeat <N>        Runs per engine and case, kernel and vfpoll in alternating order;
+                          the table shows the median IOPS, p50 and p99 [default: 3]
       --engines <LIST>    Only these of vfpoll,io_uring,libaio,io_uring-hipri [default: all]
       --no-build          Do not build vfpoll (release) first
   -v, --verbose           Show the guest init's lines and kernel warnings
@@ -51,6 +53,8 @@ Options:
 pub struct BenchArgs {
     /// Seconds per run.
     pub time: u32,
+    /// Runs per engine and case; the table shows medians.
+    pub repeat: u32,
     /// Which engines run.
     pub engines: Vec<Engine>,
     /// Skip the release build.
@@ -134,7 +138,8 @@ const CPU: u32 = 1;
 /// Parses the options after `cargo xtask bench`.
 pub fn parse(args: &[String]) -> Result<Task> {
     let mut a = BenchArgs {
-        time: 10,
+        time: 5,
+        repeat: 3,
         engines: Engine::ALL.to_vec(),
         no_build: false,
         verbose: false,
@@ -163,6 +168,14 @@ pub fn parse(args: &[String]) -> Result<Task> {
                     .filter(|&t| t > 0)
                     .ok_or_else(|| err!("bench: --time takes whole seconds above 0, not {v:?}"))?;
             }
+            "--repeat" => {
+                let v = value()?;
+                a.repeat = v
+                    .parse()
+                    .ok()
+                    .filter(|&t| t > 0)
+                    .ok_or_else(|| err!("bench: --repeat takes a count above 0, not {v:?}"))?;
+            }
             "--engines" => {
                 let v = value()?;
                 a.engines = v
@@ -180,7 +193,13 @@ pub fn parse(args: &[String]) -> Result<Task> {
     Ok(Task::Bench(a))
 }
 
-/// The guest's job: every run of every engine, results as JSON in `/out`.
+/// The guest's job: every run of every engine, results as JSON in `/out`
+/// (`<engine>-<case>-r<rep>.json`).
+///
+/// The nvme module is reloaded with a poll queue first (when hipri runs and it has none);
+/// interrupt-driven io_uring and libaio use its default queues as before. Each repetition runs
+/// the kernel engines and vfpoll (binding the device to vfio-pci and back), in alternating
+/// order, so that a drift of the host's load does not favour one side.
 fn job_script(a: &BenchArgs, vfpoll: &Path) -> String {
     let t = a.time;
     let has = |e| a.engines.contains(&e);
@@ -205,47 +224,55 @@ wait_ns1 || exit 1
 "#,
         vfpoll = vfpoll.display()
     );
+    if has(Engine::IoUringHipri) {
+        s.push_str(
+            r#"if [ "$(cat /sys/module/nvme/parameters/poll_queues)" = 0 ]; then
+  echo "bench: nvme has no poll queues: reloading it with poll_queues=1"
+  busybox modprobe -r nvme && busybox modprobe nvme poll_queues=1 && wait_ns1 || exit 1
+fi
+"#,
+        );
+    }
+    s.push_str("cat /sys/module/nvme/parameters/poll_queues > /out/poll_queues.txt\n");
+    let mut kernel = "kernel() { # REP\n  wait_ns1 || exit 1\n".to_string();
     for c in CASES {
         let fio = format!("--rw={} --bs={} --iodepth={}", c.rw, c.bs, c.qd);
-        for e in [Engine::IoUring, Engine::Libaio] {
+        for e in [Engine::IoUring, Engine::Libaio, Engine::IoUringHipri] {
             if has(e) {
-                let _ = writeln!(s, "fio_run {}-{} --ioengine={} {fio}", e.name(), c.id, e.name());
+                let (name, engine) = match e {
+                    Engine::IoUringHipri => ("io_uring-hipri", "io_uring --hipri"),
+                    _ => (e.name(), e.name()),
+                };
+                let _ = writeln!(kernel, "  fio_run {name}-{}-r$1 --ioengine={engine} {fio}", c.id);
             }
         }
     }
-    if has(Engine::IoUringHipri) {
-        s.push_str(
-            r#"pq=$(cat /sys/module/nvme/parameters/poll_queues)
-if [ "$pq" = 0 ]; then
-  echo "bench: nvme has no poll queues: reloading it with poll_queues=1"
-  busybox modprobe -r nvme && busybox modprobe nvme poll_queues=1 && wait_ns1
-fi
-cat /sys/module/nvme/parameters/poll_queues > /out/poll_queues.txt
-"#,
+    kernel.push_str("}\n");
+    let mut ours = "vfpoll() { # REP\n  $V bind $BDF >/dev/null || exit 1\n".to_string();
+    for c in CASES {
+        let _ = writeln!(
+            ours,
+            "  echo \"bench: vfpoll {id}-r$1\"; $V perf --device $BDF --nsid 1 --cores {CPU} --time {t} \
+             --workload {} --io-size {} --queue-depth {} --json > /out/vfpoll-{id}-r$1.json || echo 'bench: vfpoll failed'",
+            c.rw,
+            c.bs,
+            c.qd,
+            id = c.id
         );
-        for c in CASES {
-            let _ = writeln!(
-                s,
-                "fio_run io_uring-hipri-{} --ioengine=io_uring --hipri --rw={} --bs={} --iodepth={}",
-                c.id, c.rw, c.bs, c.qd
-            );
-        }
     }
-    if has(Engine::Vfpoll) {
-        s.push_str("$V bind $BDF || exit 1\n");
-        for c in CASES {
-            let _ = writeln!(
-                s,
-                "echo 'bench: vfpoll {id}'; $V perf --device $BDF --nsid 1 --cores {CPU} --time {t} \
-                 --workload {} --io-size {} --queue-depth {} --json > /out/vfpoll-{id}.json || echo 'bench: vfpoll {id} failed'",
-                c.rw,
-                c.bs,
-                c.qd,
-                id = c.id
-            );
-        }
-        s.push_str("$V reset $BDF\n");
-    }
+    ours.push_str("  $V reset $BDF >/dev/null\n}\n");
+    s.push_str(&kernel);
+    s.push_str(&ours);
+    let kernel_on = has(Engine::IoUring) || has(Engine::Libaio) || has(Engine::IoUringHipri);
+    let _ = writeln!(s, "for rep in $(seq {}); do", a.repeat);
+    let (k, v) = (
+        if kernel_on { "kernel $rep" } else { ":" },
+        if has(Engine::Vfpoll) { "vfpoll $rep" } else { ":" },
+    );
+    let _ = writeln!(
+        s,
+        "  if [ $((rep % 2)) = 1 ]; then {k}; {v}; else {v}; {k}; fi\ndone"
+    );
     s
 }
 
@@ -263,7 +290,7 @@ pub fn main(ws: &Workspace, a: &BenchArgs) -> Result<u8> {
     }
     let assets = setup::ensure(ws)?;
     let run_dir = vm::default_run_dir(ws, "bench-iommu");
-    let runs = CASES.len() as u64 * a.engines.len() as u64;
+    let runs = CASES.len() as u64 * a.engines.len() as u64 * a.repeat as u64;
     let boot = Boot {
         mode: Mode::Iommu,
         timeout: Duration::from_secs(300 + runs * (a.time as u64 + 30)),
@@ -300,9 +327,10 @@ pub fn main(ws: &Workspace, a: &BenchArgs) -> Result<u8> {
     };
     println!(
         "\ncargo xtask bench: NVMe A {BDF} ns 1 (QEMU 7.2 nvme, 64 MiB, 512 B blocks) in the TCG guest \
-         (kernel {}, 2 vCPUs, IOMMU), CPU {CPU}, {} s per run; nvme poll_queues={}",
+         (kernel {}, 2 vCPUs, IOMMU), CPU {CPU}, {} s per run, median of {}; nvme poll_queues={}",
         read("kernel.txt"),
         a.time,
+        a.repeat,
         read("poll_queues.txt"),
     );
     println!(
@@ -310,7 +338,7 @@ pub fn main(ws: &Workspace, a: &BenchArgs) -> Result<u8> {
         cpu_model(),
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
-    print!("{}", table(&dir, &a.engines));
+    print!("{}", table(&dir, &a.engines, a.repeat));
     Ok(out.code)
 }
 
@@ -357,49 +385,89 @@ fn fio_result(v: &Value) -> Option<Result3> {
     })
 }
 
-fn result_of(dir: &Path, e: Engine, case: &Case) -> Option<Result3> {
-    let v = load_json(&dir.join(format!("{}-{}.json", e.name(), case.id)))?;
+fn result_of(dir: &Path, e: Engine, case: &Case, rep: u32) -> Option<Result3> {
+    let v = load_json(&dir.join(format!("{}-{}-r{rep}.json", e.name(), case.id)))?;
     match e {
         Engine::Vfpoll => vfpoll_result(&v),
         _ => fio_result(&v),
     }
 }
 
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Medians over the repetitions that produced a result, and the IOPS range.
+fn summary(dir: &Path, e: Engine, case: &Case, repeat: u32) -> Option<(Result3, f64, f64, usize)> {
+    let rs: Vec<Result3> = (1..=repeat).filter_map(|r| result_of(dir, e, case, r)).collect();
+    if rs.is_empty() {
+        return None;
+    }
+    let col = |f: fn(&Result3) -> f64| rs.iter().map(f).collect::<Vec<_>>();
+    let iops = col(|r| r.iops);
+    let (lo, hi) = iops
+        .iter()
+        .fold((f64::MAX, 0f64), |(l, h), &x| (l.min(x), h.max(x)));
+    Some((
+        Result3 {
+            iops: median(iops),
+            p50_us: median(col(|r| r.p50_us)),
+            p99_us: median(col(|r| r.p99_us)),
+        },
+        lo,
+        hi,
+        rs.len(),
+    ))
+}
+
 /// The table: one block per case, vfpoll first, then each kernel engine with the ratios.
-fn table(dir: &Path, engines: &[Engine]) -> String {
+fn table(dir: &Path, engines: &[Engine], repeat: u32) -> String {
     let mut s = format!(
-        "{:<22} {:<16} {:>10} {:>10} {:>10} {:>14} {:>14}\n",
-        "case", "engine", "IOPS", "p50 us", "p99 us", "IOPS vfpoll/k", "p99 vfpoll/k"
+        "{:<20} {:<15} {:>8} {:>17} {:>9} {:>9} {:>13} {:>12}\n",
+        "case", "engine", "IOPS", "IOPS range", "p50 us", "p99 us", "IOPS vfpoll/k", "p99 vfpoll/k"
     );
     for c in CASES {
-        let ours = result_of(dir, Engine::Vfpoll, c);
+        let ours = summary(dir, Engine::Vfpoll, c, repeat).map(|x| x.0);
         let mut label = c.label;
         for &e in Engine::ALL.iter().filter(|e| engines.contains(e)) {
-            let r = result_of(dir, e, c);
-            let cell = |f: fn(&Result3) -> f64, prec: usize| {
-                r.as_ref().map_or("-".to_string(), |r| format!("{:.prec$}", f(r)))
+            let r = summary(dir, e, c, repeat);
+            let (iops, range, p50, p99) = match &r {
+                Some((m, lo, hi, n)) => (
+                    format!("{:.0}", m.iops),
+                    if *n == repeat as usize {
+                        format!("{lo:.0}-{hi:.0}")
+                    } else {
+                        format!("{lo:.0}-{hi:.0} ({n} runs)")
+                    },
+                    format!("{:.1}", m.p50_us),
+                    format!("{:.1}", m.p99_us),
+                ),
+                None => ("-".into(), String::new(), "-".into(), "-".into()),
             };
-            let (ratio, p99) = match (e, &ours, &r) {
+            let (ratio, p99r) = match (e, &ours, &r) {
                 (Engine::Vfpoll, _, _) | (_, None, _) | (_, _, None) => (String::new(), String::new()),
-                (_, Some(o), Some(k)) => (
+                (_, Some(o), Some((k, ..))) => (
                     format!("{:.2}x", o.iops / k.iops.max(f64::MIN_POSITIVE)),
                     format!("{:.2}x", o.p99_us / k.p99_us.max(f64::MIN_POSITIVE)),
                 ),
             };
             let _ = writeln!(
                 s,
-                "{label:<22} {:<16} {:>10} {:>10} {:>10} {ratio:>14} {p99:>14}",
-                e.name(),
-                cell(|r| r.iops, 0),
-                cell(|r| r.p50_us, 1),
-                cell(|r| r.p99_us, 1),
+                "{label:<20} {:<15} {iops:>8} {range:>17} {p50:>9} {p99:>9} {ratio:>13} {p99r:>12}",
+                e.name()
             );
             label = "";
         }
     }
     s.push_str(
-        "\nIOPS vfpoll/k: vfpoll's IOPS over the kernel engine's (higher is better); \
-         p99 vfpoll/k: vfpoll's p99 over the kernel's (below 1 is better).\n",
+        "\nMedians over the repetitions. IOPS vfpoll/k: vfpoll's IOPS over the kernel engine's \
+         (higher is better); p99 vfpoll/k: vfpoll's p99 over the kernel's (below 1 is better).\n",
     );
     s
 }
@@ -430,11 +498,18 @@ mod tests {
     #[test]
     fn options() {
         let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        let Task::Bench(a) = parse(&args(&["--time=3", "--engines", "vfpoll,libaio", "--no-build"])).unwrap()
-        else {
+        let Task::Bench(a) = parse(&args(&[
+            "--time=3",
+            "--engines",
+            "vfpoll,libaio",
+            "--no-build",
+            "--repeat",
+            "2",
+        ]))
+        .unwrap() else {
             panic!("not bench")
         };
-        assert_eq!((a.time, a.no_build), (3, true));
+        assert_eq!((a.time, a.no_build, a.repeat), (3, true, 2));
         assert_eq!(a.engines, [Engine::Vfpoll, Engine::Libaio]);
         assert!(parse(&args(&["--time", "0"])).is_err());
         assert!(parse(&args(&["--engines", "spdk"])).is_err());
@@ -445,22 +520,26 @@ mod tests {
     fn script_runs_every_engine_on_the_same_case() {
         let a = BenchArgs {
             time: 7,
+            repeat: 2,
             engines: Engine::ALL.to_vec(),
             no_build: true,
             verbose: false,
         };
         let s = job_script(&a, Path::new("/t/release/vfpoll"));
-        assert!(s.contains(
-            "fio_run io_uring-4k-randread-qd32 --ioengine=io_uring --rw=randread --bs=4k --iodepth=32"
-        ));
-        assert!(
-            s.contains("fio_run libaio-128k-read-qd32 --ioengine=libaio --rw=read --bs=128k --iodepth=32")
-        );
-        assert!(s.contains("--hipri --rw=randread --bs=4k --iodepth=1"));
-        assert!(s.contains("--runtime=7") && s.contains("--cpus_allowed=1"));
-        assert!(s.contains(
-            "perf --device $BDF --nsid 1 --cores 1 --time 7 --workload randread --io-size 4k --queue-depth 1 --json"
-        ));
+        for want in [
+            "fio_run io_uring-4k-randread-qd32-r$1 --ioengine=io_uring --rw=randread --bs=4k --iodepth=32",
+            "fio_run libaio-128k-read-qd32-r$1 --ioengine=libaio --rw=read --bs=128k --iodepth=32",
+            "fio_run io_uring-hipri-4k-randread-qd1-r$1 --ioengine=io_uring --hipri --rw=randread --bs=4k --iodepth=1",
+            "--runtime=7",
+            "--cpus_allowed=1",
+            "for rep in $(seq 2); do",
+            "perf --device $BDF --nsid 1 --cores 1 --time 7 --workload randread --io-size 4k --queue-depth 1 \
+             --json > /out/vfpoll-4k-randread-qd1-r$1.json",
+        ] {
+            assert!(s.contains(want), "no {want:?} in\n{s}");
+        }
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0]), 2.5);
     }
 
     #[test]
