@@ -3,7 +3,9 @@
 //! This is the only module of the crate with `unsafe` code. Descriptor rings are touched only
 //! with volatile 64-bit loads and stores at checked, aligned offsets, never through a
 //! reference. Packet buffers are reached through the [`Packet`] that owns them: copies in and
-//! out, and slice views whose soundness rests on that ownership (see [`Packet::data`]).
+//! out, and slice views whose soundness rests on that ownership (see [`Packet::data`]); a
+//! packet reaches its pool through a raw pointer that the pool's self-reference keeps valid
+//! (see `Packet::pool`).
 //!
 //! Ordering against the device (SPDK's `spdk_wmb`/`spdk_rmb`): descriptor and buffer stores,
 //! then [`wmb`], then the tail register write; a descriptor's status load, then [`rmb`], then
@@ -16,7 +18,7 @@ use vfpoll_dma::DmaRegion;
 use vfpoll_pci::BusAddr;
 
 use crate::error::{NicError, Result};
-use crate::pool::Packet;
+use crate::pool::{Packet, PoolShared};
 
 /// Size of one descriptor (82574 legacy and extended formats alike).
 pub(crate) const DESC_SIZE: usize = 16;
@@ -145,15 +147,37 @@ impl RingMem {
     }
 }
 
-// SAFETY: a Packet is the unique owner of its buffer (see `Packet::data`) and holds a reference
-// count on the pool that keeps the buffer's memory alive; nothing in it is tied to a thread, so
-// it can be moved to and dropped on another one (the pool's free list is behind a mutex).
+// SAFETY: a Packet is the unique owner of its buffer (see `Packet::data`) and its pool is alive
+// while it exists (see `Packet::pool`); `PoolShared` is `Send + Sync` (its free list is behind a
+// mutex), nothing in a packet is tied to a thread, so it can be moved to and dropped on another
+// one.
 unsafe impl Send for Packet {}
-// SAFETY: through `&Packet` one can only read the buffer (copies out, `&[u8]`); every write takes
-// `&mut Packet`. Concurrent reads of the same bytes are no data race.
+// SAFETY: through `&Packet` one can only read the buffer (copies out, `&[u8]`) and the pool's
+// immutable fields or its mutex; every write to the buffer takes `&mut Packet`. Concurrent reads
+// of the same bytes are no data race.
 unsafe impl Sync for Packet {}
 
 impl Packet {
+    /// The pool this packet's buffer belongs to.
+    ///
+    /// The pointer is live for as long as the packet: a `Packet` is only made for a buffer just
+    /// taken off its pool's free list (`Packet::new`), and while any buffer is off the list the
+    /// list holds an `Arc` of the pool (`FreeList::keepalive`), which it gives up only when the
+    /// last buffer is back, after this packet's drop. So the `PoolShared` is neither dropped
+    /// nor moved while `&self` lives.
+    #[inline(always)]
+    pub(crate) fn pool(&self) -> &PoolShared {
+        // SAFETY: see above; `PoolShared` is only ever used through shared references (its
+        // mutable state is behind a mutex or atomic), so this aliases no `&mut`.
+        unsafe { self.pool.as_ref() }
+    }
+
+    /// CPU address of the first byte.
+    #[inline(always)]
+    fn ptr(&self) -> *mut u8 {
+        self.pool().buf_ptr(self.index)
+    }
+
     /// Copies `data` to the start of the buffer and sets the length to `data.len()`.
     #[inline]
     pub fn fill(&mut self, data: &[u8]) -> Result<()> {
@@ -166,14 +190,15 @@ impl Packet {
     /// shorter.
     #[inline]
     pub fn write_at(&mut self, off: usize, src: &[u8]) -> Result<()> {
-        let end = off.checked_add(src.len()).filter(|&e| e <= self.cap as usize);
+        let cap = self.capacity();
+        let end = off.checked_add(src.len()).filter(|&e| e <= cap);
         let Some(end) = end else {
             return Err(NicError::TooLong {
                 len: off.saturating_add(src.len()),
-                capacity: self.cap as usize,
+                capacity: cap,
             });
         };
-        let dst = self.ptr.as_ptr().wrapping_add(off);
+        let dst = self.ptr().wrapping_add(off);
         // SAFETY: `off..end` lies inside the buffer (checked), which this packet owns exclusively
         // and which its pool keeps allocated (see `data`); `src` is a Rust slice, so it cannot
         // overlap memory no reference may point into.
@@ -193,7 +218,7 @@ impl Packet {
                 len: self.len as usize,
             });
         }
-        let src = self.ptr.as_ptr().wrapping_add(off);
+        let src = self.ptr().wrapping_add(off);
         // SAFETY: inside the packet's data (checked), owned by this packet (see `data`); `dst` is
         // an exclusive Rust slice disjoint from DMA memory.
         unsafe { ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) };
@@ -209,8 +234,8 @@ impl Packet {
     ///
     /// Sound although the buffer is DMA memory, because of who may touch it while the borrow
     /// lives:
-    /// - the memory stays allocated and mapped: the packet holds a reference count on its pool,
-    ///   which frees its region only after the last packet is gone;
+    /// - the memory stays allocated and mapped: the pool frees its region only when it is
+    ///   dropped, which is after every buffer is back on its free list (see `Packet::pool`);
     /// - no other code reaches these bytes: a buffer index is, at any time, in exactly one place
     ///   (the pool's free list, a queue's private cache, one ring slot, or one `Packet`), and
     ///   only this packet maps index to pointer while it lives;
@@ -226,7 +251,7 @@ impl Packet {
     pub fn data(&self) -> &[u8] {
         // SAFETY: see above: `ptr..ptr+len` (len <= cap) is live, initialized and, for the
         // lifetime of `&self`, written by nobody.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len as usize) }
+        unsafe { std::slice::from_raw_parts(self.ptr(), self.len as usize) }
     }
 
     /// The packet's data in place, writable (zero-copy rewriting, e.g. swapping addresses before
@@ -235,7 +260,7 @@ impl Packet {
     #[inline]
     pub fn data_mut(&mut self) -> &mut [u8] {
         // SAFETY: as in `data`, and `&mut self` guarantees no other view exists.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len as usize) }
+        unsafe { std::slice::from_raw_parts_mut(self.ptr(), self.len as usize) }
     }
 }
 

@@ -129,52 +129,64 @@ impl RxQueue for E1000eRx {
     #[inline]
     fn rx_burst(&mut self, out: &mut Vec<Packet>, max: usize) -> usize {
         self.stats.bursts += 1;
+        // Fields in locals: the descriptor stores are volatile, after which the compiler would
+        // otherwise load them again for every packet.
+        let entries = self.entries;
+        let pool = &*self.pool;
+        let buf_size = pool.buf_size;
+        let mut discarding = self.discarding;
         let mut delivered = 0usize;
         let mut used = 0usize;
         let mut bytes = 0u64;
+        let mut errors = 0u64;
         let mut i = self.next;
         while delivered < max {
             let wb = RxWriteBack(self.ring.read_hi(i));
             if !wb.done() {
                 break;
             }
-            if self.cache.is_empty() && self.pool.take(&mut self.cache, CACHE_REFILL) == 0 {
-                // No buffer to put in its place: leave the frame in the ring until one comes back.
-                self.stats.no_buffer += 1;
-                break;
-            }
-            rmb();
-            let buf = self.slots[i];
-            let fresh = self.cache.pop().expect("refilled above");
-            self.slots[i] = fresh;
-            self.ring.write_desc(i, self.pool.buf_bus(fresh).get(), 0);
-            let eop = wb.status().contains(RxStatus::EOP);
-            if self.discarding || !eop || wb.errors().intersects(RxErrors::FATAL) {
-                // Frames longer than one buffer cannot happen with RCTL.LPE clear; drop them
-                // (and frames with receive errors) whole.
-                if eop {
-                    self.stats.errors += 1;
+            let fresh = match self.cache.pop() {
+                Some(f) => f,
+                None => {
+                    if self.pool.take(&mut self.cache, CACHE_REFILL) == 0 {
+                        // No buffer to put in its place: leave the frame in the ring until one
+                        // comes back.
+                        self.stats.no_buffer += 1;
+                        break;
+                    }
+                    self.cache.pop().expect("refilled above")
                 }
-                self.discarding = !eop;
+            };
+            rmb();
+            let buf = std::mem::replace(&mut self.slots[i], fresh);
+            self.ring.write_desc(i, pool.buf_bus(fresh).get(), 0);
+            let eop = wb.status().contains(RxStatus::EOP);
+            let len = wb.length();
+            if discarding || !eop || wb.errors().intersects(RxErrors::FATAL) || len as u32 > buf_size {
+                // Frames longer than one buffer cannot happen with RCTL.LPE clear; drop them
+                // (and frames with receive errors, or a length no buffer holds) whole.
+                errors += eop as u64;
+                discarding = !eop;
                 self.cache.push(buf);
             } else {
-                let len = wb.length();
                 bytes += len as u64;
-                out.push(Packet::new(&self.pool, buf, len as u32));
+                out.push(Packet::new(pool, buf, len as u32));
                 delivered += 1;
             }
             used += 1;
-            i = if i + 1 == self.entries { 0 } else { i + 1 };
+            i = if i + 1 == entries { 0 } else { i + 1 };
         }
+        self.discarding = discarding;
         if used != 0 {
             self.next = i;
             // The fresh descriptors before the tail write that hands them to the device.
             wmb();
-            let tail = if i == 0 { self.entries - 1 } else { i - 1 };
+            let tail = if i == 0 { entries - 1 } else { i - 1 };
             self.rdt.write32(0, tail as u32);
             self.stats.doorbells += 1;
             self.stats.packets += delivered as u64;
             self.stats.bytes += bytes;
+            self.stats.errors += errors;
         }
         delivered
     }

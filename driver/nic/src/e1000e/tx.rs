@@ -6,8 +6,9 @@
 //! never looks empty. A burst writes descriptors and moves the tail once, and asks for a status
 //! write-back (RS) on its last descriptor only (DPDK's `tx_rs_thresh`; the device writes DD back
 //! only for descriptors with RS, §7.2). The device finishes descriptors in order, so when a
-//! burst's last descriptor reads DD the whole burst is done: reclaim frees it in batches of up
-//! to [`RECLAIM_BATCH`] buffers, one pool lock each.
+//! burst's last descriptor reads DD the whole burst is done: reclaim gives its buffers back
+//! straight from the ring slots, in batches of up to [`RECLAIM_BATCH`], one pool lock per batch
+//! (per run of one pool's packets) and no per-packet reference counting.
 
 use std::cell::Cell;
 use std::marker::PhantomData;
@@ -22,7 +23,7 @@ use super::regs::{off, Tctl};
 use super::Shared;
 use crate::error::{NicError, Result};
 use crate::mem::{wmb, RingMem, DESC_SIZE};
-use crate::pool::{free_bulk, Packet};
+use crate::pool::{free_iter, Packet};
 use crate::port::TxQueue;
 use crate::stats::TxQueueStats;
 
@@ -45,8 +46,6 @@ pub struct E1000eTx {
     rs: Box<[u32]>,
     rs_head: usize,
     rs_len: usize,
-    /// Reclaimed packets of one batch (capacity [`RECLAIM_BATCH`], never grows).
-    scratch: Vec<Packet>,
     stats: TxQueueStats,
     tdt: Mmio,
     shared: Arc<Shared>,
@@ -96,7 +95,6 @@ impl E1000eTx {
             rs: vec![0; entries].into_boxed_slice(),
             rs_head: 0,
             rs_len: 0,
-            scratch: Vec::with_capacity(RECLAIM_BATCH),
             stats: TxQueueStats::default(),
             tdt: bar.window(off::TDT, 4).expect("TDT inside BAR0"),
             shared: Arc::clone(shared),
@@ -107,15 +105,6 @@ impl E1000eTx {
     /// Descriptors in the ring.
     pub fn entries(&self) -> usize {
         self.entries
-    }
-
-    #[inline(always)]
-    fn next(&self, i: usize) -> usize {
-        if i + 1 == self.entries {
-            0
-        } else {
-            i + 1
-        }
     }
 }
 
@@ -134,14 +123,18 @@ impl TxQueue for E1000eTx {
         if n == 0 {
             return 0;
         }
+        // Fields in locals: the descriptor stores are volatile, after which the compiler would
+        // otherwise load them again for every packet.
+        let entries = self.entries;
         let mut placed = 0usize;
         let mut bytes = 0u64;
+        let mut dropped = 0u64;
         let mut t = self.tail;
         let mut last = (t, 0u16);
         for pkt in pkts.drain(..n) {
             let len = pkt.len();
             if len == 0 || len > TX_MAX_LEN {
-                self.stats.dropped_empty += 1;
+                dropped += 1;
                 continue;
             }
             self.ring
@@ -150,8 +143,9 @@ impl TxQueue for E1000eTx {
             bytes += len as u64;
             placed += 1;
             last = (t, len as u16);
-            t = self.next(t);
+            t = if t + 1 == entries { 0 } else { t + 1 };
         }
+        self.stats.dropped_empty += dropped;
         if placed != 0 {
             // Status write-back for the burst's last descriptor only.
             self.ring.write_hi(last.0, tx_hi(last.1, true));
@@ -189,14 +183,17 @@ impl TxQueue for E1000eTx {
             total += k;
             while k != 0 {
                 let b = k.min(RECLAIM_BATCH);
-                for _ in 0..b {
-                    let p = self.slots[self.clean]
+                let mut c = self.clean;
+                let entries = self.entries;
+                let slots = &mut self.slots;
+                free_iter((0..b).map(|_| {
+                    let p = slots[c]
                         .take()
                         .expect("a packet behind every descriptor in flight");
-                    self.scratch.push(p);
-                    self.clean = self.next(self.clean);
-                }
-                free_bulk(&mut self.scratch);
+                    c = if c + 1 == entries { 0 } else { c + 1 };
+                    p
+                }));
+                self.clean = c;
                 self.stats.reclaim_batches += 1;
                 k -= b;
             }
