@@ -12,7 +12,8 @@
 //! completions (it watches the model's counters), then reaps them with one `QueuePair::poll`
 //! whose callback gives each buffer back to the pool. So the measured code is exactly the
 //! driver's submit and complete paths, with no empty polls; the doorbells are rung once per
-//! round (a batch of `qd`). Time comes from the TSC (calibrated), minus the cost of reading it.
+//! round (a batch of `qd`). Time comes from the TSC (calibrated), minus the cost of reading it;
+//! the table shows the median round divided by `qd` (robust to the host preempting the thread).
 //!
 //! With `--callgrind` the binary runs itself again under `valgrind --tool=callgrind`, collecting
 //! only inside `submit_batch` and `complete_batch`, and divides their inclusive instruction
@@ -126,7 +127,10 @@ fn run_qd(o: &Opts, model: &NvmeModel, ctrl: &Controller, qd: u16, clock: &Clock
     let mut lba = 1u64;
     let rounds = (o.ios / qd as u64).max(1);
     let warmup = if o.inner { 10 } else { (2000 / qd as u64).max(20) };
-    let (mut sub, mut com) = (0u64, 0u64);
+    // Per-round times: the median is what one round costs when the thread runs undisturbed
+    // (a round in which the host preempted the thread would skew a mean).
+    let mut sub = Vec::with_capacity(rounds as usize);
+    let mut com = Vec::with_capacity(rounds as usize);
     for r in 0..warmup + rounds {
         let posted = model.stats().completions_posted;
         let t0 = clock.ticks();
@@ -138,17 +142,21 @@ fn run_qd(o: &Opts, model: &NvmeModel, ctrl: &Controller, qd: u16, clock: &Clock
         let t3 = clock.ticks();
         assert_eq!(n, qd as usize, "one poll reaps the whole batch");
         if r >= warmup {
-            sub += (t1 - t0).saturating_sub(overhead);
-            com += (t3 - t2).saturating_sub(overhead);
+            sub.push((t1 - t0).saturating_sub(overhead));
+            com.push((t3 - t2).saturating_sub(overhead));
         }
     }
     let ios = rounds * qd as u64;
     let st = qp.stats();
+    let per_io = |mut v: Vec<u64>| {
+        v.sort_unstable();
+        clock.ns(v[v.len() / 2]) as f64 / qd as f64
+    };
     Row {
         qd,
         ios,
-        submit_ns: clock.ns(sub) as f64 / ios as f64,
-        complete_ns: clock.ns(com) as f64 / ios as f64,
+        submit_ns: per_io(sub),
+        complete_ns: per_io(com),
         mmio_doorbells: st.sq_doorbells + st.cq_doorbells,
     }
 }
