@@ -1,5 +1,6 @@
 //! `vfpoll`: prepares a Linux machine for vfpoll's user-space NVMe and NIC drivers (hugepages,
-//! hugetlbfs, `vfio-pci` bindings), shows its state and checks it.
+//! hugetlbfs, `vfio-pci` bindings), shows its state and checks it, and drives the devices
+//! (`identify`, `hello`, `perf`, `pktgen`, `fwd`, `responder`, `gpu`).
 //!
 //! This file only parses the command line and dispatches: each subcommand is a module with an
 //! `Args` struct and a `run(&Ctx, Args) -> anyhow::Result<ExitCode>`. Add a subcommand by adding
@@ -35,7 +36,8 @@ mod fake;
 
 use ctx::Ctx;
 
-/// Set up, inspect and check a machine for vfpoll's user-space (VFIO) NVMe and NIC drivers.
+/// vfpoll: user-space, polled NVMe and NIC drivers over VFIO. Set up and check a machine, then
+/// drive its devices: identify, I/O checks and benchmarks, packet tools, loading GPU memory.
 #[derive(Debug, Parser)]
 #[command(name = "vfpoll", version, propagate_version = true)]
 struct Cli {
