@@ -101,7 +101,15 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
             None => "as fast as possible".into(),
         }
     );
-    let mut pkts = Vec::with_capacity(burst);
+    // Write the frame into every free buffer once: only pktgen's transmit queue uses them (its
+    // receive ring keeps its own buffers, as nothing here receives), and a sent buffer comes
+    // back unchanged, so each packet needs only its length and sequence number.
+    let mut pkts = Vec::with_capacity(pool.available().max(burst));
+    pool.alloc_bulk(&mut pkts, pool.available());
+    for p in &mut pkts {
+        p.fill(&tpl).expect("the frame fits a buffer");
+    }
+    free_bulk(&mut pkts);
     let mut sent = 0u64;
     let mut seq = 0u32;
     let mut pool_empty = 0u64;
@@ -137,7 +145,7 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
         if have < want {
             pool.alloc_bulk(&mut pkts, want - have);
             for p in &mut pkts[have..] {
-                p.fill(&tpl).expect("the frame fits a buffer");
+                p.set_len(size).expect("the frame fits a buffer");
                 p.write_at(seq_off, &seq.to_be_bytes()).expect("inside the frame");
                 seq = seq.wrapping_add(1);
             }

@@ -1,24 +1,157 @@
 //! Transmit rate on the test bed's emulated 82574 (QEMU e1000e under TCG): `vfpoll pktgen`
-//! against the guest kernel (an AF_PACKET send loop, and the kernel's pktgen module) and DPDK's
-//! `dpdk-testpmd --forward-mode=txonly` where it runs. Every sender uses NIC 0 (00:05.0) and
-//! sends 60-byte frames to NIC 1 (00:06.0), which stays on the kernel's e1000e, up, as the
-//! receiver. Prints one table with the ratios. Run inside the guest:
+//! against DPDK's `dpdk-testpmd --forward-mode=txonly` and the guest kernel (an AF_PACKET send
+//! loop, and the kernel's pktgen module). Every sender uses NIC 0 (00:05.0) and sends 60-byte
+//! frames to NIC 1 (00:06.0), which stays on the kernel's e1000e, up, as the receiver.
 //!
 //! ```text
-//! cargo build --release -p vfpoll-tests --bin nic-bench && cargo build --release --bins
-//! cargo xtask vm -- target/release/nic-bench          # or: cargo xtask vm --noiommu -- ...
+//! cargo build --release --bins && cargo build --release -p vfpoll-tests --bin nic-bench
+//! target/release/nic-bench [--mode iommu|noiommu|both] [--runs 5] [--secs 5] [--burst 32] [--no-kernel]
 //! ```
+//!
+//! Started on the host, it installs DPDK when it is missing (`apt-get install dpdk-dev
+//! librte-net-e1000-23`, as root or through `sudo -n`; the guest runs the host's `/`), then
+//! boots the test bed once per mode (`cargo xtask vm [--noiommu] -- nic-bench ...`) and runs
+//! itself inside. In the guest (`VFPOLL_TESTBED` set) it measures.
+//!
+//! Fair comparison: vfpoll and testpmd alternate, `--runs` times each, with the same frame size,
+//! burst size and duration; each run's figure is the average rate over `--secs` seconds
+//! (vfpoll: packets placed on the ring over the run's time; testpmd: the mean of `--secs`
+//! consecutive 1-second Tx-pps samples after its first non-zero one, i.e. after EAL start-up,
+//! the same count: packets its PMD accepted). The table gives median, min and max. The kernel
+//! senders run once each (they are 20-30x slower).
 
-use std::io;
-use std::process::{Command, Stdio};
+use std::io::{self, BufRead, BufReader};
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use vfpoll_pci::bind::{self, BindOptions};
 use vfpoll_pci::{sysfs, Host};
 use vfpoll_tests::*;
 
-/// How long each sender runs.
-const SECS: u64 = 5;
+/// Options (see the module docs).
+#[derive(Debug, Clone)]
+struct Opts {
+    modes: Vec<&'static str>,
+    runs: usize,
+    secs: u64,
+    burst: u16,
+    kernel: bool,
+}
+
+fn parse() -> Opts {
+    let mut o = Opts {
+        modes: vec!["iommu", "noiommu"],
+        runs: 5,
+        secs: 5,
+        burst: 32,
+        kernel: true,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut val = || args.next().unwrap_or_else(|| panic!("{a} needs a value"));
+        match a.as_str() {
+            "--mode" => {
+                o.modes = match val().as_str() {
+                    "iommu" => vec!["iommu"],
+                    "noiommu" => vec!["noiommu"],
+                    "both" => vec!["iommu", "noiommu"],
+                    m => panic!("--mode {m}: iommu, noiommu or both"),
+                }
+            }
+            "--runs" => o.runs = val().parse().expect("--runs N"),
+            "--secs" => o.secs = val().parse().expect("--secs S"),
+            "--burst" => o.burst = val().parse().expect("--burst B"),
+            "--no-kernel" => o.kernel = false,
+            _ => panic!("unknown option {a}; see the docs at the top of nic-bench.rs"),
+        }
+    }
+    assert!(o.runs >= 1 && o.secs >= 1, "--runs and --secs must be at least 1");
+    o
+}
+
+/// The Debian packages DPDK's testpmd and the e1000 PMD come in.
+const DPDK_PACKAGES: [&str; 2] = ["dpdk-dev", "librte-net-e1000-23"];
+
+/// Installs DPDK on the host when a package is missing: `apt-get` as root, else `sudo -n`.
+fn ensure_dpdk() -> Result<(), String> {
+    let installed = |p: &str| {
+        Command::new("dpkg-query")
+            .args(["-W", "-f=${Status}", p])
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
+    };
+    let missing: Vec<&str> = DPDK_PACKAGES.into_iter().filter(|p| !installed(p)).collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: geteuid(2) has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let apt = |args: &[&str]| -> bool {
+        let mut c = if root {
+            Command::new("apt-get")
+        } else {
+            let mut c = Command::new("sudo");
+            c.args(["-n", "apt-get"]);
+            c
+        };
+        c.env("DEBIAN_FRONTEND", "noninteractive")
+            .args(args)
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    println!(
+        "nic-bench: installing {} (DPDK for the comparison)",
+        missing.join(" ")
+    );
+    let mut install = vec!["install", "-y", "--no-install-recommends"];
+    install.extend(&missing);
+    if apt(&install) || (apt(&["update"]) && apt(&install)) {
+        return Ok(());
+    }
+    Err(format!(
+        "could not install {}: run `apt-get install {}` as root",
+        missing.join(" "),
+        DPDK_PACKAGES.join(" ")
+    ))
+}
+
+/// On the host: DPDK, then one boot per mode running this binary with the same options.
+fn host(o: &Opts) -> ExitCode {
+    if let Err(e) = ensure_dpdk() {
+        eprintln!("nic-bench: {e}; testpmd will be skipped");
+    }
+    let exe = std::env::current_exe().expect("own path");
+    let mut pass: Vec<String> = vec![
+        "--runs".into(),
+        o.runs.to_string(),
+        "--secs".into(),
+        o.secs.to_string(),
+        "--burst".into(),
+        o.burst.to_string(),
+    ];
+    if !o.kernel {
+        pass.push("--no-kernel".into());
+    }
+    let mut rc = ExitCode::SUCCESS;
+    for m in &o.modes {
+        let mut c = Command::new("cargo");
+        c.args(["xtask", "vm"]);
+        if *m == "noiommu" {
+            c.arg("--noiommu");
+        }
+        c.arg("--").arg(&exe).args(&pass);
+        println!("nic-bench: {m} mode: {c:?}");
+        match c.status() {
+            Ok(s) if s.success() => {}
+            r => {
+                eprintln!("nic-bench: the {m} run failed: {r:?}");
+                rc = ExitCode::FAILURE;
+            }
+        }
+    }
+    rc
+}
 
 fn sh(cmd: &str) -> String {
     let o = Command::new("sh").args(["-c", cmd]).output().expect("sh");
@@ -73,17 +206,19 @@ fn noiommu() -> bool {
     mode() == vfpoll_pci::vfio::IommuMode::NoIommu
 }
 
-/// `vfpoll pktgen` for SECS seconds: Mpps.
-fn vfpoll_pktgen(dst: &str) -> (f64, String) {
+/// `vfpoll pktgen` for `o.secs` seconds: Mpps.
+fn vfpoll_pktgen(o: &Opts, dst: &str) -> (f64, String) {
     to_vfio(NIC_0);
     let mut args = vec![
         "pktgen".to_string(),
         "--device".into(),
         NIC_0.into(),
         "--time".into(),
-        SECS.to_string(),
+        o.secs.to_string(),
         "--size".into(),
         "60".into(),
+        "--burst".into(),
+        o.burst.to_string(),
         "--dst-mac".into(),
         dst.into(),
     ];
@@ -111,8 +246,8 @@ fn vfpoll_pktgen(dst: &str) -> (f64, String) {
     (mpps, t)
 }
 
-/// An AF_PACKET send loop of 60-byte frames on `ifname` for SECS seconds: Mpps.
-fn af_packet(ifname: &str, dst: &str, src: &str) -> (f64, String) {
+/// An AF_PACKET send loop of 60-byte frames on `ifname` for `secs` seconds: Mpps.
+fn af_packet(secs: u64, ifname: &str, dst: &str, src: &str) -> (f64, String) {
     let mac = |s: &str| -> Vec<u8> { s.split(':').map(|o| u8::from_str_radix(o, 16).unwrap()).collect() };
     let mut frame = mac(dst);
     frame.extend(mac(src));
@@ -136,7 +271,7 @@ fn af_packet(ifname: &str, dst: &str, src: &str) -> (f64, String) {
     assert_eq!(r, 0, "bind: {}", io::Error::last_os_error());
     let (mut sent, mut failed) = (0u64, 0u64);
     let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(SECS) {
+    while start.elapsed() < Duration::from_secs(secs) {
         for _ in 0..64 {
             // SAFETY: `frame` is a live slice of the length given.
             let n = unsafe { libc::send(fd, frame.as_ptr().cast(), frame.len(), 0) };
@@ -161,7 +296,7 @@ fn af_packet(ifname: &str, dst: &str, src: &str) -> (f64, String) {
 }
 
 /// The kernel's pktgen module on `ifname`: Mpps from its result line.
-fn kernel_pktgen(ifname: &str, dst: &str) -> (f64, String) {
+fn kernel_pktgen(secs: u64, ifname: &str, dst: &str) -> (f64, String) {
     let load = sh("busybox modprobe pktgen 2>&1; ls /proc/net/pktgen 2>&1");
     if !load.contains("pgctrl") {
         return (f64::NAN, format!("pktgen module not available: {load}"));
@@ -178,8 +313,8 @@ fn kernel_pktgen(ifname: &str, dst: &str) -> (f64, String) {
     ] {
         w(ifname, &s);
     }
-    let stopper = std::thread::spawn(|| {
-        std::thread::sleep(Duration::from_secs(SECS));
+    let stopper = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(secs));
         sh("echo stop > /proc/net/pktgen/pgctrl");
     });
     sh("echo start > /proc/net/pktgen/pgctrl");
@@ -198,12 +333,14 @@ fn kernel_pktgen(ifname: &str, dst: &str) -> (f64, String) {
     (pps / 1e6, format!("kernel pktgen: {}", line.trim()))
 }
 
-/// `dpdk-testpmd --forward-mode=txonly` on NIC 0: the last Tx-pps it reported.
-fn dpdk(dst: &str) -> (f64, String) {
+/// `dpdk-testpmd --forward-mode=txonly` on NIC 0: the mean of `o.secs` consecutive 1-s Tx-pps
+/// samples after the first non-zero one (the first sample of a run is always 0: testpmd has no
+/// earlier count to take a difference from), in Mpps.
+fn dpdk(o: &Opts, dst: &str) -> (f64, String) {
     if Command::new("dpdk-testpmd").arg("--version").output().is_err() {
         return (
             f64::NAN,
-            "dpdk-testpmd not installed (apt-get install dpdk-dev librte-net-e1000-23)".into(),
+            "dpdk-testpmd not installed: run nic-bench on the host (it installs dpdk-dev librte-net-e1000-23)".into(),
         );
     }
     to_vfio(NIC_0);
@@ -221,6 +358,7 @@ fn dpdk(dst: &str) -> (f64, String) {
             "--",
             "--forward-mode=txonly",
             "--txpkts=60",
+            &format!("--burst={}", o.burst),
             &format!("--eth-peer=0,{dst}"),
             "--nb-cores=1",
             "--txd=512",
@@ -228,66 +366,157 @@ fn dpdk(dst: &str) -> (f64, String) {
             "--auto-start",
             "--stats-period=1",
         ])
+        .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("dpdk-testpmd");
-    // EAL start-up is slow under TCG; then SECS seconds of forwarding.
-    std::thread::sleep(Duration::from_secs(SECS + 15));
+    let (tx, lines) = mpsc::channel::<String>();
+    let readers: Vec<_> = [
+        Box::new(child.stdout.take().unwrap()) as Box<dyn io::Read + Send>,
+        Box::new(child.stderr.take().unwrap()),
+    ]
+    .into_iter()
+    .map(|r| {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for l in BufReader::new(r).lines().map_while(Result::ok) {
+                let _ = tx.send(l);
+            }
+        })
+    })
+    .collect();
+    drop(tx);
+    // EAL start-up is slow under TCG (tens of seconds); then `secs` samples.
+    let deadline = Instant::now() + Duration::from_secs(90 + o.secs);
+    let mut all: Vec<f64> = Vec::new();
+    let mut used: Vec<f64> = Vec::new();
+    let mut text: Vec<String> = Vec::new();
+    while used.len() < o.secs as usize {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let Ok(l) = lines.recv_timeout(left) else {
+            break; // exited or timed out
+        };
+        if let Some(pps) = l
+            .split_once("Tx-pps:")
+            .and_then(|(_, r)| r.split_whitespace().next()?.parse::<f64>().ok())
+        {
+            all.push(pps);
+            if pps > 0.0 || !used.is_empty() {
+                used.push(pps);
+            }
+        }
+        text.push(l);
+    }
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+    let stop = Instant::now() + Duration::from_secs(20);
+    while child.try_wait().ok().flatten().is_none() && Instant::now() < stop {
         std::thread::sleep(Duration::from_millis(100));
     }
     let _ = child.kill();
-    let o = child.wait_with_output().unwrap();
-    let t = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    let pps: Vec<f64> = t
-        .lines()
-        .filter_map(|l| l.split_once("Tx-pps:"))
-        .filter_map(|(_, r)| r.split_whitespace().next()?.parse().ok())
-        .collect();
-    let best = pps.iter().copied().fold(f64::NAN, f64::max);
-    let tail: Vec<&str> = t.lines().rev().take(40).collect();
+    let _ = child.wait();
+    text.extend(lines.iter());
+    for r in readers {
+        let _ = r.join();
+    }
+    let mpps = if used.len() == o.secs as usize {
+        used.iter().sum::<f64>() / used.len() as f64 / 1e6
+    } else {
+        f64::NAN
+    };
+    let tail: Vec<&str> = text.iter().rev().take(30).map(String::as_str).collect();
     let tail: Vec<&str> = tail.into_iter().rev().collect();
     (
-        best / 1e6,
-        format!("dpdk-testpmd (Tx-pps samples {pps:?}):\n{}", tail.join("\n")),
+        mpps,
+        format!(
+            "dpdk-testpmd: Tx-pps samples {all:?}, averaged {used:?}\n{}",
+            tail.join("\n")
+        ),
     )
 }
 
-fn main() {
+/// Frames NIC 1's kernel driver has counted.
+fn rx_count(ifname: &str) -> u64 {
+    std::fs::read_to_string(format!("/sys/class/net/{ifname}/statistics/rx_packets"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Median, min and max of the finite values.
+fn summary(v: &[f64]) -> (f64, f64, f64) {
+    let mut s: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+    if s.is_empty() {
+        return (f64::NAN, f64::NAN, f64::NAN);
+    }
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    let med = if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    };
+    (med, s[0], s[n - 1])
+}
+
+fn main() -> ExitCode {
+    let o = parse();
+    if std::env::var_os("VFPOLL_TESTBED").is_none() {
+        return host(&o);
+    }
     reserve_hugepages(256);
     println!(
-        "nic-bench: {} mode, {SECS} s per sender, 60-byte frames, NIC 0 -> NIC 1",
-        mode_name()
+        "nic-bench: {} mode, {} runs of {} s per sender, burst {}, 60-byte frames, NIC 0 -> NIC 1",
+        mode_name(),
+        o.runs,
+        o.secs,
+        o.burst
     );
-    let (_rx_if, rx_mac) = on_kernel(NIC_1);
-    let mut rows: Vec<(&str, f64)> = Vec::new();
-    let (v, t) = vfpoll_pktgen(&rx_mac);
-    println!("{t}");
-    rows.push(("vfpoll pktgen", v));
-    let (d, t) = dpdk(&rx_mac);
-    println!("{t}");
-    rows.push(("dpdk-testpmd txonly", d));
-    let (tx_if, tx_mac) = on_kernel(NIC_0);
-    let (k, t) = af_packet(&tx_if, &rx_mac, &tx_mac);
-    println!("{t}");
-    rows.push(("kernel AF_PACKET send loop", k));
-    let (p, t) = kernel_pktgen(&tx_if, &rx_mac);
-    println!("{t}");
-    rows.push(("kernel pktgen.ko", p));
-    println!(
-        "\n| sender ({} mode) | Mpps | vfpoll pktgen / this |",
-        mode_name()
-    );
-    println!("|---|---:|---:|");
-    for (name, m) in &rows {
-        println!("| {name} | {m:.4} | {:.2} |", v / m);
+    let (rx_if, rx_mac) = on_kernel(NIC_1);
+    let (mut v, mut d) = (Vec::new(), Vec::new());
+    for r in 1..=o.runs {
+        for (name, f, out) in [
+            (
+                "vfpoll pktgen",
+                vfpoll_pktgen as fn(&Opts, &str) -> (f64, String),
+                &mut v,
+            ),
+            ("dpdk-testpmd", dpdk, &mut d),
+        ] {
+            let before = rx_count(&rx_if);
+            let (m, t) = f(&o, &rx_mac);
+            println!("{t}");
+            println!(
+                "run {r}: {name}: {m:.4} Mpps; the receiver counted {} frames",
+                rx_count(&rx_if) - before
+            );
+            out.push(m);
+        }
     }
+    let mut rows: Vec<(String, (f64, f64, f64))> = vec![
+        (format!("vfpoll pktgen ({} runs)", v.len()), summary(&v)),
+        (format!("dpdk-testpmd txonly ({} runs)", d.len()), summary(&d)),
+    ];
+    if o.kernel {
+        let (tx_if, tx_mac) = on_kernel(NIC_0);
+        let (k, t) = af_packet(o.secs, &tx_if, &rx_mac, &tx_mac);
+        println!("{t}");
+        rows.push(("kernel AF_PACKET send loop (1 run)".into(), (k, k, k)));
+        let (p, t) = kernel_pktgen(o.secs, &tx_if, &rx_mac);
+        println!("{t}");
+        rows.push(("kernel pktgen.ko (1 run)".into(), (p, p, p)));
+    }
+    let vm = rows[0].1 .0;
+    println!(
+        "\n| sender ({} mode, {} s, burst {}) | median Mpps | min | max | vfpoll median / this |",
+        mode_name(),
+        o.secs,
+        o.burst
+    );
+    println!("|---|---:|---:|---:|---:|");
+    for (name, (med, min, max)) in &rows {
+        println!("| {name} | {med:.4} | {min:.4} | {max:.4} | {:.2} |", vm / med);
+    }
+    ExitCode::SUCCESS
 }
