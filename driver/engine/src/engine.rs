@@ -48,7 +48,8 @@ pub struct JobSpec {
     pub verify: bool,
     /// Seed of offsets, mixes and the verify pattern: the same seed gives the same run.
     pub seed: u64,
-    /// Queue pair options; `entries` is set by the engine from the queue depth.
+    /// Queue pair options. `entries` is raised to what the queue depth needs (and lowered to
+    /// CAP.MQES when it asks for more than the controller has, but never below that need).
     pub qpair: QpairOptions,
     /// Page size of the data buffers' DMA memory (hugepages on hardware, 4 KiB for models).
     /// I/O sizes up to it come from a pool, larger ones get a region per slot.

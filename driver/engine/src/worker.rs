@@ -362,8 +362,10 @@ fn build<S: Slots>(s: &Setup) -> Result<Vec<Queue<S>>, EngineError> {
     Ok(queues)
 }
 
-/// Queue entries for the job on `ctrl`: every slot's command, split into parts if the I/O is
-/// larger than the maximum transfer, plus the one entry a full queue leaves empty.
+/// Queue entries for the job on `ctrl`: at least every slot's command (split into parts if the
+/// I/O is larger than the maximum transfer) plus the one entry a full queue leaves empty; the
+/// template's `entries` when that is more (and the controller allows it), so that a completion
+/// queue larger than the queue depth lets the driver acknowledge completions in batches.
 pub(crate) fn queue_entries(job: &JobSpec, ctrl: &Controller) -> Result<u16, EngineError> {
     let mdts = ctrl.mdts_bytes().unwrap_or(2 << 20);
     let max = job.qpair.max_transfer.map_or(mdts, |m| m.min(mdts)).max(4096);
@@ -374,14 +376,14 @@ pub(crate) fn queue_entries(job: &JobSpec, ctrl: &Controller) -> Result<u16, Eng
         job.io_size.div_ceil(max.saturating_sub(4096).max(4096))
     };
     let want = job.queue_depth as usize * parts + 1;
-    let mqes = ctrl.cap().max_queue_entries() as usize;
-    if want > mqes.min(65535) {
+    let mqes = ctrl.cap().max_queue_entries().min(65535) as usize;
+    if want > mqes {
         return Err(EngineError::Invalid(format!(
             "queue depth {} with {} command(s) per I/O needs {want} queue entries; the controller allows {mqes} (CAP.MQES)",
             job.queue_depth, parts
         )));
     }
-    Ok(want.max(2) as u16)
+    Ok(want.max(job.qpair.entries as usize).min(mqes).max(want).max(2) as u16)
 }
 
 /// Whether two handles are the same controller (same BAR0 mapping).
