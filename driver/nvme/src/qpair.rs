@@ -129,7 +129,10 @@ struct Request<B> {
     error: Option<Status>,
     op: &'static str,
     buf: Option<B>,
-    submitted: Instant,
+    /// When a health check first saw the request in flight (`None` until then). Submitting reads
+    /// no clock (a clock read costs a system call in some guests); timeouts are therefore
+    /// measured from the first check after submission, at most one check interval late.
+    seen: Option<Instant>,
     first_cid: u16,
     aborted: bool,
 }
@@ -547,7 +550,7 @@ impl<B: IoBuffer> QueuePair<B> {
             error: None,
             op,
             buf: Some(buf),
-            submitted: Instant::now(),
+            seen: None,
             first_cid,
             aborted: false,
         });
@@ -612,7 +615,7 @@ impl<B: IoBuffer> QueuePair<B> {
             error: None,
             op,
             buf: None,
-            submitted: Instant::now(),
+            seen: None,
             first_cid: cid,
             aborted: false,
         });
@@ -664,7 +667,7 @@ impl<B: IoBuffer> QueuePair<B> {
             error: None,
             op: "raw I/O command",
             buf,
-            submitted: Instant::now(),
+            seen: None,
             first_cid: cid,
             aborted: false,
         });
@@ -796,6 +799,15 @@ impl<B: IoBuffer> QueuePair<B> {
         }
         if consumed != 0 {
             self.stats.completions += consumed as u64;
+        }
+        // The completion-queue head doorbell is deferred: consumed entries are released in
+        // batches (one MMIO write per many completions, which matters most at low queue depth).
+        // It is rung as soon as released-but-unannounced entries plus commands in flight could
+        // fill half the queue, so the controller always has room to post (this check runs at
+        // every poll, busy or not, so a controller waiting for room is never left waiting).
+        let in_flight = self.trackers.len() - self.free_cids.len();
+        let unacked = self.ring.unacked as usize;
+        if unacked != 0 && unacked + in_flight >= self.ring.entries as usize / 2 {
             if self.ring.ring_cq() {
                 self.stats.cq_doorbells += 1;
             } else {
@@ -829,7 +841,8 @@ impl<B: IoBuffer> QueuePair<B> {
         let mut expired = Vec::new();
         for (rid, r) in self.reqs.iter_mut().enumerate() {
             let Some(r) = r else { continue };
-            if now.duration_since(r.submitted) > self.timeout {
+            let seen = *r.seen.get_or_insert(now);
+            if now.duration_since(seen) > self.timeout {
                 // Every part of the request still in flight (a split request's other parts may
                 // have completed, and their slots now belong to other requests).
                 for (slot, t) in self.trackers.iter().enumerate() {
@@ -838,7 +851,7 @@ impl<B: IoBuffer> QueuePair<B> {
                     }
                 }
                 r.aborted = true;
-                r.submitted = now;
+                r.seen = Some(now);
             }
         }
         for (cid, already) in expired {
