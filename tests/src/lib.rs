@@ -3,7 +3,7 @@
 //! The tests in `tests/*.rs` run inside the QEMU guest (`guest_*`, through `cargo xtask test`)
 //! and on the host afterwards (`host_check_*`, reading the image files the guest wrote). The
 //! guest layout is fixed by `xtask` (see its module docs): NVMe A at 00:03.0, NVMe B at 00:04.0,
-//! two e1000e at 00:05.0/00:06.0, ivshmem at 00:07.0.
+//! two e1000e at 00:05.0/00:06.0, ivshmem at 00:07.0, virtio-net at 00:0a.0.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -20,6 +20,8 @@ pub const NVME_B: &str = "0000:00:04.0";
 pub const NIC_0: &str = "0000:00:05.0";
 /// Second e1000e.
 pub const NIC_1: &str = "0000:00:06.0";
+/// virtio-net (modern PCI, 1af4:1041, MAC 52:54:00:00:00:03) on the e1000e's hub.
+pub const VIRTIO_NET: &str = "0000:00:0a.0";
 /// ivshmem-plain (GPU-BAR stand-in; BAR2 is 64 MiB backed by `gpubar.shm` on the host).
 pub const IVSHMEM: &str = "0000:00:07.0";
 

@@ -48,7 +48,7 @@ Options:
       --mem <SIZE>       Guest memory, as QEMU's -m takes it [default: 2G]
       --smp <N>          Guest CPUs [default: 2]
       --modules <A,B>    Modules to load before the command (empty: none)
-                         [default: nvme,e1000e,vfio-pci,vfio_iommu_type1]
+                         [default: nvme,e1000e,virtio_net,vfio-pci,vfio_iommu_type1]
       --hugepages <N>    Reserve N 2 MiB hugepages before the command [default: 0]
       --run-dir <DIR>    Where images, gpubar.shm and out/ go
                          [default: target/testbed/run/<iommu|noiommu>]

@@ -32,13 +32,14 @@
 //! | 0000:00:07.0 | ivshmem-plain (GPU-BAR stand-in)| 1af4:1110 | BAR2: 64 MiB, backed by `<run-dir>/gpubar.shm` |
 //! | 0000:00:08.0 | NVMe controller C               | 1b36:0010 | serial `vfpoll-s`, controller 0 of NVM subsystem `nqn.2026-11.io.vfpoll:subsys0` |
 //! | 0000:00:09.0 | NVMe controller D               | 1b36:0010 | serial `vfpoll-s`, controller 1 of the same subsystem; nsid 1 (64 MiB, 512 B blocks, `nvme-s-ns1.img`) is shared by C and D |
+//! | 0000:00:0a.0 | virtio-net, MAC 52:54:00:00:00:03 | 1af4:1041 | modern only (`disable-legacy=on`), on hub 0 with the e1000e; `iommu_platform=on` in IOMMU mode; on the kernel's `virtio_net`, its interface down |
 //!
 //! Modes: `iommu` (default): emulated VT-d (`intel-iommu,caching-mode=on`, `intel_iommu=on`),
 //! one IOMMU group per device, type1 containers. `noiommu` (`--noiommu`): no vIOMMU, a rebuilt
 //! `vfio.ko` with `vfio.enable_unsafe_noiommu_mode=1` (`/dev/vfio/noiommu-N`; bus address =
 //! guest-physical address).
 //!
-//! Before the command: `nvme,e1000e,vfio-pci,vfio_iommu_type1` are loaded (`--modules`
+//! Before the command: `nvme,e1000e,virtio_net,vfio-pci,vfio_iommu_type1` are loaded (`--modules`
 //! overrides), so the devices start on their kernel drivers and NVMe controllers are live;
 //! `/dev/hugepages` is hugetlbfs, no pages reserved unless `--hugepages N`. `/lib/modules` has
 //! every module of the guest kernel (with the rebuilt `vfio.ko` in no-IOMMU mode); the host

@@ -22,7 +22,7 @@ use crate::Workspace;
 
 /// Modules loaded before the command unless `--modules` says otherwise: every test device
 /// starts on its kernel driver, as on a real machine, and vfio-pci is ready to take it over.
-pub const DEFAULT_MODULES: &[&str] = &["nvme", "e1000e", "vfio-pci", "vfio_iommu_type1"];
+pub const DEFAULT_MODULES: &[&str] = &["nvme", "e1000e", "virtio_net", "vfio-pci", "vfio_iommu_type1"];
 
 /// Exit code when the guest ran past the time limit (as `timeout(1)`).
 pub const EXIT_TIMEOUT: u8 = 124;
@@ -448,6 +448,20 @@ pub fn qemu_command(assets: &Assets, b: &Boot) -> Command {
             ),
         ]);
     }
+    // A third port on the same hub: virtio-net, modern only (1af4:1041). In IOMMU mode it must
+    // translate its DMA through the vIOMMU (VIRTIO_F_ACCESS_PLATFORM), as VFIO maps IOVAs.
+    q.args(["-netdev", "hubport,id=hp2,hubid=0"]);
+    q.args([
+        "-device",
+        &format!(
+            "virtio-net-pci,netdev=hp2,mac=52:54:00:00:00:03,disable-legacy=on,addr=0xa,romfile={}",
+            if b.mode == Mode::Iommu {
+                ",iommu_platform=on"
+            } else {
+                ""
+            }
+        ),
+    ]);
     q.args([
         "-object",
         &format!(

@@ -37,7 +37,7 @@ pub enum NicError {
         waited: Duration,
     },
     /// A bring-up step did not finish in time.
-    #[error("{port}: {step} did not finish within {limit:?}; the device does not respond as an 82574 should: reset it (`vfpoll reset {port}`, then `vfpoll bind`) and retry")]
+    #[error("{port}: {step} did not finish within {limit:?}; the device does not respond as it should: reset it (`vfpoll reset {port}`, then `vfpoll bind`) and retry")]
     InitTimeout {
         /// The port.
         port: String,
@@ -45,6 +45,14 @@ pub enum NicError {
         step: &'static str,
         /// The limit.
         limit: Duration,
+    },
+    /// A virtio device that does not behave as the VIRTIO 1.x specification says.
+    #[error("{port}: virtio-net bring-up failed: {why}; reset the device (`vfpoll reset {port}`, then `vfpoll bind`) and retry")]
+    Virtio {
+        /// The port.
+        port: String,
+        /// What went wrong.
+        why: String,
     },
     /// Registers read all ones.
     #[error("{port}: registers read 0xffffffff: the device was removed, is powered down, or its BAR is not enabled; `vfpoll reset` it and bind it again")]

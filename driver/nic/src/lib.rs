@@ -8,6 +8,7 @@
 //!   [`TxQueue::tx_burst`], [`NicControl`] (link, promiscuous mode, counters), bundled in a
 //!   [`Port`];
 //! - [`e1000e`]: the Intel 82574L driver (QEMU's `e1000e`), from the 82574 datasheet;
+//! - [`virtio`]: the virtio-net driver (modern PCI transport, split virtqueues), from VIRTIO 1.2;
 //! - [`mac`], [`stats`], [`error`]: addresses, counters, errors.
 //!
 //! One thread per queue: queues are `Send` but not `Sync` and every operation takes
@@ -15,8 +16,8 @@
 //! per packet and writes each tail register once per burst. Works with VFIO in IOMMU (type1)
 //! and no-IOMMU mode alike: devices get bus addresses from [`vfpoll_dma::DmaRegion::bus_addr`].
 //!
-//! The only `unsafe` code is in the private `mem` module (descriptor rings and packet buffer
-//! access).
+//! The only `unsafe` code is in the private `mem` module (descriptor rings, virtqueues and
+//! packet buffer access).
 //!
 //! ```no_run
 //! use vfpoll_nic::{Port, PortOptions};
@@ -54,6 +55,7 @@ mod mem;
 pub mod pool;
 pub mod port;
 pub mod stats;
+pub mod virtio;
 
 pub use error::{NicError, Result};
 pub use mac::MacAddr;

@@ -7,6 +7,9 @@
 //! packet reaches its pool through a raw pointer that the pool's self-reference keeps valid
 //! (see `Packet::pool`).
 //!
+//! Virtqueues (the `virtio` driver) use the same memory type with 16- and 32-bit fields at
+//! checked, aligned byte offsets ([`RingMem::load16`], [`RingMem::store16`], [`RingMem::load32`]).
+//!
 //! Ordering against the device (SPDK's `spdk_wmb`/`spdk_rmb`): descriptor and buffer stores,
 //! then [`wmb`], then the tail register write; a descriptor's status load, then [`rmb`], then
 //! the loads of its other fields and of the buffer.
@@ -46,6 +49,14 @@ pub(crate) fn rmb() {
     } else {
         fence(Ordering::SeqCst);
     }
+}
+
+/// Orders earlier stores to DMA memory before later loads from it (VIRTIO 1.2 §2.7.10: the
+/// available index store before the load of the used ring's notification flags). x86-64 may
+/// reorder a store with a later load, so this is a full fence everywhere.
+#[inline(always)]
+pub(crate) fn mb() {
+    fence(Ordering::SeqCst);
 }
 
 /// One descriptor ring's memory, owned by its queue.
@@ -136,6 +147,44 @@ impl RingMem {
         let p = self.at(slot).wrapping_add(1);
         // SAFETY: in bounds and aligned (see `write_desc`); volatile because the device writes it.
         u64::from_le(unsafe { p.read_volatile() })
+    }
+
+    /// A pointer to the `T` at byte `off`, checked to lie inside the memory and to be aligned
+    /// (virtqueue rings: 16- and 32-bit fields).
+    #[inline(always)]
+    fn field<T>(&self, off: usize) -> *mut T {
+        let size = std::mem::size_of::<T>();
+        assert!(
+            off.is_multiple_of(size) && off + size <= self.len,
+            "ring field of {size} bytes at {off:#x} outside or misaligned in {:#x} bytes",
+            self.len
+        );
+        self.base.as_ptr().wrapping_add(off).cast()
+    }
+
+    /// Loads the little-endian `u16` at byte `off` (a virtqueue index or flags field).
+    #[inline]
+    pub(crate) fn load16(&self, off: usize) -> u16 {
+        let p = self.field::<u16>(off);
+        // SAFETY: `field` checked bounds and alignment; the region is alive while `self` is.
+        // Volatile: the device writes this memory.
+        u16::from_le(unsafe { p.read_volatile() })
+    }
+
+    /// Stores the little-endian `u16` at byte `off`.
+    #[inline]
+    pub(crate) fn store16(&mut self, off: usize, v: u16) {
+        let p = self.field::<u16>(off);
+        // SAFETY: as in `load16`; volatile because the device reads it.
+        unsafe { p.write_volatile(v.to_le()) };
+    }
+
+    /// Loads the little-endian `u32` at byte `off` (a used-ring element's id or length).
+    #[inline]
+    pub(crate) fn load32(&self, off: usize) -> u32 {
+        let p = self.field::<u32>(off);
+        // SAFETY: as in `load16`.
+        u32::from_le(unsafe { p.read_volatile() })
     }
 
     /// Loads the low quadword of descriptor `slot`.

@@ -24,9 +24,10 @@ use crate::error::{NicError, Result};
 use crate::mac::MacAddr;
 use crate::pool::{Mempool, Packet};
 use crate::stats::{PortStats, RxQueueStats, TxQueueStats};
+use crate::virtio;
 
 /// The NICs this crate drives, as text for error messages.
-pub const SUPPORTED: &str = "8086:10d3 Intel 82574L (QEMU `-device e1000e`)";
+pub const SUPPORTED: &str = "8086:10d3 Intel 82574L (QEMU `-device e1000e`), 1af4:1041 virtio-net (modern PCI; 1af4:1000 with the modern capabilities)";
 
 /// Options of a port.
 #[derive(Debug, Clone)]
@@ -63,7 +64,8 @@ impl Default for PortOptions {
 pub struct Link {
     /// Whether the link is up.
     pub up: bool,
-    /// Speed in Mb/s (10, 100 or 1000) as the MAC reports it.
+    /// Speed in Mb/s (10, 100 or 1000) as the MAC reports it; 0 where the device does not say
+    /// (virtio-net without VIRTIO_NET_F_SPEED_DUPLEX).
     pub speed_mbps: u32,
     /// Full duplex.
     pub full_duplex: bool,
@@ -160,6 +162,14 @@ pub fn probe(host: &Host, bdf: Bdf) -> Result<&'static str> {
     };
     match (dev.vendor, dev.device) {
         (crate::e1000e::VENDOR_INTEL, crate::e1000e::DEVICE_82574L) => Ok(crate::e1000e::DRIVER),
+        (virtio::VENDOR_VIRTIO, virtio::DEVICE_NET_MODERN) => Ok(virtio::DRIVER),
+        // Transitional: driven through its modern interface only, so it must have one.
+        (virtio::VENDOR_VIRTIO, virtio::DEVICE_NET_TRANSITIONAL)
+            if std::fs::read(host.pci_device_dir(bdf).join("config"))
+                .is_ok_and(|c| virtio::has_modern_caps(&c)) =>
+        {
+            Ok(virtio::DRIVER)
+        }
         (vendor, device) => Err(NicError::Unsupported {
             bdf,
             vendor,
@@ -185,8 +195,11 @@ impl Port {
     /// Brings up the NIC `device` (opened through VFIO; checked with [`probe`]) with buffers
     /// from `pool` and rings from `dma`.
     pub fn open(device: Device, dma: &DmaContext, pool: &Mempool, opts: &PortOptions) -> Result<Self> {
-        probe(device.container().host(), device.bdf())?;
-        crate::e1000e::E1000e::open_port(device, dma, pool, opts)
+        if probe(device.container().host(), device.bdf())? == virtio::DRIVER {
+            virtio::VirtioNet::open_port(device, dma, pool, opts)
+        } else {
+            crate::e1000e::E1000e::open_port(device, dma, pool, opts)
+        }
     }
 
     /// Opens the NICs `bdfs` through `container`, then makes the container's DMA context and one
