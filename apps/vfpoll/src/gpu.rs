@@ -26,6 +26,7 @@ use vfpoll_pci::Bdf;
 
 use crate::ctx::Ctx;
 use crate::nvme_open::DeviceArgs;
+use crate::units::{parse_bytes, parse_page_size};
 
 /// Arguments of `vfpoll gpu`.
 #[derive(Debug, ClapArgs)]
@@ -135,35 +136,6 @@ struct InfoArgs {
     /// Print the results as JSON.
     #[arg(long)]
     json: bool,
-}
-
-/// `4k`, `16m`, `2MiB`, `0`, `512`: binary units.
-fn parse_bytes(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a size (like 4096, 512k, 16m, 8g)"))?;
-    let shift = match unit.to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        "t" | "tb" | "tib" => 40,
-        u => return Err(format!("unknown size unit {u:?} in {s:?} (k, m, g, t)")),
-    };
-    n.checked_mul(1 << shift)
-        .ok_or_else(|| format!("size {s:?} is too large"))
-}
-
-fn parse_page_size(s: &str) -> Result<PageSize, String> {
-    match s.to_ascii_uppercase().as_str() {
-        "2M" | "2MB" | "2MIB" => Ok(PageSize::Huge2M),
-        "1G" | "1GB" | "1GIB" => Ok(PageSize::Huge1G),
-        "4K" | "4KB" | "4KIB" => Ok(PageSize::Base4K),
-        _ => Err(format!("`{s}` is not a page size: use 2M, 1G or 4K")),
-    }
 }
 
 /// Runs `vfpoll gpu`.

@@ -29,6 +29,7 @@ mod responder;
 mod setup;
 mod status;
 mod table;
+mod units;
 
 #[cfg(test)]
 #[path = "../tests/fake/mod.rs"]

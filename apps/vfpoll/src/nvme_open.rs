@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use crate::units::parse_page_size;
 use anyhow::Context as _;
 use clap::Args as ClapArgs;
 use vfpoll_dma::{DmaContext, PageSize};
@@ -24,15 +25,6 @@ pub struct DeviceArgs {
     /// 4K (no hugepages needed; only behind an IOMMU).
     #[arg(long, default_value = "2M", value_parser = parse_page_size)]
     pub page_size: PageSize,
-}
-
-fn parse_page_size(s: &str) -> Result<PageSize, String> {
-    match s.to_ascii_uppercase().as_str() {
-        "2M" | "2MB" | "2MIB" => Ok(PageSize::Huge2M),
-        "1G" | "1GB" | "1GIB" => Ok(PageSize::Huge1G),
-        "4K" | "4KB" | "4KIB" => Ok(PageSize::Base4K),
-        _ => Err(format!("`{s}` is not a page size: use 2M, 1G or 4K")),
-    }
 }
 
 impl DeviceArgs {

@@ -19,6 +19,7 @@ use vfpoll_pci::vfio::{Container, IommuMode};
 use vfpoll_pci::Bdf;
 
 use crate::ctx::Ctx;
+use crate::units::parse_nonzero_bytes as parse_size;
 
 /// Options of `vfpoll perf`.
 #[derive(Debug, clap::Args)]
@@ -98,27 +99,6 @@ pub struct Args {
 
 fn parse_workload(s: &str) -> Result<Workload, String> {
     s.parse().map_err(|e: vfpoll_engine::EngineError| e.to_string())
-}
-
-/// `4k`, `128K`, `1m`, `2MiB`, `512`: binary units, as fio reads them.
-fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a size (like 4k, 128k, 1m)"))?;
-    let shift = match unit.to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        "t" | "tb" | "tib" => 40,
-        u => return Err(format!("unknown size unit {u:?} in {s:?} (k, m, g, t)")),
-    };
-    n.checked_mul(1 << shift)
-        .filter(|&v| v > 0)
-        .ok_or_else(|| format!("size {s:?} is zero or too large"))
 }
 
 fn parse_secs(s: &str) -> Result<Duration, String> {
