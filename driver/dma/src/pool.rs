@@ -123,8 +123,15 @@ pub struct DmaPool {
     layout: PoolLayout,
     /// Free buffer indices; capacity `count`, never reallocated.
     free: Vec<u32>,
+    /// The CPU and bus address of every buffer, worked out once (`alloc` then costs two loads).
+    addrs: Box<[(NonNull<u8>, BusAddr)]>,
     _not_sync: PhantomData<Cell<()>>,
 }
+
+// SAFETY: the pool owns its region (Send); the pointers in `addrs` point into that region and
+// are only copied into `DmaBuf` handles (themselves Send), never dereferenced by the pool outside
+// its `&mut self`/`&self` methods, which go through the region.
+unsafe impl Send for DmaPool {}
 
 impl std::fmt::Debug for DmaPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -147,10 +154,19 @@ impl DmaPool {
         // Reversed, so the first alloc hands out buffer 0.
         let mut free = Vec::with_capacity(layout.count);
         free.extend((0..layout.count as u32).rev());
+        let addrs = (0..layout.count)
+            .map(|i| {
+                let off = layout.offset(i);
+                let ptr =
+                    NonNull::new(region.as_ptr().wrapping_add(off)).expect("region pointer is non-null");
+                (ptr, region.bus_addr(off))
+            })
+            .collect();
         DmaPool {
             region: ManuallyDrop::new(region),
             layout,
             free,
+            addrs,
             _not_sync: PhantomData,
         }
     }
@@ -159,13 +175,12 @@ impl DmaPool {
     #[inline]
     pub fn alloc(&mut self) -> Option<DmaBuf> {
         let index = self.free.pop()?;
-        let off = self.layout.offset(index as usize);
-        let ptr = NonNull::new(self.region.as_ptr().wrapping_add(off)).expect("region pointer is non-null");
+        let (ptr, bus) = self.addrs[index as usize];
         Some(DmaBuf {
             index,
             len: self.layout.buf_size as u32,
             ptr,
-            bus: self.region.bus_addr(off),
+            bus,
         })
     }
 
@@ -193,8 +208,9 @@ impl DmaPool {
     }
 
     fn owns(&self, buf: &DmaBuf) -> bool {
-        let i = buf.index as usize;
-        i < self.layout.count && buf.ptr.as_ptr() == self.region.as_ptr().wrapping_add(self.layout.offset(i))
+        self.addrs
+            .get(buf.index as usize)
+            .is_some_and(|&(ptr, _)| ptr == buf.ptr)
     }
 
     fn checked(&self, buf: &DmaBuf, offset: usize, len: usize) -> Result<usize, DmaError> {

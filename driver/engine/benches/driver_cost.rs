@@ -16,8 +16,11 @@
 //! the table shows the median round divided by `qd` (robust to the host preempting the thread).
 //!
 //! With `--callgrind` the binary runs itself again under `valgrind --tool=callgrind`, collecting
-//! only inside `submit_batch` and `complete_batch`, and divides their inclusive instruction
-//! counts by the I/Os. Options: `--ios N` (per queue depth), `--qd 1,4,32`, `--model-core C`,
+//! only inside `drv_submit` (`DmaPool::alloc` + `QueuePair::read`, once per I/O), `drv_flush`
+//! (`QueuePair::flush_submissions`, once per round) and `complete_batch` (one `QueuePair::poll`
+//! whose callback checks the result and calls `DmaPool::free`), and divides their inclusive
+//! instruction counts by the I/Os. The benchmark's own loop (the random LBA) is outside; the
+//! calls into those functions, which an application would inline, are inside. Options: `--ios N` (per queue depth), `--qd 1,4,32`, `--model-core C`,
 //! `--driver-core C`, `--mmio-doorbells` (no shadow doorbells: the model's BAR is plain memory,
 //! so this shows only the driver-side difference).
 
@@ -71,33 +74,51 @@ fn parse() -> Opts {
     o
 }
 
+/// One submission as an application makes it: a buffer from the pool, a read into it. Not
+/// inlined, so that callgrind can count exactly this (plus one call and return).
+#[inline(never)]
+fn drv_submit(qp: &mut QueuePair<DmaBuf>, pool: &mut DmaPool, lba: u64, tag: u64) {
+    let buf = pool.alloc().expect("a free buffer");
+    if let Err(r) = qp.read(1, lba * 8, buf, tag) {
+        panic!("submit: {}", r.error);
+    }
+}
+
+/// Rings the submission doorbell (once per batch).
+#[inline(never)]
+fn drv_flush(qp: &mut QueuePair<DmaBuf>) {
+    qp.flush_submissions();
+}
+
 /// Submits `qd` 4 KiB reads and rings the doorbell once.
 #[inline(never)]
 fn submit_batch(qp: &mut QueuePair<DmaBuf>, pool: &mut DmaPool, qd: u16, lba: &mut u64, blocks: u64) {
     for i in 0..qd {
-        let buf = pool.alloc().expect("a free buffer");
-        // A cheap LCG over the namespace, in 4 KiB steps.
+        // A cheap LCG over the namespace, in 4 KiB steps (`blocks / 8` is a power of two: a mask,
+        // not a division, so the benchmark's own share of the count stays small).
         *lba = (lba
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407)
             >> 11)
-            % (blocks / 8);
-        if let Err(r) = qp.read(1, *lba * 8, buf, i as u64) {
-            panic!("submit: {}", r.error);
-        }
+            & (blocks / 8 - 1);
+        drv_submit(qp, pool, *lba, i as u64);
     }
-    qp.flush_submissions();
+    drv_flush(qp);
 }
 
-/// Reaps every completion there is; gives the buffers back to the pool.
+/// Reaps every completion there is; gives the buffers back to the pool. Returns how many
+/// completed and how many of those failed (the caller checks: no panic machinery in the
+/// completion callback, as in an application's).
 #[inline(never)]
-fn complete_batch(qp: &mut QueuePair<DmaBuf>, pool: &mut DmaPool) -> usize {
-    qp.poll(usize::MAX, |d| {
-        if d.result.is_err() {
-            panic!("read failed: {:?}", d.result);
+fn complete_batch(qp: &mut QueuePair<DmaBuf>, pool: &mut DmaPool) -> (usize, usize) {
+    let mut failed = 0;
+    let n = qp.poll(usize::MAX, |d| {
+        failed += d.result.is_err() as usize;
+        if let Some(b) = d.buf {
+            pool.free(b);
         }
-        pool.free(d.buf.expect("buffer back"));
-    })
+    });
+    (n, failed)
 }
 
 /// Waits (outside the driver) until the model has posted `target` completions in all.
@@ -124,6 +145,10 @@ fn run_qd(o: &Opts, model: &NvmeModel, ctrl: &Controller, qd: u16, clock: &Clock
     };
     let mut qp = ctrl.create_qpair::<DmaBuf>(&opts).expect("queue pair");
     let blocks = ctrl.namespace(1).expect("ns 1").blocks;
+    assert!(
+        (blocks / 8).is_power_of_two(),
+        "the LBA mask needs a power-of-two namespace"
+    );
     let mut lba = 1u64;
     let rounds = (o.ios / qd as u64).max(1);
     let warmup = if o.inner { 10 } else { (2000 / qd as u64).max(20) };
@@ -138,9 +163,13 @@ fn run_qd(o: &Opts, model: &NvmeModel, ctrl: &Controller, qd: u16, clock: &Clock
         let t1 = clock.ticks();
         wait_posted(model, posted + qd as u64);
         let t2 = clock.ticks();
-        let n = complete_batch(&mut qp, &mut pool);
+        let (n, failed) = complete_batch(&mut qp, &mut pool);
         let t3 = clock.ticks();
-        assert_eq!(n, qd as usize, "one poll reaps the whole batch");
+        assert_eq!(
+            (n, failed),
+            (qd as usize, 0),
+            "one poll reaps the whole batch, no errors"
+        );
         if r >= warmup {
             sub.push((t1 - t0).saturating_sub(overhead));
             com.push((t3 - t2).saturating_sub(overhead));
@@ -161,9 +190,20 @@ fn run_qd(o: &Opts, model: &NvmeModel, ctrl: &Controller, qd: u16, clock: &Clock
     }
 }
 
+/// Instructions per I/O at one queue depth, from a callgrind run of this binary.
+struct Instr {
+    submit: f64,
+    complete: f64,
+    /// Of the two, the benchmark's own code: the measured functions' frames (prologue,
+    /// epilogue, call), its completion callback's body, its result checks. Everything else is
+    /// the driver's (`vfpoll-nvme`, `vfpoll-dma`'s pool, and the standard library code they
+    /// inline).
+    harness: f64,
+}
+
 /// Instructions per I/O of submit and complete at one queue depth, from a callgrind run of
 /// this binary.
-fn callgrind(o: &Opts, qd: u16) -> Option<(f64, f64)> {
+fn callgrind(o: &Opts, qd: u16) -> Option<Instr> {
     let exe = std::env::current_exe().ok()?;
     let out = std::env::temp_dir().join(format!(
         "vfpoll-driver-cost-{}-qd{qd}.callgrind",
@@ -173,7 +213,8 @@ fn callgrind(o: &Opts, qd: u16) -> Option<(f64, f64)> {
     let mut cmd = Command::new("valgrind");
     cmd.args([
         "--tool=callgrind",
-        "--toggle-collect=*submit_batch*",
+        "--toggle-collect=*drv_submit*",
+        "--toggle-collect=*drv_flush*",
         "--toggle-collect=*complete_batch*",
     ])
     .arg(format!("--callgrind-out-file={}", out.display()))
@@ -193,13 +234,23 @@ fn callgrind(o: &Opts, qd: u16) -> Option<(f64, f64)> {
         .trim()
         .parse()
         .ok()?;
-    let ann = Command::new("callgrind_annotate")
-        .args(["--inclusive=yes", "--threshold=100"])
-        .arg(&out)
-        .output()
-        .ok()?;
+    let annotate = |inclusive: &str| -> Option<String> {
+        let ann = Command::new("callgrind_annotate")
+            .args([inclusive, "--threshold=100"])
+            .arg(&out)
+            .output()
+            .ok()?;
+        Some(String::from_utf8_lossy(&ann.stdout).into_owned())
+    };
+    let text = annotate("--inclusive=yes")?;
+    let own = annotate("--inclusive=no")?;
     let _ = std::fs::remove_file(&out);
-    let text = String::from_utf8_lossy(&ann.stdout);
+    // Self cost per file and function: the lines of this file inside the measured functions.
+    let harness: u64 = own
+        .lines()
+        .filter(|l| l.contains("driver_cost.rs:driver_cost::") && !l.contains("=>"))
+        .filter_map(|l| l.split_whitespace().next()?.replace(',', "").parse::<u64>().ok())
+        .sum();
     let count = |name: &str| -> Option<u64> {
         text.lines()
             .find(|l| l.contains(name) && !l.contains("wait_posted"))
@@ -208,10 +259,11 @@ fn callgrind(o: &Opts, qd: u16) -> Option<(f64, f64)> {
     };
     // Warm-up rounds run under collection too: 10 rounds of `qd`.
     let total = measured + 10 * qd as u64;
-    Some((
-        count("submit_batch")? as f64 / total as f64,
-        count("complete_batch")? as f64 / total as f64,
-    ))
+    Some(Instr {
+        submit: (count("drv_submit")? + count("drv_flush")?) as f64 / total as f64,
+        complete: count("complete_batch")? as f64 / total as f64,
+        harness: harness as f64 / total as f64,
+    })
 }
 
 fn main() {
@@ -263,8 +315,8 @@ fn main() {
     );
     if o.callgrind {
         print!(
-            " {:>12} {:>14} {:>11}",
-            "submit instr", "complete instr", "total instr"
+            " {:>12} {:>14} {:>11} {:>13} {:>12}",
+            "submit instr", "complete instr", "total instr", "of which bench", "driver instr"
         );
     }
     println!();
@@ -281,7 +333,14 @@ fn main() {
         );
         if o.callgrind {
             match callgrind(&o, qd) {
-                Some((s, c)) => print!(" {s:>12.0} {c:>14.0} {:>11.0}", s + c),
+                Some(i) => print!(
+                    " {:>12.0} {:>14.0} {:>11.0} {:>13.0} {:>12.0}",
+                    i.submit,
+                    i.complete,
+                    i.submit + i.complete,
+                    i.harness,
+                    i.submit + i.complete - i.harness
+                ),
                 None => print!(" {:>12}", "(failed)"),
             }
         }

@@ -98,19 +98,17 @@ impl AdminQueue {
         let list_off = sq + cq;
         let data_off = list_off + PAGE;
         let region = dma.alloc_region(data_off + ADMIN_DATA_BYTES, page_size)?;
-        let mem = QueueMem::new(region);
+        let mem = QueueMem::new(
+            region,
+            Layout {
+                sq_off: 0,
+                cq_off: sq,
+                entries,
+            },
+        );
         let (asq, acq) = (mem.bus(0), mem.bus(sq));
         let q = AdminQueue {
-            ring: Ring::new(
-                bar,
-                stride,
-                0,
-                Layout {
-                    sq_off: 0,
-                    cq_off: sq,
-                    entries,
-                },
-            ),
+            ring: Ring::new(bar, stride, 0, entries),
             mem,
             next_cid: 0,
             timeout,
@@ -171,7 +169,7 @@ impl AdminQueue {
         let cid = self.next_cid;
         self.next_cid = self.next_cid.wrapping_add(1);
         cmd.set_cid(cid);
-        self.ring.push(&mut self.mem, &cmd);
+        self.ring.push(&mut self.mem, &cmd.to_words());
         self.ring.ring_sq();
         let start = Instant::now();
         let mut spins = 0u32;

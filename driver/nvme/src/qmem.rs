@@ -11,13 +11,24 @@ use std::sync::atomic::{compiler_fence, fence, Ordering};
 
 use vfpoll_dma::DmaRegion;
 
-use crate::cmd::{Command, Completion};
+use vfpoll_pci::mmio::Mmio;
 
-/// A queue's DMA memory.
+use crate::cmd::Completion;
+use crate::queue::{Layout, CQE_SIZE, PHASE, SQE_SIZE};
+
+/// A queue's DMA memory, and where its submission and completion queue slots are.
 pub(crate) struct QueueMem {
     region: ManuallyDrop<DmaRegion>,
     base: *mut u8,
     len: usize,
+    /// Slot 0 of the submission queue: in `region`, or in the controller memory buffer
+    /// (`sq_cmb`). Slots `0..entries` are in bounds (checked when set).
+    sq: *mut u64,
+    /// Entry 0 of the completion queue, in `region`; entries `0..entries` are in bounds.
+    cq: *const u32,
+    entries: u16,
+    /// Keeps the CMB mapping alive while the submission queue is there.
+    sq_cmb: Option<Mmio>,
     /// Set when the controller may still access the memory: it is then never freed.
     leak: bool,
 }
@@ -31,13 +42,19 @@ impl Drop for QueueMem {
     }
 }
 
-// SAFETY: the memory is owned by `region` (Send) and reached only through `&mut self` for stores
-// or `&self` for volatile loads; the raw pointer is tied to the region it came from.
+// SAFETY: the memory is owned by `region` (Send) and the CMB window by `sq_cmb` (Send), and is
+// reached only through `&mut self` for stores or `&self` for volatile loads; the raw pointers are
+// tied to the memory they came from.
 unsafe impl Send for QueueMem {}
 
 impl std::fmt::Debug for QueueMem {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "QueueMem({:?})", self.region)
+        write!(
+            f,
+            "QueueMem({:?}, SQ in CMB: {})",
+            self.region,
+            self.sq_cmb.is_some()
+        )
     }
 }
 
@@ -66,8 +83,18 @@ fn rmb() {
 }
 
 impl QueueMem {
-    pub(crate) fn new(mut region: DmaRegion) -> Self {
+    /// The queue memory `region`, with the submission and completion queues where `layout`
+    /// says. Panics if they do not fit in the region.
+    pub(crate) fn new(mut region: DmaRegion, layout: Layout) -> Self {
         let len = region.len();
+        let n = layout.entries as usize;
+        assert!(
+            layout.sq_off.is_multiple_of(SQE_SIZE)
+                && layout.cq_off.is_multiple_of(CQE_SIZE)
+                && layout.sq_off + n * SQE_SIZE <= len
+                && layout.cq_off + n * CQE_SIZE <= len,
+            "queues of {n} entries outside the {len:#x}-byte queue memory"
+        );
         // Start from zeroes: completion queues need phase tags of 0, list pages are rewritten.
         region.fill(0, len, 0).expect("whole region is in bounds");
         let base = region.as_ptr();
@@ -75,13 +102,32 @@ impl QueueMem {
             region: ManuallyDrop::new(region),
             base,
             len,
+            sq: base.wrapping_add(layout.sq_off).cast(),
+            cq: base.wrapping_add(layout.cq_off).cast_const().cast(),
+            entries: layout.entries,
+            sq_cmb: None,
             leak: false,
         }
+    }
+
+    /// Moves the submission queue's slots into `cmb`, a window of the controller memory buffer
+    /// (write-through MMIO) at least `entries` slots long.
+    pub(crate) fn put_sq_in_cmb(&mut self, cmb: Mmio) {
+        assert!(
+            cmb.len() >= self.entries as usize * SQE_SIZE && (cmb.as_ptr() as usize).is_multiple_of(8),
+            "CMB window {cmb:?} too small for {} submission queue entries",
+            self.entries
+        );
+        self.sq = cmb.as_ptr().cast();
+        self.sq_cmb = Some(cmb);
     }
 
     /// Never free this memory (nor unmap it): the controller may still read or write it.
     pub(crate) fn leak(&mut self) {
         self.leak = true;
+        if let Some(cmb) = self.sq_cmb.take() {
+            std::mem::forget(cmb);
+        }
     }
 
     pub(crate) fn region(&self) -> &DmaRegion {
@@ -101,42 +147,40 @@ impl QueueMem {
         );
     }
 
-    /// Stores a 64-byte command at `off` (an SQ slot).
+    /// Stores a 64-byte command, as eight little-endian 64-bit words, in submission queue slot
+    /// `slot`.
     #[inline]
-    pub(crate) fn write_command(&mut self, off: usize, cmd: &Command) {
-        self.check(off, 64);
-        let dst = self.base.wrapping_add(off).cast::<u64>();
-        for i in 0..8 {
-            let v = cmd.dw[2 * i] as u64 | (cmd.dw[2 * i + 1] as u64) << 32;
-            let p = dst.wrapping_add(i);
-            // SAFETY: `check` proved `off..off+64` is inside the region and 8-byte aligned; the
-            // region is live (owned by self). Volatile: the device reads this memory.
-            unsafe { p.write_volatile(v) };
+    pub(crate) fn write_sqe(&mut self, slot: u16, words: &[u64; 8]) {
+        assert!(slot < self.entries, "submission queue slot {slot} out of bounds");
+        let dst = self.sq.wrapping_add(slot as usize * 8);
+        for (i, &w) in words.iter().enumerate() {
+            // SAFETY: `slot < entries` and the queue's `entries` slots are inside the region or
+            // the CMB window (checked in `new` / `put_sq_in_cmb`), 8-byte aligned; both are kept
+            // alive by `self`. Volatile: the device reads this memory.
+            unsafe { dst.wrapping_add(i).write_volatile(w.to_le()) };
         }
     }
 
-    /// Loads the status/phase dword (DW3) of the completion entry at `off`.
+    /// Completion queue entry `slot` if the controller has posted it: its phase tag (DW3 bit
+    /// 16, `phase` is `1 << 16` or 0) is the one expected. The tag is loaded first; the other
+    /// dwords only after it matched.
     #[inline]
-    pub(crate) fn completion_dw3(&self, off: usize) -> u32 {
-        self.check(off, 16);
-        let p = self.base.wrapping_add(off + 12).cast::<u32>();
-        // SAFETY: in bounds and aligned (checked); volatile because the device writes it.
-        unsafe { p.read_volatile() }
-    }
-
-    /// Loads the completion entry at `off` (call after its phase tag matched).
-    #[inline]
-    pub(crate) fn completion(&self, off: usize, dw3: u32) -> Completion {
-        self.check(off, 16);
+    pub(crate) fn cqe_if_phase(&self, slot: u16, phase: u32) -> Option<Completion> {
+        assert!(slot < self.entries, "completion queue entry {slot} out of bounds");
+        let p = self.cq.wrapping_add(slot as usize * 4);
+        // SAFETY: `slot < entries` and the queue's entries are inside the region (checked in
+        // `new`), 16-byte aligned; volatile because the device writes them.
+        let dw3 = u32::from_le(unsafe { p.wrapping_add(3).read_volatile() });
+        if dw3 & PHASE != phase {
+            return None;
+        }
         rmb();
-        let p = self.base.wrapping_add(off).cast::<u32>();
         let mut dw = [0u32, 0, 0, dw3];
         for (i, d) in dw.iter_mut().take(3).enumerate() {
-            let q = p.wrapping_add(i);
-            // SAFETY: in bounds and aligned (checked); volatile because the device wrote it.
-            *d = unsafe { q.read_volatile() };
+            // SAFETY: as above; the device wrote the entry before its phase tag.
+            *d = u32::from_le(unsafe { p.wrapping_add(i).read_volatile() });
         }
-        Completion::from_dwords(dw)
+        Some(Completion::from_dwords(dw))
     }
 
     /// Stores a 64-bit little-endian word at `off` (PRP list entries, SGL descriptors).
@@ -200,6 +244,7 @@ impl ShadowPages {
         assert!(cq + 4 <= page, "queue {qid} beyond the shadow doorbell page");
         let s = ShadowSlot {
             pages: std::sync::Arc::clone(self),
+            base: self.base,
             sq,
             cq,
             ei: page,
@@ -213,22 +258,30 @@ impl ShadowPages {
 /// One queue's shadow doorbells and EventIdx words.
 #[derive(Debug)]
 pub(crate) struct ShadowSlot {
+    /// Keeps the pages alive.
+    #[expect(dead_code, reason = "held for its lifetime only")]
     pages: std::sync::Arc<ShadowPages>,
+    /// `pages.base`, one load fewer per doorbell update.
+    base: *mut u8,
     sq: usize,
     cq: usize,
     ei: usize,
 }
 
+// SAFETY: `base` points into the pages `pages` keeps alive (Send and Sync); a slot touches only
+// its own queue's words, through `&self` methods used by the one thread that owns the queue.
+unsafe impl Send for ShadowSlot {}
+
 impl ShadowSlot {
     fn store(&self, off: usize, v: u32) {
-        let p = self.pages.base.wrapping_add(off).cast::<u32>();
+        let p = self.base.wrapping_add(off).cast::<u32>();
         // SAFETY: `off` is one of this queue's words inside the first page (checked in `slot`),
         // 4-byte aligned; the region lives as long as `pages`. Only this queue writes it.
         unsafe { p.write_volatile(v.to_le()) }
     }
 
     fn load(&self, off: usize) -> u32 {
-        let p = self.pages.base.wrapping_add(off).cast::<u32>();
+        let p = self.base.wrapping_add(off).cast::<u32>();
         // SAFETY: as in `store`; the controller writes EventIdx words, hence volatile.
         u32::from_le(unsafe { p.read_volatile() })
     }

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::buffer::IoBuffer;
-use crate::cmd::{io_op, Command, SglDescriptor};
+use crate::cmd::{io_op, rw_words, Command, DataPtr, SglDescriptor};
 use crate::ctrlr::{Controller, Shared, PAGE_SIZE};
 use crate::error::{NvmeError, Result};
 use crate::prp::{self, PrpListMem};
@@ -106,13 +106,23 @@ pub struct QpairStats {
     pub aborts: u64,
 }
 
-/// A command slot. The command id on the wire is `slot | gen << 12`: the 4-bit generation,
-/// bumped each time the slot is reused, lets a stale or duplicated completion be told apart
-/// from one for the slot's current command (Linux's nvme driver does the same).
-#[derive(Debug, Clone, Copy)]
-struct Tracker {
-    req: u16,
+/// A command slot: the command in flight in it, and the request that lives in it. The command
+/// id on the wire is `slot | gen << 12`: the 4-bit generation, bumped each time the slot is
+/// reused, lets a stale or duplicated completion be told apart from one for the slot's current
+/// command (Linux's nvme driver does the same).
+///
+/// A request lives in its first command's slot; that slot goes back to the free list when the
+/// whole request completes, the slots of a split request's other parts as each part completes.
+/// Everything the hot path touches for one I/O is in one slot (one cache line for a `DmaBuf`).
+#[derive(Debug)]
+struct Slot<B> {
+    /// The request the command in flight in this slot belongs to (`UNUSED`: none).
+    owner: u16,
     gen: u8,
+    /// The request living here (`parts == 0`: none).
+    req: Request,
+    /// Its buffer.
+    buf: Option<B>,
 }
 
 const SLOT_BITS: u32 = 12;
@@ -121,27 +131,113 @@ const SLOT_MASK: u16 = (1 << SLOT_BITS) - 1;
 /// The most entries a queue pair may have: slot numbers fit in 12 bits of the command id.
 pub const MAX_QUEUE_ENTRIES: u16 = 1 << SLOT_BITS;
 
-#[derive(Debug)]
-struct Request<B> {
+/// What a request does, for its error messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Read,
+    Write,
+    WriteFua,
+    Compare,
+    Flush,
+    WriteZeroes,
+    DatasetManagement,
+    Raw,
+}
+
+impl Op {
+    /// The opcode of a data transfer, and whether it sets FUA.
+    #[inline]
+    const fn io_opcode(self) -> (u8, bool) {
+        match self {
+            Op::Read => (io_op::READ, false),
+            Op::Write => (io_op::WRITE, false),
+            Op::WriteFua => (io_op::WRITE, true),
+            Op::Compare => (io_op::COMPARE, false),
+            Op::Flush => (io_op::FLUSH, false),
+            Op::WriteZeroes => (io_op::WRITE_ZEROES, false),
+            Op::DatasetManagement => (io_op::DATASET_MANAGEMENT, false),
+            // Never used for one: raw commands carry their own opcode.
+            Op::Raw => (0xff, false),
+        }
+    }
+
+    const fn name(self) -> &'static str {
+        match self {
+            Op::Read => "Read",
+            Op::Write => "Write",
+            Op::WriteFua => "Write (FUA)",
+            Op::Compare => "Compare",
+            Op::Flush => "Flush",
+            Op::WriteZeroes => "Write Zeroes",
+            Op::DatasetManagement => "Dataset Management",
+            Op::Raw => "raw I/O command",
+        }
+    }
+}
+
+/// A request in flight, in its first command's slot. 16 bytes and `Copy`: the hot path writes
+/// it whole at submit and touches a few fields at completion.
+#[derive(Debug, Clone, Copy)]
+struct Request {
     tag: u64,
+    /// When a health check first saw the request in flight, in milliseconds since the queue
+    /// pair was created, plus one (0: not seen yet). Submitting reads no clock (a clock read
+    /// costs a system call in some guests); timeouts are therefore measured from the first
+    /// check after submission, at most one check interval late.
+    seen_ms: u32,
+    /// Commands of the request still in flight; 0 for a free entry.
     parts: u16,
-    dw0: u32,
-    error: Option<Status>,
-    op: &'static str,
-    buf: Option<B>,
-    /// When a health check first saw the request in flight (`None` until then). Submitting reads
-    /// no clock (a clock read costs a system call in some guests); timeouts are therefore
-    /// measured from the first check after submission, at most one check interval late.
-    seen: Option<Instant>,
-    first_cid: u16,
+    /// The status of the first part that failed; success until one does.
+    error: Status,
+    op: Op,
     aborted: bool,
+}
+
+const _: () = assert!(std::mem::size_of::<Request>() <= 24);
+
+impl Request {
+    const FREE: Request = Request::new(0, 0, Op::Raw);
+
+    #[inline]
+    const fn new(tag: u64, parts: u16, op: Op) -> Self {
+        Request {
+            tag,
+            seen_ms: 0,
+            parts,
+            error: Status::SUCCESS,
+            op,
+            aborted: false,
+        }
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn reject_len<B: IoBuffer>(ns: NsInfo, buf: B) -> Result<(), Rejected<B>> {
+    let error = NvmeError::BadLength {
+        nsid: ns.nsid,
+        len: buf.len(),
+        lba_size: 1 << ns.lba_shift,
+    };
+    Err(Rejected { error, buf })
+}
+
+#[cold]
+#[inline(never)]
+fn reject_misaligned<B>(start: u64, buf: B) -> Result<(), Rejected<B>> {
+    let error = NvmeError::Buffer(prp::PrpError::Misaligned(start));
+    Err(Rejected { error, buf })
 }
 
 #[derive(Debug, Clone, Copy)]
 struct NsInfo {
     nsid: u32,
     lba_shift: u32,
+    /// LBA size - 1.
+    lba_mask: usize,
     blocks: u64,
+    /// The longest transfer that always fits one command, wherever the buffer starts.
+    one_command: usize,
 }
 
 const UNUSED: u16 = u16::MAX;
@@ -154,10 +250,18 @@ const HEALTH_CHECK_POLLS: u32 = 256;
 pub struct QueuePair<B: IoBuffer> {
     ring: Ring,
     mem: QueueMem,
-    trackers: Box<[Tracker]>,
+    slots: Box<[Slot<B>]>,
     free_cids: Vec<u16>,
-    reqs: Box<[Option<Request<B>>]>,
-    free_reqs: Vec<u16>,
+    /// Requests in flight.
+    live: usize,
+    /// Commands beyond one per request (the parts of split requests after their first):
+    /// `QpairStats::commands` is `requests` plus this.
+    extra_commands: u64,
+    /// Released-but-unannounced completion entries plus taken slots at which `poll` rings the
+    /// completion doorbell: half the queue.
+    cq_release_at: usize,
+    /// When the queue pair was created: the origin of `Request::seen_ms`.
+    created: Instant,
     lists_off: usize,
     list_pages: usize,
     max_xfer: usize,
@@ -244,7 +348,14 @@ impl<B: IoBuffer> QueuePair<B> {
         let lists_off = sq_bytes + cq_bytes;
         let total = lists_off + (entries - 1) * list_pages * PAGE_SIZE;
         let region = sh.dma.alloc_region(total, sh.opts.page_size)?;
-        let mem = QueueMem::new(region);
+        let mut mem = QueueMem::new(
+            region,
+            Layout {
+                sq_off: 0,
+                cq_off: sq_bytes,
+                entries: opts.entries,
+            },
+        );
         // Each queue must be physically contiguous (CAP.CQR): both fit in the region's first page
         // or are covered by its contiguity.
         if mem.region().contiguous_len(0) < lists_off {
@@ -299,31 +410,31 @@ impl<B: IoBuffer> QueuePair<B> {
             sh.free_qid(qid);
             return Err(e);
         }
-        let mut ring = Ring::new(
-            &sh.bar,
-            sh.cap.doorbell_stride(),
-            qid,
-            Layout {
-                sq_off: 0,
-                cq_off: sq_bytes,
-                entries: opts.entries,
-            },
-        );
+        let mut ring = Ring::new(&sh.bar, sh.cap.doorbell_stride(), qid, opts.entries);
         if let Some(slot) = shadow {
             ring.set_shadow(slot);
         }
         if let Some(s) = &sq_cmb {
-            ring.set_sq_in_cmb(s.mmio());
+            mem.put_sq_in_cmb(s.mmio());
         }
         let n = entries - 1;
         log::debug!("I/O queue pair {qid}: {entries} entries, max transfer {max_xfer}, {list_pages} list page(s) per command");
         Ok(QueuePair {
             ring,
             mem,
-            trackers: vec![Tracker { req: UNUSED, gen: 0 }; n].into_boxed_slice(),
+            slots: (0..n)
+                .map(|_| Slot {
+                    owner: UNUSED,
+                    gen: 0,
+                    req: Request::FREE,
+                    buf: None,
+                })
+                .collect(),
             free_cids: (0..n as u16).rev().collect(),
-            reqs: (0..n).map(|_| None).collect(),
-            free_reqs: (0..n as u16).rev().collect(),
+            live: 0,
+            extra_commands: 0,
+            cq_release_at: entries / 2,
+            created: Instant::now(),
             lists_off,
             list_pages,
             max_xfer,
@@ -335,7 +446,9 @@ impl<B: IoBuffer> QueuePair<B> {
                 .map(|n| NsInfo {
                     nsid: n.nsid,
                     lba_shift: n.lba_size.trailing_zeros(),
+                    lba_mask: n.lba_size - 1,
                     blocks: n.blocks,
+                    one_command: Self::part_step(max_xfer, n.lba_size, false),
                 })
                 .collect(),
             stats: QpairStats::default(),
@@ -351,8 +464,8 @@ impl<B: IoBuffer> QueuePair<B> {
     /// Gives slot `slot` to request `rid` and returns the command id for it.
     #[inline]
     fn claim(&mut self, slot: u16, rid: u16) -> u16 {
-        let t = &mut self.trackers[slot as usize];
-        t.req = rid;
+        let t = &mut self.slots[slot as usize];
+        t.owner = rid;
         t.gen = (t.gen + 1) & 0xf;
         slot | (t.gen as u16) << SLOT_BITS
     }
@@ -364,7 +477,7 @@ impl<B: IoBuffer> QueuePair<B> {
 
     /// Requests in flight.
     pub fn outstanding(&self) -> usize {
-        self.reqs.len() - self.free_reqs.len()
+        self.live
     }
 
     /// Commands that can still be submitted now.
@@ -379,7 +492,10 @@ impl<B: IoBuffer> QueuePair<B> {
 
     /// Counters.
     pub fn stats(&self) -> QpairStats {
-        self.stats
+        QpairStats {
+            commands: self.stats.requests + self.extra_commands,
+            ..self.stats
+        }
     }
 
     #[inline]
@@ -417,173 +533,214 @@ impl<B: IoBuffer> QueuePair<B> {
     /// Reads `buf.len()` bytes from `slba` of `nsid` into `buf`.
     #[inline]
     pub fn read(&mut self, nsid: u32, slba: u64, buf: B, tag: u64) -> Result<(), Rejected<B>> {
-        self.submit_data(io_op::READ, "Read", nsid, slba, buf, tag, false)
+        self.submit_data(Op::Read, nsid, slba, buf, tag)
     }
 
     /// Writes `buf` to `slba` of `nsid`.
     #[inline]
     pub fn write(&mut self, nsid: u32, slba: u64, buf: B, tag: u64) -> Result<(), Rejected<B>> {
-        self.submit_data(io_op::WRITE, "Write", nsid, slba, buf, tag, false)
+        self.submit_data(Op::Write, nsid, slba, buf, tag)
     }
 
     /// Writes with Force Unit Access: completes only once the data is on non-volatile media.
     #[inline]
     pub fn write_fua(&mut self, nsid: u32, slba: u64, buf: B, tag: u64) -> Result<(), Rejected<B>> {
-        self.submit_data(io_op::WRITE, "Write (FUA)", nsid, slba, buf, tag, true)
+        self.submit_data(Op::WriteFua, nsid, slba, buf, tag)
     }
 
     /// Compares `buf` with the blocks at `slba`: completes with "Compare Failure" on a mismatch.
     #[inline]
     pub fn compare(&mut self, nsid: u32, slba: u64, buf: B, tag: u64) -> Result<(), Rejected<B>> {
-        self.submit_data(io_op::COMPARE, "Compare", nsid, slba, buf, tag, false)
+        self.submit_data(Op::Compare, nsid, slba, buf, tag)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn submit_data(
-        &mut self,
-        opcode: u8,
-        op: &'static str,
-        nsid: u32,
-        slba: u64,
-        buf: B,
-        tag: u64,
-        fua: bool,
-    ) -> Result<(), Rejected<B>> {
-        let reject = |error, buf| Err(Rejected { error, buf });
-        if let Err(e) = self.check_usable() {
-            return reject(e, buf);
+    /// Bytes per command when a request is split: the maximum transfer, but a part never spans
+    /// more memory pages than that allows bytes, so when the buffer does not start on a page
+    /// (`aligned` false) each part is one page (or block) shorter. (Controllers size their
+    /// internal scatter lists by MDTS; QEMU's fails a 4 MiB transfer that touches 1025 pages.)
+    const fn part_step(max_xfer: usize, lba_size: usize, aligned: bool) -> usize {
+        if !aligned && max_xfer > PAGE_SIZE {
+            let shorter = if PAGE_SIZE > lba_size { PAGE_SIZE } else { lba_size };
+            max_xfer.saturating_sub(shorter)
+        } else {
+            max_xfer
         }
-        let ns = match self.ns(nsid) {
-            Ok(n) => n,
-            Err(e) => return reject(e, buf),
+    }
+
+    /// The common submission: checks, one command (the request fits one whatever the buffer's
+    /// offset), its data pointer, the request entry. Larger requests go to `submit_split`.
+    #[inline]
+    fn submit_data(&mut self, op: Op, nsid: u32, slba: u64, buf: B, tag: u64) -> Result<(), Rejected<B>> {
+        if self.failed.is_some() {
+            return self.reject_failed(buf);
+        }
+        let Some(ns) = self.namespaces.iter().find(|n| n.nsid == nsid).copied() else {
+            return self.reject_ns(nsid, buf);
         };
         let len = buf.len();
-        let lba_size = 1usize << ns.lba_shift;
-        if len == 0 || len & (lba_size - 1) != 0 {
-            return reject(NvmeError::BadLength { nsid, len, lba_size }, buf);
+        if len == 0 || len & ns.lba_mask != 0 {
+            return reject_len(ns, buf);
         }
         let blocks = (len >> ns.lba_shift) as u64;
         if let Err(e) = self.check_range(ns, slba, blocks) {
-            return reject(e, buf);
+            return Err(Rejected { error: e, buf });
         }
-        // A part never spans more memory pages than MDTS allows bytes: when the buffer does not
-        // start on a page, each part is one page shorter. (Controllers size their internal
-        // scatter lists by MDTS; QEMU's fails a 4 MiB transfer that touches 1025 pages.)
-        let step = if buf.bus_addr(0).get() & (PAGE_SIZE as u64 - 1) != 0 && self.max_xfer > PAGE_SIZE {
-            self.max_xfer - PAGE_SIZE.max(lba_size)
-        } else {
-            self.max_xfer
+        if len > ns.one_command {
+            return self.submit_split(op, ns, slba, buf, tag);
+        }
+        let Some(&slot) = self.free_cids.last() else {
+            return self.reject_full(buf);
         };
-        let parts = len.div_ceil(step);
-        if parts > self.trackers.len() {
-            return reject(
-                NvmeError::TooLarge {
-                    len,
-                    mdts: step * self.trackers.len(),
-                },
-                buf,
-            );
+        let start = buf.bus_addr(0).get();
+        if start & 3 != 0 {
+            return reject_misaligned(start, buf);
         }
-        if parts > 1 && !self.split {
-            return reject(
-                NvmeError::TooLarge {
-                    len,
-                    mdts: self.max_xfer,
-                },
-                buf,
-            );
-        }
-        if parts > self.free_cids.len() || self.free_reqs.is_empty() {
-            let outstanding = self.outstanding();
-            return reject(
-                NvmeError::QueueFull {
-                    qid: self.ring.qid,
-                    outstanding,
-                },
-                buf,
-            );
-        }
-        if buf.bus_addr(0).get() & 3 != 0 {
-            return reject(
-                NvmeError::Buffer(prp::PrpError::Misaligned(buf.bus_addr(0).get())),
-                buf,
-            );
-        }
-        let rid = self.free_reqs.pop().expect("checked above");
-        let mut done = 0usize;
-        let mut first_cid = 0;
-        for part in 0..parts {
-            let plen = step.min(len - done);
-            let slot = self.free_cids.pop().expect("checked above");
-            let mut cmd = Command::rw(
-                opcode,
-                nsid,
-                slba + (done >> ns.lba_shift) as u64,
-                (plen >> ns.lba_shift) as u32,
-            );
-            cmd.set_fua(fua);
-            if let Err(e) = self.set_data_pointer(&mut cmd, slot, &buf, done, plen) {
-                // Take back the parts already written: none was announced to the controller
-                // (the doorbell rings only in `poll`/`flush_submissions`), so rewinding the tail
-                // removes them.
-                self.ring.unpush(part as u16);
-                self.free_cids.push(slot);
-                for (c, t) in self.trackers.iter_mut().enumerate() {
-                    if t.req == rid {
-                        t.req = UNUSED;
-                        self.free_cids.push(c as u16);
-                    }
-                }
-                self.free_reqs.push(rid);
-                return reject(e, buf);
-            }
-            let cid = self.claim(slot, rid);
-            if part == 0 {
-                first_cid = cid;
-            }
-            cmd.set_cid(cid);
-            self.ring.push(&mut self.mem, &cmd);
-            done += plen;
-        }
+        let dp = match self.data_ptr(slot, &buf, 0, len, start) {
+            Ok(dp) => dp,
+            Err(error) => return Err(Rejected { error, buf }),
+        };
+        self.free_cids.pop();
+        let s = &mut self.slots[slot as usize];
+        s.owner = slot;
+        s.gen = (s.gen + 1) & 0xf;
+        let cid = slot | (s.gen as u16) << SLOT_BITS;
+        s.req = Request::new(tag, 1, op);
+        s.buf = Some(buf);
+        let (opcode, fua) = op.io_opcode();
+        self.ring.push(
+            &mut self.mem,
+            &rw_words(opcode, nsid, cid, slba, blocks as u32, fua, dp),
+        );
         self.stats.requests += 1;
-        self.stats.commands += parts as u64;
-        self.reqs[rid as usize] = Some(Request {
-            tag,
-            parts: parts as u16,
-            dw0: 0,
-            error: None,
-            op,
-            buf: Some(buf),
-            seen: None,
-            first_cid,
-            aborted: false,
-        });
+        self.live += 1;
         Ok(())
     }
 
-    /// Fills the data pointer of `cmd` for `len` bytes of `buf` from `off`.
+    #[cold]
+    #[inline(never)]
+    fn reject_failed(&self, buf: B) -> Result<(), Rejected<B>> {
+        let error = self.check_usable().expect_err("failed");
+        Err(Rejected { error, buf })
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn reject_ns(&self, nsid: u32, buf: B) -> Result<(), Rejected<B>> {
+        let error = self.ns(nsid).expect_err("no such namespace");
+        Err(Rejected { error, buf })
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn reject_full(&self, buf: B) -> Result<(), Rejected<B>> {
+        let error = NvmeError::QueueFull {
+            qid: self.ring.qid,
+            outstanding: self.outstanding(),
+        };
+        Err(Rejected { error, buf })
+    }
+
+    /// A request larger than one command: split at `part_step` when splitting is on.
+    #[inline(never)]
+    fn submit_split(&mut self, op: Op, ns: NsInfo, slba: u64, buf: B, tag: u64) -> Result<(), Rejected<B>> {
+        let len = buf.len();
+        let lba_size = 1usize << ns.lba_shift;
+        let start = buf.bus_addr(0).get();
+        let step = Self::part_step(self.max_xfer, lba_size, start & (PAGE_SIZE as u64 - 1) == 0);
+        let parts = len.div_ceil(step);
+        if parts > self.slots.len() {
+            let error = NvmeError::TooLarge {
+                len,
+                mdts: step * self.slots.len(),
+            };
+            return Err(Rejected { error, buf });
+        }
+        if parts > 1 && !self.split {
+            let error = NvmeError::TooLarge {
+                len,
+                mdts: self.max_xfer,
+            };
+            return Err(Rejected { error, buf });
+        }
+        if parts > self.free_cids.len() {
+            return self.reject_full(buf);
+        }
+        if start & 3 != 0 {
+            return reject_misaligned(start, buf);
+        }
+        // The request lives at its first command's slot.
+        let rid = *self.free_cids.last().expect("checked above");
+        let (opcode, fua) = op.io_opcode();
+        let mut done = 0usize;
+        for part in 0..parts {
+            let plen = step.min(len - done);
+            let slot = self.free_cids.pop().expect("checked above");
+            let dp = match self.data_ptr(slot, &buf, done, plen, buf.bus_addr(done).get()) {
+                Ok(dp) => dp,
+                Err(e) => {
+                    // Take back the parts already written: none was announced to the controller
+                    // (the doorbell rings only in `poll`/`flush_submissions`), so rewinding the
+                    // tail removes them.
+                    self.ring.unpush(part as u16);
+                    self.free_cids.push(slot);
+                    for (c, t) in self.slots.iter_mut().enumerate() {
+                        if t.owner == rid {
+                            t.owner = UNUSED;
+                            self.free_cids.push(c as u16);
+                        }
+                    }
+                    return Err(Rejected { error: e, buf });
+                }
+            };
+            let cid = self.claim(slot, rid);
+            let words = rw_words(
+                opcode,
+                ns.nsid,
+                cid,
+                slba + (done >> ns.lba_shift) as u64,
+                (plen >> ns.lba_shift) as u32,
+                fua,
+                dp,
+            );
+            self.ring.push(&mut self.mem, &words);
+            done += plen;
+        }
+        self.stats.requests += 1;
+        self.extra_commands += parts as u64 - 1;
+        self.live += 1;
+        let s = &mut self.slots[rid as usize];
+        s.req = Request::new(tag, parts as u16, op);
+        s.buf = Some(buf);
+        Ok(())
+    }
+
+    /// The data pointer for `len` bytes of `buf` from `off` (bus address `start`), dword
+    /// aligned: an SGL data block where enabled and contiguous, PRP1 alone for one memory page,
+    /// PRP1 + PRP2 for two, a PRP list in tracker `slot`'s list pages otherwise.
     #[inline]
-    fn set_data_pointer(
-        &mut self,
-        cmd: &mut Command,
-        slot: u16,
-        buf: &B,
-        off: usize,
-        len: usize,
-    ) -> Result<()> {
-        let start = buf.bus_addr(off).get();
+    fn data_ptr(&mut self, slot: u16, buf: &B, off: usize, len: usize, start: u64) -> Result<DataPtr> {
         if self.use_sgl && buf.contiguous_len(off) >= len {
-            cmd.set_sgl(SglDescriptor::data_block(start, len as u32));
-            return Ok(());
+            return Ok(DataPtr::sgl(SglDescriptor::data_block(start, len as u32)));
         }
+        let end = (start as usize & (PAGE_SIZE - 1)) + len;
+        if end <= PAGE_SIZE {
+            return Ok(DataPtr::prp(start, 0));
+        }
+        if end <= 2 * PAGE_SIZE {
+            let second = buf
+                .bus_addr(off + PAGE_SIZE - (start as usize & (PAGE_SIZE - 1)))
+                .get();
+            if second & (PAGE_SIZE as u64 - 1) == 0 {
+                return Ok(DataPtr::prp(start, second));
+            }
+        }
+        self.prp_list(slot, buf, off, len, start)
+    }
+
+    /// PRPs through `prp::build`, with a list in tracker `slot`'s list pages.
+    #[inline(never)]
+    fn prp_list(&mut self, slot: u16, buf: &B, off: usize, len: usize, start: u64) -> Result<DataPtr> {
         let first = start as usize & (PAGE_SIZE - 1);
-        // Fast path: one memory page (PRP1 only), the common 4 KiB I/O. Dword alignment is
-        // checked at submit.
-        if first + len <= PAGE_SIZE && start & 3 == 0 {
-            cmd.set_prp1(start);
-            cmd.set_prp2(0);
-            return Ok(());
-        }
         let lists_off = self.lists_off + slot as usize * self.list_pages * PAGE_SIZE;
         let mut lists = TrackerLists {
             mem: &mut self.mem,
@@ -598,38 +755,24 @@ impl<B: IoBuffer> QueuePair<B> {
             |i| buf.bus_addr(off + i * PAGE_SIZE - first).get(),
             &mut lists,
         )?;
-        cmd.set_prp1(p1);
-        cmd.set_prp2(p2);
-        Ok(())
+        Ok(DataPtr::prp(p1, p2))
     }
 
-    fn submit_nodata(&mut self, cmd: Command, op: &'static str, tag: u64) -> Result<()> {
+    fn submit_nodata(&mut self, cmd: Command, op: Op, tag: u64) -> Result<()> {
         self.check_usable()?;
-        if self.free_cids.is_empty() || self.free_reqs.is_empty() {
+        let Some(slot) = self.free_cids.pop() else {
             return Err(NvmeError::QueueFull {
                 qid: self.ring.qid,
                 outstanding: self.outstanding(),
             });
-        }
-        let rid = self.free_reqs.pop().expect("checked");
-        let slot = self.free_cids.pop().expect("checked");
-        let cid = self.claim(slot, rid);
+        };
+        let cid = self.claim(slot, slot);
         let mut cmd = cmd;
         cmd.set_cid(cid);
-        self.ring.push(&mut self.mem, &cmd);
+        self.ring.push(&mut self.mem, &cmd.to_words());
         self.stats.requests += 1;
-        self.stats.commands += 1;
-        self.reqs[rid as usize] = Some(Request {
-            tag,
-            parts: 1,
-            dw0: 0,
-            error: None,
-            op,
-            buf: None,
-            seen: None,
-            first_cid: cid,
-            aborted: false,
-        });
+        self.live += 1;
+        self.slots[slot as usize].req = Request::new(tag, 1, op);
         Ok(())
     }
 
@@ -650,7 +793,7 @@ impl<B: IoBuffer> QueuePair<B> {
         if let Err(error) = self.check_usable() {
             return Err(Rejected { error, buf });
         }
-        if self.free_cids.is_empty() || self.free_reqs.is_empty() {
+        if self.free_cids.is_empty() {
             let error = NvmeError::QueueFull {
                 qid: self.ring.qid,
                 outstanding: self.outstanding(),
@@ -660,35 +803,37 @@ impl<B: IoBuffer> QueuePair<B> {
         let slot = *self.free_cids.last().expect("checked");
         let mut cmd = cmd;
         if let Some(b) = &buf {
-            if let Err(error) = self.set_data_pointer(&mut cmd, slot, b, 0, b.len()) {
-                return Err(Rejected { error, buf });
+            let start = b.bus_addr(0).get();
+            let dp = if start & 3 != 0 {
+                Err(NvmeError::Buffer(prp::PrpError::Misaligned(start)))
+            } else {
+                self.data_ptr(slot, b, 0, b.len(), start)
+            };
+            match dp {
+                Ok(dp) => {
+                    cmd.set_psdt(dp.psdt);
+                    cmd.set_prp1(dp.lo);
+                    cmd.set_prp2(dp.hi);
+                }
+                Err(error) => return Err(Rejected { error, buf }),
             }
         }
-        let rid = self.free_reqs.pop().expect("checked");
         self.free_cids.pop();
-        let cid = self.claim(slot, rid);
+        let cid = self.claim(slot, slot);
         cmd.set_cid(cid);
-        self.ring.push(&mut self.mem, &cmd);
+        self.ring.push(&mut self.mem, &cmd.to_words());
         self.stats.requests += 1;
-        self.stats.commands += 1;
-        self.reqs[rid as usize] = Some(Request {
-            tag,
-            parts: 1,
-            dw0: 0,
-            error: None,
-            op: "raw I/O command",
-            buf,
-            seen: None,
-            first_cid: cid,
-            aborted: false,
-        });
+        self.live += 1;
+        let s = &mut self.slots[slot as usize];
+        s.req = Request::new(tag, 1, Op::Raw);
+        s.buf = buf;
         Ok(())
     }
 
     /// Flush: commits the namespace's volatile write cache to media.
     pub fn flush(&mut self, nsid: u32, tag: u64) -> Result<()> {
         self.ns(nsid)?;
-        self.submit_nodata(Command::new(io_op::FLUSH, nsid), "Flush", tag)
+        self.submit_nodata(Command::new(io_op::FLUSH, nsid), Op::Flush, tag)
     }
 
     /// Write Zeroes: `blocks` (1..=65536) blocks from `slba` read back as zeroes.
@@ -702,7 +847,7 @@ impl<B: IoBuffer> QueuePair<B> {
         self.check_range(ns, slba, blocks as u64)?;
         self.submit_nodata(
             Command::rw(io_op::WRITE_ZEROES, nsid, slba, blocks),
-            "Write Zeroes",
+            Op::WriteZeroes,
             tag,
         )
     }
@@ -735,7 +880,7 @@ impl<B: IoBuffer> QueuePair<B> {
         }
         let mut cmd = Command::deallocate(nsid, ranges.len() as u32);
         cmd.set_prp1(self.mem.bus(off));
-        self.submit_nodata(cmd, "Dataset Management", tag)
+        self.submit_nodata(cmd, Op::DatasetManagement, tag)
     }
 
     /// Rings the submission doorbell for everything submitted since the last ring.
@@ -766,46 +911,55 @@ impl<B: IoBuffer> QueuePair<B> {
             let slot = (c.cid & SLOT_MASK) as usize;
             let gen = (c.cid >> SLOT_BITS) as u8;
             let Some(t) = self
-                .trackers
-                .get(slot)
-                .copied()
-                .filter(|t| t.req != UNUSED && t.gen == gen)
+                .slots
+                .get_mut(slot)
+                .filter(|t| t.owner != UNUSED && t.gen == gen)
             else {
-                self.stats.bogus_completions += 1;
-                log::error!(
-                    "queue {}: completion for command id {} which is not in flight: {c:?}",
-                    self.ring.qid,
-                    c.cid
-                );
+                self.bogus(c);
                 continue;
             };
-            self.trackers[slot].req = UNUSED;
-            self.free_cids.push(slot as u16);
+            let rid = t.owner as usize;
+            t.owner = UNUSED;
+            let s = if slot == rid {
+                t
+            } else {
+                // Another part of a split request: its slot is free now; the request's own slot
+                // (its first part's) stays taken until the whole request completes.
+                self.free_cids.push(slot as u16);
+                &mut self.slots[rid]
+            };
             let st = c.status();
-            let req = self.reqs[t.req as usize]
-                .as_mut()
-                .expect("tracker points at a live request");
-            if !st.is_success() && req.error.is_none() {
-                req.error = Some(st);
+            let req = &mut s.req;
+            debug_assert!(req.parts != 0, "slot points at a live request");
+            if !st.is_success() && req.error.is_success() {
+                req.error = st;
             }
-            req.dw0 = c.dw0;
             req.parts -= 1;
             if req.parts == 0 {
-                let req = self.reqs[t.req as usize].take().expect("live");
-                self.free_reqs.push(t.req);
-                let result = match req.error {
-                    None => Ok(req.dw0),
-                    Some(status) => {
-                        self.stats.errors += 1;
-                        Err(NvmeError::Status { op: req.op, status })
-                    }
-                };
+                let (tag, error, op) = (req.tag, req.error, req.op);
+                let buf = s.buf.take();
+                self.free_cids.push(rid as u16);
+                self.live -= 1;
                 delivered += 1;
-                f(Done {
-                    tag: req.tag,
-                    result,
-                    buf: req.buf,
-                });
+                if error.is_success() {
+                    // DW0 of the part that completed last (a split request's parts all carry
+                    // the same command, so any part's DW0 would do).
+                    f(Done {
+                        tag,
+                        result: Ok(c.dw0),
+                        buf,
+                    });
+                } else {
+                    self.stats.errors += 1;
+                    f(Done {
+                        tag,
+                        result: Err(NvmeError::Status {
+                            op: op.name(),
+                            status: error,
+                        }),
+                        buf,
+                    });
+                }
             }
         }
         if consumed != 0 {
@@ -816,9 +970,9 @@ impl<B: IoBuffer> QueuePair<B> {
         // It is rung as soon as released-but-unannounced entries plus commands in flight could
         // fill half the queue, so the controller always has room to post (this check runs at
         // every poll, busy or not, so a controller waiting for room is never left waiting).
-        let in_flight = self.trackers.len() - self.free_cids.len();
+        let taken = self.slots.len() - self.free_cids.len();
         let unacked = self.ring.unacked as usize;
-        if unacked != 0 && unacked + in_flight >= self.ring.entries as usize / 2 {
+        if unacked != 0 && unacked + taken >= self.cq_release_at {
             if self.ring.ring_cq() {
                 self.stats.cq_doorbells += 1;
             } else {
@@ -836,6 +990,18 @@ impl<B: IoBuffer> QueuePair<B> {
         delivered
     }
 
+    /// A completion for no command in flight: counted and logged.
+    #[cold]
+    #[inline(never)]
+    fn bogus(&mut self, c: crate::cmd::Completion) {
+        self.stats.bogus_completions += 1;
+        log::error!(
+            "queue {}: completion for command id {} which is not in flight: {c:?}",
+            self.ring.qid,
+            c.cid
+        );
+    }
+
     /// Timeouts and controller health, off the hot path.
     #[cold]
     fn check_health(&mut self, f: &mut impl FnMut(Done<B>)) -> usize {
@@ -848,21 +1014,33 @@ impl<B: IoBuffer> QueuePair<B> {
             };
             return self.fail_all(why.to_string(), f);
         }
-        let now = Instant::now();
-        let mut expired = Vec::new();
-        for (rid, r) in self.reqs.iter_mut().enumerate() {
-            let Some(r) = r else { continue };
-            let seen = *r.seen.get_or_insert(now);
-            if now.duration_since(seen) > self.timeout {
-                // Every part of the request still in flight (a split request's other parts may
-                // have completed, and their slots now belong to other requests).
-                for (slot, t) in self.trackers.iter().enumerate() {
-                    if t.req == rid as u16 {
-                        expired.push((slot as u16 | (t.gen as u16) << SLOT_BITS, r.aborted));
-                    }
-                }
+        // Milliseconds since creation, plus one (0 means "not seen" in `Request::seen_ms`);
+        // wrapping arithmetic keeps working past 49 days.
+        let now = (self.created.elapsed().as_millis() as u32).wrapping_add(1).max(1);
+        let timeout = self.timeout.as_millis().min(u32::MAX as u128 / 2) as u32;
+        let mut timed_out = Vec::new();
+        for (rid, s) in self.slots.iter_mut().enumerate() {
+            let r = &mut s.req;
+            if r.parts == 0 {
+                continue;
+            }
+            if r.seen_ms == 0 {
+                r.seen_ms = now;
+            }
+            if now.wrapping_sub(r.seen_ms) > timeout {
+                timed_out.push((rid as u16, r.aborted));
                 r.aborted = true;
-                r.seen = Some(now);
+                r.seen_ms = now;
+            }
+        }
+        // Every part of those requests still in flight (a split request's other parts may have
+        // completed, and their slots now belong to other requests).
+        let mut expired = Vec::new();
+        for (rid, already) in timed_out {
+            for (slot, t) in self.slots.iter().enumerate() {
+                if t.owner == rid {
+                    expired.push((slot as u16 | (t.gen as u16) << SLOT_BITS, already));
+                }
             }
         }
         for (cid, already) in expired {
@@ -903,12 +1081,17 @@ impl<B: IoBuffer> QueuePair<B> {
         );
         self.failed = Some(why.clone());
         let mut n = 0;
-        for (i, slot) in self.reqs.iter_mut().enumerate() {
-            if let Some(req) = slot.take() {
-                std::mem::forget(req.buf);
+        for t in self.slots.iter_mut() {
+            t.owner = UNUSED;
+        }
+        for s in self.slots.iter_mut() {
+            let req = &mut s.req;
+            if req.parts != 0 {
+                req.parts = 0;
+                std::mem::forget(s.buf.take());
                 self.stats.errors += 1;
                 n += 1;
-                self.free_reqs.push(i as u16);
+                self.live -= 1;
                 f(Done {
                     tag: req.tag,
                     result: Err(NvmeError::Failed(why.clone())),
@@ -927,7 +1110,11 @@ impl<B: IoBuffer> QueuePair<B> {
         while self.outstanding() != 0 {
             n += self.poll(usize::MAX, &mut f);
             if start.elapsed() > timeout {
-                let cid = self.reqs.iter().flatten().next().map_or(0, |r| r.first_cid);
+                let cid = self
+                    .slots
+                    .iter()
+                    .position(|s| s.req.parts != 0)
+                    .map_or(0, |rid| rid as u16 | (self.slots[rid].gen as u16) << SLOT_BITS);
                 return Err(NvmeError::Timeout {
                     op: "drain",
                     qid: self.ring.qid,
@@ -976,8 +1163,8 @@ impl<B: IoBuffer> Drop for QueuePair<B> {
                 "queue pair {qid} could not be deleted; leaking its memory and {} buffers",
                 self.outstanding()
             );
-            for r in self.reqs.iter_mut().flatten() {
-                std::mem::forget(r.buf.take());
+            for s in self.slots.iter_mut() {
+                std::mem::forget(s.buf.take());
             }
             self.mem.leak();
             std::mem::forget(self.sq_cmb.take());

@@ -3,7 +3,9 @@
 
 use vfpoll_pci::mmio::Mmio;
 
-use crate::cmd::{Command, Completion};
+#[cfg(doc)]
+use crate::cmd::Command;
+use crate::cmd::Completion;
 use crate::qmem::{wmb, QueueMem, ShadowSlot};
 use crate::regs;
 
@@ -11,6 +13,9 @@ use crate::regs;
 pub const SQE_SIZE: usize = 64;
 /// Size of a completion queue entry.
 pub const CQE_SIZE: usize = 16;
+
+/// The phase tag bit of a completion's DW3.
+pub(crate) const PHASE: u32 = 1 << 16;
 
 /// Where a queue's pieces sit in its memory.
 #[derive(Debug, Clone, Copy)]
@@ -25,7 +30,8 @@ pub(crate) struct Layout {
 pub(crate) struct Ring {
     pub sq_tail: u16,
     pub cq_head: u16,
-    pub phase: bool,
+    /// The phase tag a new completion carries, where it sits in DW3 (bit 16): `PHASE` or 0.
+    phase: u32,
     /// The controller's SQ head, from the last completion.
     pub sq_head: u16,
     pub entries: u16,
@@ -33,12 +39,8 @@ pub(crate) struct Ring {
     pub unrung: u16,
     /// Completions consumed since the last CQ doorbell.
     pub unacked: u16,
-    sq_off: usize,
-    cq_off: usize,
     sq_db: Mmio,
     cq_db: Mmio,
-    /// The submission queue's slots in the controller memory buffer, instead of host memory.
-    sq_cmb: Option<Mmio>,
     /// Shadow doorbells, when Doorbell Buffer Config is on: the MMIO doorbell is written only
     /// when the controller's EventIdx asks for it.
     shadow: Option<ShadowSlot>,
@@ -46,30 +48,21 @@ pub(crate) struct Ring {
 }
 
 impl Ring {
-    pub(crate) fn new(bar: &Mmio, stride: usize, qid: u16, layout: Layout) -> Self {
+    pub(crate) fn new(bar: &Mmio, stride: usize, qid: u16, entries: u16) -> Self {
         let window = |off| bar.window(off, 4).expect("doorbell inside BAR0");
         Ring {
             sq_tail: 0,
             cq_head: 0,
-            phase: true,
+            phase: PHASE,
             sq_head: 0,
-            entries: layout.entries,
+            entries,
             unrung: 0,
             unacked: 0,
-            sq_off: layout.sq_off,
-            cq_off: layout.cq_off,
             sq_db: window(regs::sq_tail_doorbell(qid, stride)),
             cq_db: window(regs::cq_head_doorbell(qid, stride)),
             shadow: None,
-            sq_cmb: None,
             qid,
         }
-    }
-
-    /// Writes submission queue entries into `cmb` (the queue's slots in the controller memory
-    /// buffer) instead of host memory.
-    pub(crate) fn set_sq_in_cmb(&mut self, cmb: Mmio) {
-        self.sq_cmb = Some(cmb);
     }
 
     /// Uses shadow doorbells for this queue.
@@ -77,20 +70,12 @@ impl Ring {
         self.shadow = Some(slot);
     }
 
-    /// Writes `cmd` at the tail and advances it. The caller guarantees a free slot (it keeps
-    /// at most `entries - 1` commands outstanding). The doorbell is not rung.
+    /// Writes a command (its eight 64-bit words, see [`Command::to_words`]) at the tail and
+    /// advances it. The caller guarantees a free slot (it keeps at most `entries - 1` commands
+    /// outstanding). The doorbell is not rung.
     #[inline]
-    pub(crate) fn push(&mut self, mem: &mut QueueMem, cmd: &Command) {
-        match &self.sq_cmb {
-            None => mem.write_command(self.sq_off + self.sq_tail as usize * SQE_SIZE, cmd),
-            Some(cmb) => {
-                let mut w = [0u64; 8];
-                for (i, x) in w.iter_mut().enumerate() {
-                    *x = cmd.dw[2 * i] as u64 | (cmd.dw[2 * i + 1] as u64) << 32;
-                }
-                cmb.write_u64s(self.sq_tail as usize * SQE_SIZE, &w);
-            }
-        }
+    pub(crate) fn push(&mut self, mem: &mut QueueMem, words: &[u64; 8]) {
+        mem.write_sqe(self.sq_tail, words);
         self.sq_tail = if self.sq_tail + 1 == self.entries {
             0
         } else {
@@ -132,16 +117,11 @@ impl Ring {
     /// The next completion if its phase tag says the controller posted it; advances the head.
     #[inline]
     pub(crate) fn pop(&mut self, mem: &QueueMem) -> Option<Completion> {
-        let off = self.cq_off + self.cq_head as usize * CQE_SIZE;
-        let dw3 = mem.completion_dw3(off);
-        if (dw3 >> 16) & 1 != self.phase as u32 {
-            return None;
-        }
-        let c = mem.completion(off, dw3);
+        let c = mem.cqe_if_phase(self.cq_head, self.phase)?;
         self.cq_head += 1;
         if self.cq_head == self.entries {
             self.cq_head = 0;
-            self.phase = !self.phase;
+            self.phase ^= PHASE;
         }
         self.sq_head = c.sq_head;
         self.unacked += 1;

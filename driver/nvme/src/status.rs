@@ -95,7 +95,8 @@ impl Status {
 
     /// Whether the command succeeded.
     pub const fn is_success(self) -> bool {
-        self.sc() == 0 && matches!(self.sct(), Sct::Generic)
+        // SC (bits 8:1) and SCT (bits 11:9) both 0.
+        self.0 & 0x0ffe == 0
     }
 
     /// The spec's name for this status, or `None` for a code it does not name here.
@@ -227,6 +228,14 @@ mod tests {
         assert_eq!(m.to_string(), "Unrecovered Read Error (SCT 0x2, SC 0x81)");
         assert!(!m.is_success());
         assert!(Status::from_field(1).is_success());
+        for field in 0..=u16::MAX {
+            let st = Status::from_field(field);
+            assert_eq!(
+                st.is_success(),
+                st.sc() == 0 && st.sct() == Sct::Generic,
+                "{field:#x}"
+            );
+        }
         let v = Status::new(Sct::Vendor, 0xc3, false);
         assert_eq!(v.name(), None);
         assert!(v.to_string().starts_with("status code 0xc3 (SCT 0x7"));
