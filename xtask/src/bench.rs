@@ -6,7 +6,10 @@
 //! 1. the kernel's nvme driver (interrupts): fio with io_uring and with libaio;
 //! 2. the kernel's nvme driver with a poll queue (`nvme.poll_queues`; the module is reloaded
 //!    with `poll_queues=1` if it has none): fio with io_uring and `hipri` (polled completions);
-//! 3. the device on vfio-pci (`vfpoll bind`): `vfpoll perf` (release build).
+//! 3. the device on vfio-pci (`vfpoll bind`): `vfpoll perf` (release build), with the driver's
+//!    defaults (shadow doorbells on: QEMU offers Doorbell Buffer Config), then with
+//!    `--no-shadow-doorbell` (every doorbell an MMIO write) and with `--cmb-sq` (submission
+//!    queues in the controller memory buffer), which measures what those two options do.
 //!
 //! fio runs with `clocksource=cpu` (the TSC, as vfpoll's own clock): the guest's clocksource is
 //! the HPET, and fio's default `clock_gettime` would spend more time reading it than the kernel
@@ -35,15 +38,19 @@ Usage: cargo xtask bench [OPTIONS]
 One boot of the QEMU guest (IOMMU mode). On NVMe A (0000:00:03.0, namespace 1), CPU 1, the same
 time, queue depth and I/O size for everyone: fio with io_uring and libaio on the kernel's nvme
 driver, fio with io_uring hipri on a poll queue (nvme reloaded with poll_queues=1 if needed),
-then `vfpoll perf` with the device on vfio-pci. Cases: 4 KiB random read at queue depth 1 and 32,
-128 KiB sequential read at queue depth 32. Prints one table: IOPS (median and range over the
-repetitions), p50 and p99 latency (medians), and the ratios vfpoll/kernel. The guest's JSON files stay in target/testbed/run/bench-iommu/out.
+then `vfpoll perf` with the device on vfio-pci: with its defaults (shadow doorbells on), with
+--no-shadow-doorbell (engine vfpoll-mmio-db) and with --cmb-sq (engine vfpoll-cmb-sq). Cases:
+4 KiB random read at queue depth 1 and 32, 128 KiB sequential read at queue depth 32. Prints two
+tables: vfpoll against the kernel (IOPS, median and range over the repetitions, p50 and p99
+latency, medians, and the ratios vfpoll/kernel), and vfpoll's options against its defaults.
+The guest's JSON files stay in target/testbed/run/bench-iommu/out.
 
 Options:
       --time <SECS>       Seconds per run [default: 5]
       --repeat <N>        Runs per engine and case, kernel and vfpoll in alternating order;
                           the table shows the median IOPS, p50 and p99 [default: 3]
-      --engines <LIST>    Only these of vfpoll,io_uring,libaio,io_uring-hipri [default: all]
+      --engines <LIST>    Only these of vfpoll,vfpoll-mmio-db,vfpoll-cmb-sq,io_uring,libaio,
+                          io_uring-hipri [default: all]
       --no-build          Do not build vfpoll (release) first
   -v, --verbose           Show the guest init's lines and kernel warnings
   -h, --help              Print this help";
@@ -68,6 +75,10 @@ pub struct BenchArgs {
 pub enum Engine {
     /// `vfpoll perf`.
     Vfpoll,
+    /// `vfpoll perf --no-shadow-doorbell`.
+    VfpollMmioDb,
+    /// `vfpoll perf --cmb-sq`.
+    VfpollCmbSq,
     /// fio, io_uring, interrupts.
     IoUring,
     /// fio, libaio.
@@ -77,16 +88,30 @@ pub enum Engine {
 }
 
 impl Engine {
-    const ALL: [Engine; 4] = [
+    const ALL: [Engine; 6] = [
         Engine::Vfpoll,
+        Engine::VfpollMmioDb,
+        Engine::VfpollCmbSq,
         Engine::IoUring,
         Engine::IoUringHipri,
         Engine::Libaio,
     ];
 
+    /// `vfpoll perf`'s extra options for a vfpoll engine; `None` for a kernel engine.
+    fn vfpoll_flags(self) -> Option<&'static str> {
+        match self {
+            Engine::Vfpoll => Some(""),
+            Engine::VfpollMmioDb => Some(" --no-shadow-doorbell"),
+            Engine::VfpollCmbSq => Some(" --cmb-sq"),
+            _ => None,
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
             Engine::Vfpoll => "vfpoll",
+            Engine::VfpollMmioDb => "vfpoll-mmio-db",
+            Engine::VfpollCmbSq => "vfpoll-cmb-sq",
             Engine::IoUring => "io_uring",
             Engine::Libaio => "libaio",
             Engine::IoUringHipri => "io_uring-hipri",
@@ -182,7 +207,7 @@ pub fn parse(args: &[String]) -> Result<Task> {
                     .split(',')
                     .map(|e| {
                         Engine::ALL.into_iter().find(|x| x.name() == e).ok_or_else(|| {
-                            err!("bench: unknown engine {e:?}; one of vfpoll, io_uring, io_uring-hipri, libaio")
+                            err!("bench: unknown engine {e:?}; one of vfpoll, vfpoll-mmio-db, vfpoll-cmb-sq, io_uring, io_uring-hipri, libaio")
                         })
                     })
                     .collect::<Result<_>>()?;
@@ -250,24 +275,30 @@ fi
     kernel.push_str("}\n");
     let mut ours = "vfpoll() { # REP\n  $V bind $BDF >/dev/null || exit 1\n".to_string();
     for c in CASES {
-        let _ = writeln!(
-            ours,
-            "  echo \"bench: vfpoll {id}-r$1\"; $V perf --device $BDF --nsid 1 --cores {CPU} --time {t} \
-             --workload {} --io-size {} --queue-depth {} --json > /out/vfpoll-{id}-r$1.json || echo 'bench: vfpoll failed'",
-            c.rw,
-            c.bs,
-            c.qd,
-            id = c.id
-        );
+        for e in Engine::ALL.into_iter().filter(|&e| has(e)) {
+            let Some(flags) = e.vfpoll_flags() else { continue };
+            let _ = writeln!(
+                ours,
+                "  echo \"bench: {name} {id}-r$1\"; $V perf --device $BDF --nsid 1 --cores {CPU} --time {t} \
+                 --workload {} --io-size {} --queue-depth {}{flags} --json > /out/{name}-{id}-r$1.json \
+                 || echo 'bench: {name} failed'",
+                c.rw,
+                c.bs,
+                c.qd,
+                name = e.name(),
+                id = c.id
+            );
+        }
     }
     ours.push_str("  $V reset $BDF >/dev/null\n}\n");
     s.push_str(&kernel);
     s.push_str(&ours);
     let kernel_on = has(Engine::IoUring) || has(Engine::Libaio) || has(Engine::IoUringHipri);
+    let vfpoll_on = a.engines.iter().any(|e| e.vfpoll_flags().is_some());
     let _ = writeln!(s, "for rep in $(seq {}); do", a.repeat);
     let (k, v) = (
         if kernel_on { "kernel $rep" } else { ":" },
-        if has(Engine::Vfpoll) { "vfpoll $rep" } else { ":" },
+        if vfpoll_on { "vfpoll $rep" } else { ":" },
     );
     let _ = writeln!(
         s,
@@ -282,7 +313,7 @@ pub fn main(ws: &Workspace, a: &BenchArgs) -> Result<u8> {
         run(vm::cargo(ws).args(["build", "--release", "-p", "vfpoll"]))?;
     }
     let vfpoll = ws.target.join("release/vfpoll");
-    if a.engines.contains(&Engine::Vfpoll) && !vfpoll.exists() {
+    if a.engines.iter().any(|e| e.vfpoll_flags().is_some()) && !vfpoll.exists() {
         return Err(err!(
             "{} is missing: build it (cargo build --release -p vfpoll)",
             vfpoll.display()
@@ -387,9 +418,9 @@ fn fio_result(v: &Value) -> Option<Result3> {
 
 fn result_of(dir: &Path, e: Engine, case: &Case, rep: u32) -> Option<Result3> {
     let v = load_json(&dir.join(format!("{}-{}-r{rep}.json", e.name(), case.id)))?;
-    match e {
-        Engine::Vfpoll => vfpoll_result(&v),
-        _ => fio_result(&v),
+    match e.vfpoll_flags() {
+        Some(_) => vfpoll_result(&v),
+        None => fio_result(&v),
     }
 }
 
@@ -426,40 +457,61 @@ fn summary(dir: &Path, e: Engine, case: &Case, repeat: u32) -> Option<(Result3, 
     ))
 }
 
-/// The table: one block per case, vfpoll first, then each kernel engine with the ratios.
+/// One table row's cells: IOPS, IOPS range, p50, p99 (or dashes when no run produced a result).
+fn cells(r: &Option<(Result3, f64, f64, usize)>, repeat: u32) -> (String, String, String, String) {
+    match r {
+        Some((m, lo, hi, n)) => (
+            format!("{:.0}", m.iops),
+            if *n == repeat as usize {
+                format!("{lo:.0}-{hi:.0}")
+            } else {
+                format!("{lo:.0}-{hi:.0} ({n} runs)")
+            },
+            format!("{:.1}", m.p50_us),
+            format!("{:.1}", m.p99_us),
+        ),
+        None => ("-".into(), String::new(), "-".into(), "-".into()),
+    }
+}
+
+/// `a / b` as a ratio cell, or empty when either is missing.
+fn ratio(a: Option<f64>, b: Option<f64>) -> String {
+    match (a, b) {
+        (Some(a), Some(b)) => format!("{:.2}x", a / b.max(f64::MIN_POSITIVE)),
+        _ => String::new(),
+    }
+}
+
+/// The tables: vfpoll (defaults) against each kernel engine, one block per case; then, when
+/// they ran, vfpoll's options against its defaults.
 fn table(dir: &Path, engines: &[Engine], repeat: u32) -> String {
-    let mut s = format!(
-        "{:<20} {:<15} {:>8} {:>17} {:>9} {:>9} {:>13} {:>12}\n",
-        "case", "engine", "IOPS", "IOPS range", "p50 us", "p99 us", "IOPS vfpoll/k", "p99 vfpoll/k"
-    );
+    let header = |a: &str, b: &str| {
+        format!(
+            "{:<20} {:<15} {:>8} {:>17} {:>9} {:>9} {a:>13} {b:>12}\n",
+            "case", "engine", "IOPS", "IOPS range", "p50 us", "p99 us"
+        )
+    };
+    let mut s = header("IOPS vfpoll/k", "p99 vfpoll/k");
+    let shown = |e: &Engine| engines.contains(e);
     for c in CASES {
         let ours = summary(dir, Engine::Vfpoll, c, repeat).map(|x| x.0);
         let mut label = c.label;
-        for &e in Engine::ALL.iter().filter(|e| engines.contains(e)) {
+        let kernel = Engine::ALL.into_iter().filter(|e| e.vfpoll_flags().is_none());
+        for e in std::iter::once(Engine::Vfpoll).chain(kernel).filter(shown) {
             let r = summary(dir, e, c, repeat);
-            let (iops, range, p50, p99) = match &r {
-                Some((m, lo, hi, n)) => (
-                    format!("{:.0}", m.iops),
-                    if *n == repeat as usize {
-                        format!("{lo:.0}-{hi:.0}")
-                    } else {
-                        format!("{lo:.0}-{hi:.0} ({n} runs)")
-                    },
-                    format!("{:.1}", m.p50_us),
-                    format!("{:.1}", m.p99_us),
-                ),
-                None => ("-".into(), String::new(), "-".into(), "-".into()),
-            };
-            let (ratio, p99r) = match (e, &ours, &r) {
-                (Engine::Vfpoll, _, _) | (_, None, _) | (_, _, None) => (String::new(), String::new()),
-                (_, Some(o), Some((k, ..))) => (
-                    format!("{:.2}x", o.iops / k.iops.max(f64::MIN_POSITIVE)),
-                    format!("{:.2}x", o.p99_us / k.p99_us.max(f64::MIN_POSITIVE)),
-                ),
+            let (iops, range, p50, p99) = cells(&r, repeat);
+            let (ri, rp) = if e == Engine::Vfpoll {
+                (String::new(), String::new())
+            } else {
+                let k = r.map(|x| x.0);
+                (
+                    ratio(ours.map(|o| o.iops), k.map(|k| k.iops)),
+                    ratio(ours.map(|o| o.p99_us), k.map(|k| k.p99_us)),
+                )
             };
             let _ = writeln!(
                 s,
-                "{label:<20} {:<15} {iops:>8} {range:>17} {p50:>9} {p99:>9} {ratio:>13} {p99r:>12}",
+                "{label:<20} {:<15} {iops:>8} {range:>17} {p50:>9} {p99:>9} {ri:>13} {rp:>12}",
                 e.name()
             );
             label = "";
@@ -469,6 +521,38 @@ fn table(dir: &Path, engines: &[Engine], repeat: u32) -> String {
         "\nMedians over the repetitions. IOPS vfpoll/k: vfpoll's IOPS over the kernel engine's \
          (higher is better); p99 vfpoll/k: vfpoll's p99 over the kernel's (below 1 is better).\n",
     );
+    let options = [Engine::VfpollMmioDb, Engine::VfpollCmbSq];
+    if options.iter().any(shown) {
+        s.push_str("\nvfpoll's options, same boot: vfpoll-mmio-db = perf --no-shadow-doorbell, vfpoll-cmb-sq = perf --cmb-sq\n");
+        s.push_str(&header("IOPS opt/def", "p99 opt/def"));
+        for c in CASES {
+            let def = summary(dir, Engine::Vfpoll, c, repeat).map(|x| x.0);
+            let mut label = c.label;
+            for e in std::iter::once(Engine::Vfpoll).chain(options).filter(shown) {
+                let r = summary(dir, e, c, repeat);
+                let (iops, range, p50, p99) = cells(&r, repeat);
+                let (ri, rp) = if e == Engine::Vfpoll {
+                    (String::new(), String::new())
+                } else {
+                    let o = r.map(|x| x.0);
+                    (
+                        ratio(o.map(|o| o.iops), def.map(|d| d.iops)),
+                        ratio(o.map(|o| o.p99_us), def.map(|d| d.p99_us)),
+                    )
+                };
+                let _ = writeln!(
+                    s,
+                    "{label:<20} {:<15} {iops:>8} {range:>17} {p50:>9} {p99:>9} {ri:>13} {rp:>12}",
+                    e.name()
+                );
+                label = "";
+            }
+        }
+        s.push_str(
+            "\nIOPS opt/def: the option's IOPS over the defaults' (shadow doorbells on, SQ in host \
+             memory); p99 opt/def likewise (below 1 is better).\n",
+        );
+    }
     s
 }
 
@@ -535,11 +619,58 @@ mod tests {
             "for rep in $(seq 2); do",
             "perf --device $BDF --nsid 1 --cores 1 --time 7 --workload randread --io-size 4k --queue-depth 1 \
              --json > /out/vfpoll-4k-randread-qd1-r$1.json",
+            "--queue-depth 32 --no-shadow-doorbell --json > /out/vfpoll-mmio-db-4k-randread-qd32-r$1.json",
+            "--queue-depth 32 --cmb-sq --json > /out/vfpoll-cmb-sq-128k-read-qd32-r$1.json",
         ] {
             assert!(s.contains(want), "no {want:?} in\n{s}");
         }
         assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(vec![4.0, 1.0]), 2.5);
+    }
+
+    #[test]
+    fn tables_compare_vfpoll_with_the_kernel_and_its_options_with_its_defaults() {
+        let dir = std::env::temp_dir().join(format!("xtask-bench-table-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let ours = |iops: u32, p99: u32| format!(r#"{{"iops":{iops},"lat_ns":{{"p50":1000,"p99":{p99}}}}}"#);
+        let fio = |iops: u32, p99: u32| {
+            format!(
+                r#"{{"jobs":[{{"read":{{"iops":{iops},"lat_ns":{{"percentile":{{"50.000000":9000,"99.000000":{p99}}}}}}}}}]}}"#
+            )
+        };
+        for c in CASES {
+            for rep in 1..=2 {
+                let w = |e: &str, text: String| {
+                    fs::write(dir.join(format!("{e}-{}-r{rep}.json", c.id)), text).unwrap()
+                };
+                w("vfpoll", ours(1000, 50_000));
+                w("io_uring", fio(100, 500_000));
+                w("vfpoll-mmio-db", ours(1500, 40_000));
+                // No vfpoll-cmb-sq results: its row shows dashes.
+            }
+        }
+        let t = table(&dir, &Engine::ALL, 2);
+        fs::remove_dir_all(&dir).unwrap();
+        let row = |engine: &str| {
+            // Table rows only: the engine's name followed by its IOPS (or a dash).
+            t.lines()
+                .map(|l| l.split_whitespace().collect::<Vec<_>>())
+                .filter(|w| {
+                    w.windows(2)
+                        .any(|p| p[0] == engine && (p[1] == "-" || p[1].parse::<f64>().is_ok()))
+                })
+                .collect::<Vec<_>>()
+        };
+        let uring = row("io_uring");
+        assert_eq!(uring.len(), 3, "{t}");
+        assert!(uring.iter().all(|r| r.ends_with(&["10.00x", "0.10x"])), "{t}");
+        let mmio = row("vfpoll-mmio-db");
+        assert!(mmio.iter().all(|r| r.ends_with(&["1.50x", "0.80x"])), "{t}");
+        assert!(row("vfpoll-cmb-sq").iter().all(|r| r.contains(&"-")), "{t}");
+        assert!(
+            row("libaio").iter().all(|r| !r.iter().any(|w| w.ends_with('x'))),
+            "{t}"
+        );
     }
 
     #[test]
