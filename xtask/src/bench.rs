@@ -482,31 +482,34 @@ fn ratio(a: Option<f64>, b: Option<f64>) -> String {
     }
 }
 
-/// The tables: vfpoll (defaults) against each kernel engine, one block per case; then, when
-/// they ran, vfpoll's options against its defaults.
-fn table(dir: &Path, engines: &[Engine], repeat: u32) -> String {
-    let header = |a: &str, b: &str| {
-        format!(
-            "{:<20} {:<15} {:>8} {:>17} {:>9} {:>9} {a:>13} {b:>12}\n",
-            "case", "engine", "IOPS", "IOPS range", "p50 us", "p99 us"
-        )
-    };
-    let mut s = header("IOPS vfpoll/k", "p99 vfpoll/k");
-    let shown = |e: &Engine| engines.contains(e);
+/// Which way a block's ratio columns divide.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Ratio {
+    /// vfpoll's defaults over the row (vfpoll against a kernel engine).
+    DefaultOverRow,
+    /// The row over vfpoll's defaults (one of vfpoll's options against the defaults).
+    RowOverDefault,
+}
+
+/// One block of rows per case: vfpoll's defaults, then `others` (those that ran), each with its
+/// two ratios against the defaults.
+fn blocks(s: &mut String, dir: &Path, repeat: u32, others: &[Engine], dir_of_ratio: Ratio) {
     for c in CASES {
-        let ours = summary(dir, Engine::Vfpoll, c, repeat).map(|x| x.0);
+        let def = summary(dir, Engine::Vfpoll, c, repeat).map(|x| x.0);
         let mut label = c.label;
-        let kernel = Engine::ALL.into_iter().filter(|e| e.vfpoll_flags().is_none());
-        for e in std::iter::once(Engine::Vfpoll).chain(kernel).filter(shown) {
+        for &e in std::iter::once(&Engine::Vfpoll).chain(others) {
             let r = summary(dir, e, c, repeat);
             let (iops, range, p50, p99) = cells(&r, repeat);
             let (ri, rp) = if e == Engine::Vfpoll {
                 (String::new(), String::new())
             } else {
-                let k = r.map(|x| x.0);
+                let (num, den) = match dir_of_ratio {
+                    Ratio::DefaultOverRow => (def, r.map(|x| x.0)),
+                    Ratio::RowOverDefault => (r.map(|x| x.0), def),
+                };
                 (
-                    ratio(ours.map(|o| o.iops), k.map(|k| k.iops)),
-                    ratio(ours.map(|o| o.p99_us), k.map(|k| k.p99_us)),
+                    ratio(num.map(|x| x.iops), den.map(|x| x.iops)),
+                    ratio(num.map(|x| x.p99_us), den.map(|x| x.p99_us)),
                 )
             };
             let _ = writeln!(
@@ -517,37 +520,35 @@ fn table(dir: &Path, engines: &[Engine], repeat: u32) -> String {
             label = "";
         }
     }
+}
+
+/// The tables: vfpoll (defaults) against each kernel engine, one block per case; then, when
+/// they ran, vfpoll's options against its defaults.
+fn table(dir: &Path, engines: &[Engine], repeat: u32) -> String {
+    let header = |a: &str, b: &str| {
+        format!(
+            "{:<20} {:<15} {:>8} {:>17} {:>9} {:>9} {a:>13} {b:>12}\n",
+            "case", "engine", "IOPS", "IOPS range", "p50 us", "p99 us"
+        )
+    };
+    let kernel: Vec<Engine> = Engine::ALL
+        .into_iter()
+        .filter(|e| e.vfpoll_flags().is_none() && engines.contains(e))
+        .collect();
+    let options: Vec<Engine> = [Engine::VfpollMmioDb, Engine::VfpollCmbSq]
+        .into_iter()
+        .filter(|e| engines.contains(e))
+        .collect();
+    let mut s = header("IOPS vfpoll/k", "p99 vfpoll/k");
+    blocks(&mut s, dir, repeat, &kernel, Ratio::DefaultOverRow);
     s.push_str(
         "\nMedians over the repetitions. IOPS vfpoll/k: vfpoll's IOPS over the kernel engine's \
          (higher is better); p99 vfpoll/k: vfpoll's p99 over the kernel's (below 1 is better).\n",
     );
-    let options = [Engine::VfpollMmioDb, Engine::VfpollCmbSq];
-    if options.iter().any(shown) {
+    if !options.is_empty() {
         s.push_str("\nvfpoll's options, same boot: vfpoll-mmio-db = perf --no-shadow-doorbell, vfpoll-cmb-sq = perf --cmb-sq\n");
         s.push_str(&header("IOPS opt/def", "p99 opt/def"));
-        for c in CASES {
-            let def = summary(dir, Engine::Vfpoll, c, repeat).map(|x| x.0);
-            let mut label = c.label;
-            for e in std::iter::once(Engine::Vfpoll).chain(options).filter(shown) {
-                let r = summary(dir, e, c, repeat);
-                let (iops, range, p50, p99) = cells(&r, repeat);
-                let (ri, rp) = if e == Engine::Vfpoll {
-                    (String::new(), String::new())
-                } else {
-                    let o = r.map(|x| x.0);
-                    (
-                        ratio(o.map(|o| o.iops), def.map(|d| d.iops)),
-                        ratio(o.map(|o| o.p99_us), def.map(|d| d.p99_us)),
-                    )
-                };
-                let _ = writeln!(
-                    s,
-                    "{label:<20} {:<15} {iops:>8} {range:>17} {p50:>9} {p99:>9} {ri:>13} {rp:>12}",
-                    e.name()
-                );
-                label = "";
-            }
-        }
+        blocks(&mut s, dir, repeat, &options, Ratio::RowOverDefault);
         s.push_str(
             "\nIOPS opt/def: the option's IOPS over the defaults' (shadow doorbells on, SQ in host \
              memory); p99 opt/def likewise (below 1 is better).\n",
