@@ -561,7 +561,14 @@ impl<B: IoBuffer> QueuePair<B> {
     const fn part_step(max_xfer: usize, lba_size: usize, aligned: bool) -> usize {
         if !aligned && max_xfer > PAGE_SIZE {
             let shorter = if PAGE_SIZE > lba_size { PAGE_SIZE } else { lba_size };
-            max_xfer.saturating_sub(shorter)
+            // At least one block (blocks of the maximum transfer or more leave nothing to take
+            // off), so a split always makes progress.
+            let step = max_xfer.saturating_sub(shorter);
+            if step > lba_size {
+                step
+            } else {
+                lba_size
+            }
         } else {
             max_xfer
         }
