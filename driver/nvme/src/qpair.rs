@@ -1178,3 +1178,24 @@ impl<B: IoBuffer> Drop for QueuePair<B> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type Qp = QueuePair<vfpoll_dma::DmaBuf>;
+
+    #[test]
+    fn split_steps_respect_the_page_rule_and_always_progress() {
+        // Aligned buffers take the whole maximum transfer per command.
+        assert_eq!(Qp::part_step(512 << 10, 512, true), 512 << 10);
+        // Unaligned ones one page less (the part then touches at most MDTS / page pages).
+        assert_eq!(Qp::part_step(512 << 10, 512, false), (512 << 10) - 4096);
+        assert_eq!(Qp::part_step(512 << 10, 4096, false), (512 << 10) - 4096);
+        // A transfer limit of one page leaves nothing to take off.
+        assert_eq!(Qp::part_step(4096, 512, false), 4096);
+        // Blocks of the maximum transfer or larger: one block per command, never 0.
+        assert_eq!(Qp::part_step(8192, 8192, false), 8192);
+        assert_eq!(Qp::part_step(8192, 16384, false), 16384);
+    }
+}
