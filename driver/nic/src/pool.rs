@@ -138,6 +138,18 @@ impl PoolShared {
         self.take_with(n, |i| out.push(i))
     }
 
+    /// One free buffer for a receive slot, from a queue's private `cache` of indices; when the
+    /// cache is empty it first moves up to `refill` from the pool (one lock for the lot).
+    /// `None` when the pool has no free buffer either.
+    #[inline]
+    pub(crate) fn take_cached(self: &Arc<Self>, cache: &mut Vec<u32>, refill: usize) -> Option<u32> {
+        if let Some(i) = cache.pop() {
+            return Some(i);
+        }
+        self.take(cache, refill);
+        cache.pop()
+    }
+
     /// Gives indices back (the caller holds an `Arc` of the pool, so it outlives the call).
     #[inline]
     pub(crate) fn give(self: &Arc<Self>, idx: impl IntoIterator<Item = u32>) {

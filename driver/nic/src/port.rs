@@ -14,7 +14,7 @@
 //!   reclaimed in batches at the start of each `tx_burst` (or by [`TxQueue::reclaim`]).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use vfpoll_dma::{DmaContext, PageSize};
 use vfpoll_pci::vfio::{Container, Device};
@@ -99,8 +99,33 @@ pub trait NicControl: Send {
     fn info(&self) -> &PortInfo;
     /// The link state now.
     fn link(&self) -> Link;
-    /// Polls the link until it is up or `timeout` passes ([`NicError::LinkDown`]).
-    fn wait_link(&self, timeout: Duration) -> Result<Link>;
+    /// Whether the device has stopped answering (its registers read all ones: surprise
+    /// removal, a reset behind the driver's back).
+    fn device_gone(&self) -> bool;
+    /// Polls the link until it is up or `timeout` passes ([`NicError::LinkDown`]); fails at
+    /// once with [`NicError::DeviceGone`] if the device stops answering.
+    fn wait_link(&self, timeout: Duration) -> Result<Link> {
+        let start = Instant::now();
+        loop {
+            if self.device_gone() {
+                return Err(NicError::DeviceGone {
+                    port: self.info().name.clone(),
+                });
+            }
+            let l = self.link();
+            if l.up {
+                return Ok(l);
+            }
+            let waited = start.elapsed();
+            if waited >= timeout {
+                return Err(NicError::LinkDown {
+                    port: self.info().name.clone(),
+                    waited,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(1).min(timeout - waited));
+        }
+    }
     /// Turns unicast and multicast promiscuous mode on or off.
     fn set_promiscuous(&mut self, on: bool);
     /// Whether promiscuous mode is on.

@@ -416,27 +416,8 @@ impl NicControl for E1000e {
         self.shared.link()
     }
 
-    fn wait_link(&self, timeout: Duration) -> Result<Link> {
-        let start = Instant::now();
-        loop {
-            if self.shared.gone() {
-                return Err(NicError::DeviceGone {
-                    port: self.info.name.clone(),
-                });
-            }
-            let l = self.shared.link();
-            if l.up {
-                return Ok(l);
-            }
-            let waited = start.elapsed();
-            if waited >= timeout {
-                return Err(NicError::LinkDown {
-                    port: self.info.name.clone(),
-                    waited,
-                });
-            }
-            std::thread::sleep(Duration::from_millis(1).min(timeout - waited));
-        }
+    fn device_gone(&self) -> bool {
+        self.shared.gone()
     }
 
     fn set_promiscuous(&mut self, on: bool) {

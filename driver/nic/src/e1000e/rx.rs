@@ -145,17 +145,11 @@ impl RxQueue for E1000eRx {
             if !wb.done() {
                 break;
             }
-            let fresh = match self.cache.pop() {
-                Some(f) => f,
-                None => {
-                    if self.pool.take(&mut self.cache, CACHE_REFILL) == 0 {
-                        // No buffer to put in its place: leave the frame in the ring until one
-                        // comes back.
-                        self.stats.no_buffer += 1;
-                        break;
-                    }
-                    self.cache.pop().expect("refilled above")
-                }
+            let Some(fresh) = self.pool.take_cached(&mut self.cache, CACHE_REFILL) else {
+                // No buffer to put in its place: leave the frame in the ring until one comes
+                // back.
+                self.stats.no_buffer += 1;
+                break;
             };
             rmb();
             let buf = std::mem::replace(&mut self.slots[i], fresh);

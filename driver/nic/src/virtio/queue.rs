@@ -291,15 +291,11 @@ impl RxQueue for VirtioRx {
                 last = last.wrapping_add(1);
                 continue;
             };
-            let fresh = match self.cache.pop() {
-                Some(f) => f,
-                None => {
-                    if self.pool.take(&mut self.cache, CACHE_REFILL) == 0 {
-                        self.stats.no_buffer += 1;
-                        break;
-                    }
-                    self.cache.pop().expect("refilled above")
-                }
+            let Some(fresh) = self.pool.take_cached(&mut self.cache, CACHE_REFILL) else {
+                // No buffer to put in its place: leave the chain with the device's used entries
+                // until one comes back.
+                self.stats.no_buffer += 1;
+                break;
             };
             let buf = std::mem::replace(&mut self.slots[s], fresh);
             self.ring
