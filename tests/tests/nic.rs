@@ -237,9 +237,17 @@ fn rx_ours_to(port: &mut Port, to: MacAddr, n: usize, out: &mut Vec<Vec<u8>>) {
 /// (MAC `kmac`), in bursts of 32: each burst is sent, then waited for at the other end, where
 /// every frame is checked in order and byte for byte; the queues' and the kernel's counters
 /// must agree. Frames to the port are addressed to its MAC (a port that does not filter also
-/// sees the hub's other traffic: only those count).
+/// sees the hub's other traffic: only those count). The link must be up first.
 fn exchange_with_kernel(port: &mut Port, pool: &Mempool, ifname: &str, kmac: MacAddr, n: u32) {
     const BURST: u32 = 32;
+    let link = port.control().link();
+    assert!(link.up, "{link}");
+    println!(
+        "{}: {} {}, link {link}",
+        port.info().name,
+        port.info().driver,
+        port.mac()
+    );
     let me = port.mac();
     let sock = RawSocket::open(ifname);
 
@@ -305,14 +313,6 @@ fn guest_nic_frames_both_ways_counted_in_order() {
     let (ifname, kmac) = kernel_side();
     let (mut port, pool) = vfpoll_port(&PortOptions::default());
     assert_eq!(port.mac(), NIC_0_MAC, "MAC from RAL0/RAH0");
-    let link = port.control().link();
-    assert!(link.up, "{link}");
-    println!(
-        "{}: {} {}, link {link}",
-        port.info().name,
-        port.info().driver,
-        port.mac()
-    );
     const N: u32 = 1024;
     exchange_with_kernel(&mut port, &pool, &ifname, kmac, N);
     // The NIC's own counters agree (read-to-clear, accumulated).
@@ -666,14 +666,6 @@ fn guest_nic_virtio_frames_both_ways_counted_in_order() {
     );
     let (mut port, pool) = vfpoll_port_on(VIRTIO_NET, &PortOptions::default());
     assert_eq!(port.mac(), VIRTIO_MAC, "MAC from the device configuration");
-    let link = port.control().link();
-    assert!(link.up, "{link}");
-    println!(
-        "{}: {} {}, link {link}",
-        port.info().name,
-        port.info().driver,
-        port.mac()
-    );
     exchange_with_kernel(&mut port, &pool, &ifname, kmac, 1024);
     drop(port);
     assert_eq!(pool.available(), pool.capacity(), "every buffer back after close");
