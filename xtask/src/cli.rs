@@ -64,14 +64,14 @@ Run every test of the project
 
 Usage: cargo xtask test [OPTIONS]
 
-Steps: setup; cargo fmt --check; cargo clippy -D warnings; cargo test --workspace; then, for each
-integration-test binary of vfpoll-tests and each mode, one guest boot running its guest_* tests
-(ignored, --test-threads=1) followed by its host_check_* tests on the host, with
-VFPOLL_RUN_DIR=<run dir> and the boot's VFPOLL_SEED. Ends with a summary table; exits non-zero
-when any step failed.
+Steps: setup; cargo fmt --check; cargo clippy -D warnings; cargo doc (warnings are errors);
+cargo test --workspace; then, for each integration-test binary of vfpoll-tests and each mode,
+one guest boot running its guest_* tests (ignored, --test-threads=1) followed by its
+host_check_* tests on the host, with VFPOLL_RUN_DIR=<run dir> and the boot's VFPOLL_SEED. Ends
+with a summary table; exits non-zero when any step failed.
 
 Options:
-      --host-only          Only fmt, clippy and the host tests (no setup, no guest)
+      --host-only          Only fmt, clippy, doc and the host tests (no setup, no guest)
       --filter <SUBSTR>    Only tests whose name (or binary name) contains SUBSTR; also passed
                            to `cargo test --workspace`
       --mode <MODE>        iommu, noiommu or both [default: both]

@@ -43,6 +43,13 @@ pub fn main(ws: &Workspace, a: &TestArgs) -> Result<u8> {
         "cargo clippy",
         &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"],
     );
+    // The API docs stay true to the code: broken intra-doc links fail the run.
+    r.cargo_env(
+        ws,
+        "cargo doc",
+        &["doc", "--no-deps", "--workspace"],
+        &[("RUSTDOCFLAGS", "-D warnings")],
+    );
     let mut host_test = vec!["test", "--workspace"];
     if let Some(f) = &a.filter {
         host_test.extend(["--", f]);
@@ -296,8 +303,13 @@ impl Report {
 
     /// A cargo command as one step.
     fn cargo(&mut self, ws: &Workspace, name: &str, args: &[&str]) {
+        self.cargo_env(ws, name, args, &[]);
+    }
+
+    /// [`Report::cargo`] with extra environment variables.
+    fn cargo_env(&mut self, ws: &Workspace, name: &str, args: &[&str], env: &[(&str, &str)]) {
         self.step(name, || {
-            let status = vm::cargo(ws).args(args).status()?;
+            let status = vm::cargo(ws).args(args).envs(env.iter().copied()).status()?;
             if status.success() {
                 Ok(((), String::new()))
             } else {

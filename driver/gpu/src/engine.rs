@@ -1,5 +1,5 @@
 //! The device side of a transfer: [`CopyEngine`] copies between slots and device memory
-//! asynchronously, one copy per slot at a time. [`crate::cuda::CudaEngine`] is the GPU (feature
+//! asynchronously, one copy per slot at a time. `cuda::CudaEngine` is the GPU (feature
 //! `cuda`); [`CpuEngine`] is a stand-in that copies into ordinary memory, so the pipeline can
 //! be tested, and run, without a GPU.
 

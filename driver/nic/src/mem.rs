@@ -292,7 +292,7 @@ impl Packet {
     ///   descriptors from head to tail, TX descriptors not yet reclaimed). A received buffer
     ///   becomes a `Packet` only after the device wrote its descriptor back with DD set (82574
     ///   §7.1.8: written back just before the head advances past it, never written again), and
-    ///   the status load is ordered before this access by [`rmb`].
+    ///   the status load is ordered before this access by `rmb`.
     ///
     /// The bytes are initialized: the pool's memory is zero-filled anonymous memory, and a
     /// device only stores bytes into it.
