@@ -175,6 +175,17 @@ impl Op {
     }
 }
 
+impl<B> Slot<B> {
+    /// Gives this slot (number `slot`) to request `rid`: a new generation; returns the command
+    /// id for it.
+    #[inline]
+    fn claim(&mut self, slot: u16, rid: u16) -> u16 {
+        self.owner = rid;
+        self.gen = (self.gen + 1) & 0xf;
+        slot | (self.gen as u16) << SLOT_BITS
+    }
+}
+
 /// A request in flight, in its first command's slot. 16 bytes and `Copy`: the hot path writes
 /// it whole at submit and touches a few fields at completion.
 #[derive(Debug, Clone, Copy)]
@@ -464,10 +475,7 @@ impl<B: IoBuffer> QueuePair<B> {
     /// Gives slot `slot` to request `rid` and returns the command id for it.
     #[inline]
     fn claim(&mut self, slot: u16, rid: u16) -> u16 {
-        let t = &mut self.slots[slot as usize];
-        t.owner = rid;
-        t.gen = (t.gen + 1) & 0xf;
-        slot | (t.gen as u16) << SLOT_BITS
+        self.slots[slot as usize].claim(slot, rid)
     }
 
     /// The queue id.
@@ -608,9 +616,7 @@ impl<B: IoBuffer> QueuePair<B> {
         };
         self.free_cids.pop();
         let s = &mut self.slots[slot as usize];
-        s.owner = slot;
-        s.gen = (s.gen + 1) & 0xf;
-        let cid = slot | (s.gen as u16) << SLOT_BITS;
+        let cid = s.claim(slot, slot);
         s.req = Request::new(tag, 1, op);
         s.buf = Some(buf);
         let (opcode, fua) = op.io_opcode();
