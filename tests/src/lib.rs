@@ -124,6 +124,35 @@ pub fn bind_all(bdfs: &[&str]) -> Vec<bind::BindOutcome> {
         .collect()
 }
 
+/// Runs `cmd` with `args` and returns its output; panics (with both output streams) unless it
+/// succeeds.
+pub fn run(cmd: &str, args: &[&str]) -> std::process::Output {
+    let out = std::process::Command::new(cmd)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// The interface of a NIC bound to its kernel driver.
+pub fn netdev(bdf_s: &str) -> String {
+    let dir = Host::default().pci_device_dir(bdf(bdf_s)).join("net");
+    fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .next()
+        .expect("an interface")
+        .unwrap()
+        .file_name()
+        .to_string_lossy()
+        .into_owned()
+}
+
 /// Makes sure at least `pages` 2 MiB hugepages are reserved.
 pub fn reserve_hugepages(pages: u64) {
     vfpoll_hugepages::reserve(&Host::default(), vfpoll_hugepages::PageSize::SIZE_2M, None, pages)

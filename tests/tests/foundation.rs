@@ -165,32 +165,6 @@ fn host_check_hugepage_dma_and_ivshmem_bar_as_dma_target() {
         .all(|&b| b == 0));
 }
 
-/// The interface of a NIC bound to its kernel driver.
-fn netdev(bdf_s: &str) -> String {
-    let dir = Host::default().pci_device_dir(bdf(bdf_s)).join("net");
-    std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .next()
-        .expect("an interface")
-        .unwrap()
-        .file_name()
-        .to_string_lossy()
-        .into_owned()
-}
-
-fn run(cmd: &str, args: &[&str]) -> std::process::Output {
-    let out = Command::new(cmd)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{cmd}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
 #[test]
 #[ignore = "test bed"]
 fn guest_bind_refuses_devices_the_kernel_uses_and_gives_them_back() {

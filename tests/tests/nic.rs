@@ -32,33 +32,6 @@ const VIRTIO_MAC: MacAddr = MacAddr([0x52, 0x54, 0, 0, 0, 3]);
 
 // ---- the kernel side -----------------------------------------------------------------------
 
-fn run(cmd: &str, args: &[&str]) -> Output {
-    let out = Command::new(cmd)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{cmd}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd} {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-/// The interface of a NIC bound to its kernel driver.
-fn netdev(bdf_s: &str) -> String {
-    let dir = Host::default().pci_device_dir(bdf(bdf_s)).join("net");
-    std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .next()
-        .expect("an interface")
-        .unwrap()
-        .file_name()
-        .to_string_lossy()
-        .into_owned()
-}
-
 /// NIC 1 on the kernel's e1000e, up, with [`KERNEL_IP`]; returns its name and MAC.
 fn kernel_side() -> (String, MacAddr) {
     let host = Host::default();
@@ -430,13 +403,14 @@ fn terminate(child: Child) -> Output {
     child.wait_with_output().unwrap()
 }
 
-#[test]
-#[ignore = "test bed"]
-fn guest_nic_responder_answers_ping() {
-    let (ifname, _) = kernel_side();
-    bind_all(&[NIC_0]);
+/// Starts `vfpoll responder` on `dev` for [`VFPOLL_IP`], waits for its ready line, sends it
+/// `count` pings 10 ms apart from the kernel's `ifname` (as fast as TCG allows; the neighbour
+/// cache flushed first, so the kernel asks for the port's MAC), then stops it with SIGTERM.
+/// Returns ping's output and the responder's.
+fn ping_responder(dev: &str, ifname: &str, count: u32) -> (String, Output) {
+    bind_all(&[dev]);
     reserve_hugepages(64);
-    let mut child = vfpoll(&["responder", "--device", NIC_0, "--ip", &format!("{VFPOLL_IP}/16")])
+    let mut child = vfpoll(&["responder", "--device", dev, "--ip", &format!("{VFPOLL_IP}/16")])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -462,17 +436,38 @@ fn guest_nic_responder_answers_ping() {
         first.contains("answering ARP and ICMP echo for 169.254.77.2/16"),
         "{first}"
     );
-    // As fast as TCG allows: 100 requests 10 ms apart, each answered.
+    // The kernel may still have another port's MAC cached for this address from another test.
+    let _ = Command::new("ip")
+        .args(["neigh", "flush", "dev", ifname])
+        .output();
     let ping = Command::new("busybox")
         .args([
-            "ping", "-c", "100", "-i", "0.01", "-W", "5", "-I", &ifname, VFPOLL_IP,
+            "ping",
+            "-c",
+            &count.to_string(),
+            "-i",
+            "0.01",
+            "-W",
+            "5",
+            "-I",
+            ifname,
+            VFPOLL_IP,
         ])
         .output()
         .unwrap();
     child.stdout = Some(out);
     let resp = terminate(child);
-    let (p, r) = (text(&ping), text(&resp));
-    println!("{p}\n{r}");
+    let p = text(&ping);
+    println!("{p}\n{}", text(&resp));
+    (p, resp)
+}
+
+#[test]
+#[ignore = "test bed"]
+fn guest_nic_responder_answers_ping() {
+    let (ifname, _) = kernel_side();
+    let (p, resp) = ping_responder(NIC_0, &ifname, 100);
+    let r = text(&resp);
     assert!(p.contains("100 packets transmitted, 100 packets received"), "{p}");
     assert!(resp.status.success(), "responder exits cleanly on SIGTERM: {r}");
     assert!(r.contains("stopped by signal"), "{r}");
@@ -682,53 +677,8 @@ fn guest_nic_virtio_frames_both_ways_counted_in_order() {
 #[ignore = "test bed"]
 fn guest_nic_virtio_responder_answers_ping() {
     let (ifname, _) = kernel_side();
-    bind_all(&[VIRTIO_NET]);
-    reserve_hugepages(64);
-    let mut child = vfpoll(&[
-        "responder",
-        "--device",
-        VIRTIO_NET,
-        "--ip",
-        &format!("{VFPOLL_IP}/16"),
-    ])
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped())
-    .spawn()
-    .expect("vfpoll on PATH");
-    let mut out = child.stdout.take().unwrap();
-    let mut first = Vec::new();
-    let mut byte = [0u8; 1];
-    while !first.ends_with(b"\n") {
-        use std::io::Read;
-        if out.read(&mut byte).unwrap() == 0 {
-            let o = child.wait_with_output().unwrap();
-            panic!(
-                "responder exited: {}{}",
-                String::from_utf8_lossy(&first),
-                text(&o)
-            );
-        }
-        first.push(byte[0]);
-    }
-    let first = String::from_utf8(first).unwrap();
-    assert!(
-        first.contains("answering ARP and ICMP echo for 169.254.77.2/16"),
-        "{first}"
-    );
-    // The kernel may still have NIC 0's MAC cached for this address from another test.
-    let _ = Command::new("ip")
-        .args(["neigh", "flush", "dev", &ifname])
-        .output();
-    let ping = Command::new("busybox")
-        .args([
-            "ping", "-c", "20", "-i", "0.01", "-W", "5", "-I", &ifname, VFPOLL_IP,
-        ])
-        .output()
-        .unwrap();
-    child.stdout = Some(out);
-    let resp = terminate(child);
-    let (p, r) = (text(&ping), text(&resp));
-    println!("{p}\n{r}");
+    let (p, resp) = ping_responder(VIRTIO_NET, &ifname, 20);
+    let r = text(&resp);
     assert!(p.contains("20 packets transmitted, 20 packets received"), "{p}");
     assert!(resp.status.success(), "responder exits cleanly on SIGTERM: {r}");
     assert_eq!(number_after(&r, "ICMP echo requests "), 20, "{r}");
