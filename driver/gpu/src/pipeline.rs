@@ -226,6 +226,38 @@ impl Book {
         self.state.len() - self.free.len()
     }
 
+    /// The end of one pass of `load` or `save`: once nothing is in flight, the first failure
+    /// is returned, or `Ok(true)` when every byte is `complete`; otherwise the progress clock
+    /// is reset when something moved, or `idle` waits (and times out) when nothing did.
+    /// `stages` are the copy stage and the source's stage, for `idle`'s timeout error.
+    #[allow(clippy::too_many_arguments)]
+    fn end_round(
+        &mut self,
+        progress: bool,
+        complete: bool,
+        source: &dyn BlockSource,
+        slots: &mut Slots,
+        engine: &mut dyn CopyEngine,
+        stages: (Stage, Stage),
+        o: &Options,
+    ) -> Result<bool, PipelineError> {
+        if self.busy() == 0 {
+            if let Some(e) = self.failure.take() {
+                return Err(e);
+            }
+            if complete {
+                return Ok(true);
+            }
+        }
+        if progress {
+            self.last_progress = Instant::now();
+        } else {
+            let source_busy = source.outstanding() != 0;
+            self.idle(slots, engine, source_busy, stages.0, stages.1, o)?;
+        }
+        Ok(false)
+    }
+
     /// After an iteration without progress: times out, or waits a little.
     fn idle(
         &mut self,
@@ -417,19 +449,9 @@ pub fn load(
             b.release(slot);
             progress = true;
         }
-        if b.busy() == 0 {
-            if let Some(e) = b.failure.take() {
-                return Err(e);
-            }
-            if finished == t.len {
-                return Ok(meter.report(Direction::Load, finished, chunks, b.waits));
-            }
-        }
-        if progress {
-            b.last_progress = Instant::now();
-        } else {
-            let source_busy = source.outstanding() != 0;
-            b.idle(slots, engine, source_busy, Stage::HostToDevice, Stage::Read, o)?;
+        let stages = (Stage::HostToDevice, Stage::Read);
+        if b.end_round(progress, finished == t.len, &*source, slots, engine, stages, o)? {
+            return Ok(meter.report(Direction::Load, finished, chunks, b.waits));
         }
     }
 }
@@ -518,20 +540,10 @@ pub fn save(
             b.release(slot);
         }
         b.done = done;
-        if b.busy() == 0 {
-            if let Some(e) = b.failure.take() {
-                return Err(e);
-            }
-            if finished == t.len {
-                source.flush().map_err(|e| source_err(Stage::Write, 0, 0, e))?;
-                return Ok(meter.report(Direction::Save, finished, chunks, b.waits));
-            }
-        }
-        if progress {
-            b.last_progress = Instant::now();
-        } else {
-            let source_busy = source.outstanding() != 0;
-            b.idle(slots, engine, source_busy, Stage::DeviceToHost, Stage::Write, o)?;
+        let stages = (Stage::DeviceToHost, Stage::Write);
+        if b.end_round(progress, finished == t.len, &*source, slots, engine, stages, o)? {
+            source.flush().map_err(|e| source_err(Stage::Write, 0, 0, e))?;
+            return Ok(meter.report(Direction::Save, finished, chunks, b.waits));
         }
     }
 }
