@@ -370,7 +370,17 @@ pub fn main(ws: &Workspace, a: &BenchArgs) -> Result<u8> {
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
     print!("{}", table(&dir, &a.engines, a.repeat));
-    Ok(out.code)
+    if out.iommu_faults.is_empty() {
+        return Ok(out.code);
+    }
+    // Figures from a run whose device reached unmapped memory are not to be trusted.
+    let file = run_dir.join(vm::IOMMU_FAULTS_FILE);
+    eprintln!("bench: error: {}", vm::fault_report(&out.iommu_faults, &file));
+    Ok(if out.code == 0 {
+        vm::EXIT_IOMMU_FAULT
+    } else {
+        out.code
+    })
 }
 
 /// IOPS and latency percentiles (µs) of one run.

@@ -40,7 +40,9 @@ Usage: cargo xtask vm [OPTIONS] -- <COMMAND> [ARGS]...
 
 The command runs as root in the guest, chrooted into the host's / (read-only, with a tmpfs
 overlay), in the current directory, with target/{debug,release} first on PATH. Exits with the
-command's exit code: 124 on timeout, 125 when the guest reported none.
+command's exit code: 124 on timeout, 125 when the guest reported none, 123 when the command
+succeeded but QEMU's vIOMMU refused a device DMA (a bug: a DMA the driver never mapped; the
+lines are in <run-dir>/iommu-faults.txt).
 
 Options:
       --noiommu          No vIOMMU; vfio.ko with enable_unsafe_noiommu_mode=1
@@ -67,8 +69,10 @@ Usage: cargo xtask test [OPTIONS]
 Steps: setup; cargo fmt --check; cargo clippy -D warnings; cargo doc (warnings are errors);
 cargo test --workspace; then, for each integration-test binary of vfpoll-tests and each mode,
 one guest boot running its guest_* tests (ignored, --test-threads=1) followed by its
-host_check_* tests on the host, with VFPOLL_RUN_DIR=<run dir> and the boot's VFPOLL_SEED. Ends
-with a summary table; exits non-zero when any step failed.
+host_check_* tests on the host, with VFPOLL_RUN_DIR=<run dir> and the boot's VFPOLL_SEED. A boot
+in which QEMU's vIOMMU refused a device DMA fails (a DMA the driver never mapped); a
+guest_expect_iommu_fault_* test runs alone in its own IOMMU-mode boot, which must show the fault
+it provokes. Ends with a summary table; exits non-zero when any step failed.
 
 Options:
       --host-only          Only fmt, clippy, doc and the host tests (no setup, no guest)
@@ -87,7 +91,8 @@ Usage: cargo xtask demo [--noiommu] [-v]
 One boot of the QEMU guest: `vfpoll setup --hugepages 256 --bind nvme`, `vfpoll status`,
 `vfpoll identify` and `vfpoll hello` on both emulated NVMe controllers (0000:00:03.0 with
 namespaces 1 and 2, 0000:00:04.0), then a 5-second `vfpoll perf` 4 KiB random-read run at queue
-depth 32. Stops at the first failing step and exits with its code.
+depth 32. Stops at the first failing step and exits with its code (123 if all passed but QEMU's
+vIOMMU refused a device DMA).
 
 Options:
       --noiommu   Run without vIOMMU, in VFIO no-IOMMU mode
@@ -407,5 +412,10 @@ mod tests {
             parse(args(&["help", "test"])).unwrap(),
             Task::Help(TEST_HELP)
         ));
+        // The exit codes the help promises are the ones `cargo xtask vm` uses.
+        use crate::vm::{EXIT_IOMMU_FAULT, EXIT_NO_CODE, EXIT_TIMEOUT};
+        for code in [EXIT_TIMEOUT, EXIT_NO_CODE, EXIT_IOMMU_FAULT] {
+            assert!(VM_HELP.contains(&format!(" {code} ")), "{code}");
+        }
     }
 }

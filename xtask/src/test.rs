@@ -4,17 +4,25 @@
 //! `#[ignore = "test bed"]` functions named `guest_*` run inside the guest, one boot per binary
 //! and mode; `#[ignore]` functions named `host_check_*` then run on the host against the boot's
 //! run dir (`VFPOLL_RUN_DIR`): the NVMe image files and `gpubar.shm` are the oracle.
+//!
+//! A boot in which QEMU's vIOMMU refused a device DMA ([`vm::is_iommu_fault`]) fails, whatever
+//! the tests said: the driver let a device reach memory it never mapped. The one exception
+//! proves that this check works: a test named `guest_expect_iommu_fault_*` runs alone in a boot
+//! of its own (IOMMU mode only), writes to `/out/expect-iommu-fault` the text its fault line
+//! must contain (e.g. `iova=0x4000000000`), makes a device DMA there, and its boot passes only
+//! if QEMU reported that fault.
 
 use std::ffi::OsString;
+use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::cli::TestArgs;
 use crate::json;
 use crate::setup::{self, Assets};
 use crate::util::{err, random_u64, run, secs, stdout_of, Context, Result};
-use crate::vm::{self, Boot, Mode, DEFAULT_MODULES, EXIT_NO_CODE, EXIT_TIMEOUT};
+use crate::vm::{self, Boot, Mode, Outcome, DEFAULT_MODULES, EXIT_NO_CODE, EXIT_TIMEOUT};
 use crate::Workspace;
 
 /// The crate whose integration tests run in the guest.
@@ -23,6 +31,11 @@ const TEST_PACKAGE: &str = "vfpoll-tests";
 const GUEST_PREFIX: &str = "guest_";
 /// Name prefix of the tests that check a boot's run dir on the host.
 const HOST_CHECK_PREFIX: &str = "host_check_";
+/// Name prefix of the guest tests that must make QEMU's vIOMMU report a fault (the proof that
+/// the fault check works); each runs alone in its own boot, in IOMMU mode only.
+const EXPECT_FAULT_PREFIX: &str = "guest_expect_iommu_fault_";
+/// Where such a test writes, in the guest's `/out`, the text its fault line must contain.
+const EXPECT_FAULT_FILE: &str = "expect-iommu-fault";
 
 /// `cargo xtask test`.
 pub fn main(ws: &Workspace, a: &TestArgs) -> Result<u8> {
@@ -99,20 +112,64 @@ fn test_bed(ws: &Workspace, a: &TestArgs, assets: &Assets, r: &mut Report) {
                 .cloned()
                 .collect()
         };
-        let guest = selected(GUEST_PREFIX);
+        let (expect_fault, guest): (Vec<String>, Vec<String>) = selected(GUEST_PREFIX)
+            .into_iter()
+            .partition(|t| short_name(t).starts_with(EXPECT_FAULT_PREFIX));
         let host = selected(HOST_CHECK_PREFIX);
-        if guest.is_empty() {
+        if guest.is_empty() && expect_fault.is_empty() {
             eprintln!("test: {}: no {GUEST_PREFIX}* tests selected", bin.name);
             continue;
         }
         for &mode in &a.modes {
-            run_pair(ws, a, assets, r, bin, mode, &guest, &host);
+            if !guest.is_empty() {
+                let job = Job {
+                    guest: &guest,
+                    host: &host,
+                    faults: Faults::None,
+                };
+                run_pair(ws, a, assets, r, bin, mode, job);
+            }
+            for t in &expect_fault {
+                if mode == Mode::Iommu {
+                    let job = Job {
+                        guest: std::slice::from_ref(t),
+                        host: &[],
+                        faults: Faults::Expected,
+                    };
+                    run_pair(ws, a, assets, r, bin, mode, job);
+                } else {
+                    let name = format!("guest {} {} ({})", bin.name, short_name(t), mode.name());
+                    r.record(&name, None, 0.0, "IOMMU mode only: no vIOMMU, no fault".into());
+                }
+            }
         }
     }
 }
 
+/// The function name of a listed test (`module::name` -> `name`).
+fn short_name(test: &str) -> &str {
+    test.rsplit("::").next().unwrap_or(test)
+}
+
+/// What a boot expects of QEMU's vIOMMU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Faults {
+    /// No fault: any fails the boot (every ordinary boot).
+    None,
+    /// A fault whose line contains what the test wrote to [`EXPECT_FAULT_FILE`].
+    Expected,
+}
+
+/// The tests of one boot, and what it expects of the vIOMMU.
+struct Job<'a> {
+    /// `guest_*` tests, run in the guest.
+    guest: &'a [String],
+    /// `host_check_*` tests, run on the host after the boot.
+    host: &'a [String],
+    faults: Faults,
+}
+
 /// One boot of `bin` in `mode`, then its host checks.
-#[allow(clippy::too_many_arguments)]
 fn run_pair(
     ws: &Workspace,
     a: &TestArgs,
@@ -120,10 +177,23 @@ fn run_pair(
     r: &mut Report,
     bin: &TestBin,
     mode: Mode,
-    guest: &[String],
-    host: &[String],
+    job: Job,
 ) {
-    let label = format!("{} ({})", bin.name, mode.name());
+    let Job { guest, host, faults } = job;
+    // An expected-fault boot is named after its one test.
+    let (label, dir_name) = match faults {
+        Faults::None => (
+            format!("{} ({})", bin.name, mode.name()),
+            format!("{}-{}", bin.name, mode.name()),
+        ),
+        Faults::Expected => {
+            let t = short_name(&guest[0]);
+            (
+                format!("{} {t} ({})", bin.name, mode.name()),
+                format!("{}-{t}-{}", bin.name, mode.name()),
+            )
+        }
+    };
     let seed = match random_u64() {
         Ok(s) => s.to_string(),
         Err(e) => {
@@ -131,7 +201,7 @@ fn run_pair(
             return;
         }
     };
-    let run_dir = vm::default_run_dir(ws, &format!("{}-{}", bin.name, mode.name()));
+    let run_dir = vm::default_run_dir(ws, &dir_name);
     let pkg_dir = ws.root.join("tests");
     let mut command: Vec<OsString> = vec![
         bin.exe.clone().into(),
@@ -164,19 +234,15 @@ fn run_pair(
     };
     let guest_ok = r.step(&format!("guest {label}"), || {
         let out = vm::run_boot(ws, assets, &boot, &lock)?;
-        match out.code {
-            0 => Ok((
-                (),
-                format!(
-                    "{} tests; job started after {}",
-                    guest.len(),
-                    out.boot.map_or("-".into(), secs)
-                ),
-            )),
-            EXIT_TIMEOUT => Err(err!("timeout after {} s", a.timeout.as_secs())),
-            EXIT_NO_CODE => Err(err!("the guest reported no exit code")),
-            c => Err(err!("guest exit code {c}")),
-        }
+        let marker = match faults {
+            Faults::None => None,
+            Faults::Expected => fs::read_to_string(run_dir.join("out").join(EXPECT_FAULT_FILE))
+                .ok()
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty()),
+        };
+        let note = verdict(&out, a.timeout, faults, marker.as_deref(), &run_dir)?;
+        Ok(((), format!("{} tests; {note}", guest.len())))
     });
     if host.is_empty() {
         return;
@@ -196,6 +262,57 @@ fn run_pair(
             .env("VFPOLL_SEED", &seed))?;
         Ok(((), format!("{} checks", host.len())))
     });
+}
+
+/// What a boot's outcome means: the note of a pass, or why it failed. `marker` is what an
+/// expected-fault test wrote to [`EXPECT_FAULT_FILE`].
+fn verdict(
+    out: &Outcome,
+    timeout: Duration,
+    faults: Faults,
+    marker: Option<&str>,
+    run_dir: &Path,
+) -> Result<String> {
+    let code = match out.code {
+        0 => None,
+        EXIT_TIMEOUT => Some(format!("timeout after {} s", timeout.as_secs())),
+        EXIT_NO_CODE => Some("the guest reported no exit code".to_string()),
+        c => Some(format!("guest exit code {c}")),
+    };
+    let report = || vm::fault_report(&out.iommu_faults, &run_dir.join(vm::IOMMU_FAULTS_FILE));
+    let started = format!("job started after {}", out.boot.map_or("-".into(), secs));
+    match faults {
+        Faults::None => match (code, out.iommu_faults.is_empty()) {
+            (None, true) => Ok(started),
+            (Some(c), true) => Err(err!("{c}")),
+            (None, false) => Err(err!("{}", report())),
+            (Some(c), false) => Err(err!("{c}; {}", report())),
+        },
+        Faults::Expected => {
+            if let Some(c) = code {
+                return Err(err!("{c}"));
+            }
+            let Some(m) = marker else {
+                return Err(err!(
+                    "the test wrote nothing to /out/{EXPECT_FAULT_FILE}: a {EXPECT_FAULT_PREFIX}* \
+                     test writes there the text its fault line will contain (e.g. \
+                     iova=0x4000000000) before it makes the device DMA"
+                ));
+            };
+            if out.iommu_faults.is_empty() {
+                return Err(err!(
+                    "the test made a device DMA to an unmapped address ({m}), but no vIOMMU \
+                     fault was seen in QEMU's stderr: the fault check every boot relies on \
+                     (vm::is_iommu_fault) is broken, or QEMU's messages changed; see {}",
+                    run_dir.display()
+                ));
+            }
+            match out.iommu_faults.iter().find(|l| l.contains(m)) {
+                Some(l) => Ok(format!("{started}; the expected vIOMMU fault: {l}")),
+                None => Err(err!("no vIOMMU fault with {m:?}, but others: {}", report())),
+            }
+        }
+    }
 }
 
 /// An integration-test executable of [`TEST_PACKAGE`].
@@ -347,5 +464,70 @@ impl Report {
             eprintln!("test: {failed} step(s) failed");
             1
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FAULT: &str = "qemu-system-x86_64: vtd_iommu_translate: detected translation failure \
+                         (dev=00:04:00, iova=0x4000000000)";
+
+    fn outcome(code: u8, faults: &[&str]) -> Outcome {
+        Outcome {
+            code,
+            boot: Some(Duration::from_secs(5)),
+            iommu_faults: faults.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    fn judge(out: &Outcome, faults: Faults, marker: Option<&str>) -> std::result::Result<String, String> {
+        verdict(out, Duration::from_secs(900), faults, marker, Path::new("/run/x")).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn an_ordinary_boot_fails_on_any_iommu_fault() {
+        assert!(judge(&outcome(0, &[]), Faults::None, None).is_ok());
+        let e = judge(&outcome(0, &[FAULT]), Faults::None, None).unwrap_err();
+        assert!(e.contains("never mapped") && e.contains(FAULT), "{e}");
+        assert!(e.contains("/run/x/iommu-faults.txt"), "{e}");
+        let e = judge(&outcome(101, &[FAULT]), Faults::None, None).unwrap_err();
+        assert!(e.starts_with("guest exit code 101; ") && e.contains(FAULT), "{e}");
+        let e = judge(&outcome(EXIT_TIMEOUT, &[]), Faults::None, None).unwrap_err();
+        assert_eq!(e, "timeout after 900 s");
+    }
+
+    #[test]
+    fn an_expected_fault_boot_needs_that_very_fault() {
+        let m = Some("iova=0x4000000000");
+        let ok = judge(&outcome(0, &[FAULT]), Faults::Expected, m).unwrap();
+        assert!(
+            ok.contains("the expected vIOMMU fault") && ok.contains(FAULT),
+            "{ok}"
+        );
+        // The detector saw nothing: this is what catches a broken fault check.
+        let e = judge(&outcome(0, &[]), Faults::Expected, m).unwrap_err();
+        assert!(
+            e.contains("no vIOMMU fault was seen") && e.contains("broken"),
+            "{e}"
+        );
+        // A fault elsewhere is not the one the test provoked.
+        let other = FAULT.replace("0x4000000000", "0x1000");
+        let e = judge(&outcome(0, &[&other]), Faults::Expected, m).unwrap_err();
+        assert!(e.contains("no vIOMMU fault with") && e.contains(&other), "{e}");
+        // The test must say what it provoked, and must itself pass.
+        let e = judge(&outcome(0, &[FAULT]), Faults::Expected, None).unwrap_err();
+        assert!(e.contains(EXPECT_FAULT_FILE), "{e}");
+        let e = judge(&outcome(101, &[FAULT]), Faults::Expected, m).unwrap_err();
+        assert_eq!(e, "guest exit code 101");
+    }
+
+    #[test]
+    fn test_names() {
+        assert_eq!(short_name("a::b::guest_x"), "guest_x");
+        assert_eq!(short_name("guest_x"), "guest_x");
+        assert!(short_name("m::guest_expect_iommu_fault_nvme").starts_with(EXPECT_FAULT_PREFIX));
+        assert!(EXPECT_FAULT_PREFIX.starts_with(GUEST_PREFIX));
     }
 }

@@ -28,6 +28,13 @@ pub const DEFAULT_MODULES: &[&str] = &["nvme", "e1000e", "virtio_net", "vfio-pci
 pub const EXIT_TIMEOUT: u8 = 124;
 /// Exit code when the guest reported no exit code (boot failure, panic, QEMU error).
 pub const EXIT_NO_CODE: u8 = 125;
+/// Exit code of `cargo xtask vm` when the command succeeded but QEMU's vIOMMU refused a DMA
+/// (see [`is_iommu_fault`]).
+pub const EXIT_IOMMU_FAULT: u8 = 123;
+
+/// Where [`run_boot`] writes the vIOMMU fault lines of a boot, in the run dir (absent when
+/// there were none).
+pub const IOMMU_FAULTS_FILE: &str = "iommu-faults.txt";
 
 /// Host variables passed into the guest as they are (besides every `VFPOLL_*`).
 const PASS_ENV: &[&str] = &["RUST_LOG", "RUST_BACKTRACE"];
@@ -81,12 +88,15 @@ pub struct Boot {
 }
 
 /// How a boot ended.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Outcome {
     /// The command's exit code, or [`EXIT_TIMEOUT`] / [`EXIT_NO_CODE`].
     pub code: u8,
     /// From QEMU's start to the job's start, when the job started.
     pub boot: Option<Duration>,
+    /// QEMU's stderr lines that say a device DMA was refused ([`is_iommu_fault`]), in order.
+    /// Each is a bug: a DMA to an address the driver never mapped. Empty without a vIOMMU.
+    pub iommu_faults: Vec<String>,
 }
 
 /// `cargo xtask vm`.
@@ -137,7 +147,13 @@ pub fn main(ws: &Workspace, a: &VmArgs) -> Result<u8> {
         }
     };
     let out = run_boot(ws, &assets, &boot, &lock)?;
-    Ok(out.code)
+    if out.iommu_faults.is_empty() {
+        return Ok(out.code);
+    }
+    let file = boot.run_dir.join(IOMMU_FAULTS_FILE);
+    eprintln!("vm: error: {}", fault_report(&out.iommu_faults, &file));
+    // A command that failed keeps its own exit code; one that passed fails here.
+    Ok(if out.code == 0 { EXIT_IOMMU_FAULT } else { out.code })
 }
 
 /// Takes `<dir>/lock`, waiting while another xtask boots in `dir`. Hold it for as long as
@@ -164,7 +180,9 @@ pub fn cargo(ws: &Workspace) -> Command {
 }
 
 /// Prepares the run dir, boots, streams the console and returns the outcome. `_lock` is the
-/// run dir's lock ([`lock_run_dir`]).
+/// run dir's lock ([`lock_run_dir`]). vIOMMU faults in QEMU's stderr are collected into the
+/// outcome and written to [`IOMMU_FAULTS_FILE`]; the verdict is the caller's (a boot that
+/// expects none fails with [`fault_report`]).
 pub fn run_boot(ws: &Workspace, assets: &Assets, b: &Boot, _lock: &Lock) -> Result<Outcome> {
     for m in &b.modules {
         if !assets.modules.contains(&module_name(m)) {
@@ -205,7 +223,7 @@ pub fn run_boot(ws: &Workspace, assets: &Assets, b: &Boot, _lock: &Lock) -> Resu
         let _ = tx.send(());
         started
     });
-    let errors = thread::spawn(move || filter_stderr(stderr));
+    let errors = thread::spawn(move || filter_stderr(stderr, io::stderr()));
 
     let timed_out = match rx.recv_timeout(b.timeout) {
         Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => false,
@@ -217,7 +235,7 @@ pub fn run_boot(ws: &Workspace, assets: &Assets, b: &Boot, _lock: &Lock) -> Resu
     let status = child.wait()?;
     let total = t0.elapsed();
     let started = console.join().unwrap_or(None);
-    let _ = errors.join();
+    let iommu_faults = errors.join().unwrap_or_default();
 
     let code = if timed_out {
         eprintln!("vm: timeout after {}: guest killed", secs(b.timeout));
@@ -240,7 +258,20 @@ pub fn run_boot(ws: &Workspace, assets: &Assets, b: &Boot, _lock: &Lock) -> Resu
         boot.map_or("-".into(), secs),
         secs(total)
     );
-    Ok(Outcome { code, boot })
+    if !iommu_faults.is_empty() {
+        let path = b.run_dir.join(IOMMU_FAULTS_FILE);
+        write(&path, iommu_faults.join("\n") + "\n")?;
+        eprintln!(
+            "vm: {} vIOMMU fault line(s) in QEMU's stderr, kept in {}",
+            iommu_faults.len(),
+            path.display()
+        );
+    }
+    Ok(Outcome {
+        code,
+        boot,
+        iommu_faults,
+    })
 }
 
 /// The image files of the guest's NVMe namespaces: (file, size in MiB).
@@ -267,6 +298,8 @@ fn prepare_run_dir(b: &Boot) -> Result<()> {
         }
     }
     mkdir(&out)?;
+    // The faults of an earlier boot must not be taken for this one's, images kept or not.
+    remove_file(&dir.join(IOMMU_FAULTS_FILE))?;
     for f in ["job.sh", "exit-code", "lib-modules"] {
         remove_file(&out.join(f))?;
     }
@@ -474,17 +507,99 @@ pub fn qemu_command(assets: &Assets, b: &Boot) -> Command {
     q
 }
 
-/// Copies QEMU's stderr to ours, without the one warning every boot gives (the NIC hub has no
-/// host-side port, on purpose).
-fn filter_stderr(stderr: impl Read) {
-    for line in BufReader::new(stderr).split(b'\n').map_while(|l| l.ok()) {
+/// Copies QEMU's stderr to `out` (ours), without the one warning every boot gives (the NIC hub
+/// has no host-side port, on purpose); returns the lines that are vIOMMU faults
+/// ([`is_iommu_fault`]), which are copied too.
+fn filter_stderr(stderr: impl Read, mut out: impl Write) -> Vec<String> {
+    let mut faults = Vec::new();
+    for mut line in BufReader::new(stderr).split(b'\n').map_while(|l| l.ok()) {
         if contains(&line, b"is not connected to host network") {
             continue;
         }
-        let mut e = io::stderr().lock();
-        let _ = e.write_all(&line);
-        let _ = e.write_all(b"\n");
+        let text = String::from_utf8_lossy(&line);
+        if is_iommu_fault(&text) {
+            faults.push(text.trim_end().to_string());
+        }
+        line.push(b'\n');
+        let _ = out.write_all(&line);
     }
+    faults
+}
+
+/// What QEMU 7.2 prints on stderr when a device's DMA is refused: the `error_report_once`
+/// messages of its emulated VT-d (`hw/i386/intel_iommu.c`, as `<function>: <message>`) and the
+/// DMA-mapping errors of its virtio core (`hw/virtio/virtio.c`). Each message is printed at
+/// most once per call site and boot (`error_report_once`), so a boot shows the first fault of
+/// each kind, which is all a verdict needs.
+///
+/// The NVMe (`hw/nvme`) and e1000e models print nothing of their own on a failed DMA (they
+/// complete the command or descriptor, or only trace), so for them the VT-d lines are the
+/// evidence. Not listed: the VT-d messages about the guest kernel's own invalidation-queue and
+/// register programming (`vtd_iotlb_flush`, `vtd_fetch_inv_desc`, ...), which are no DMA.
+pub const IOMMU_FAULT_MESSAGES: &[&str] = &[
+    // Any DMA whose translation failed, whatever the reason below (vtd_iommu_translate).
+    "vtd_iommu_translate: detected translation failure",
+    // Why, from the page walk (vtd_iova_to_slpte): beyond the address width, a page-table
+    // entry that cannot be read, not present or lacking the permission (an unmapped IOVA),
+    // reserved bits set, or a translation into the interrupt range.
+    "vtd_iova_to_slpte: detected IOVA overflow",
+    "vtd_iova_to_slpte: detected read error on DMAR slpte",
+    "vtd_iova_to_slpte: detected slpte permission error",
+    "vtd_iova_to_slpte: detected splte reserve non-zero",
+    "vtd_iova_to_slpte: xlat address is in interrupt range",
+    // The device has no valid root or context entry (vtd_dev_to_context_entry and its checks).
+    "vtd_root_entry_rsvd_bits_check: invalid root entry",
+    "vtd_context_entry_rsvd_bits_check: invalid context entry",
+    "vtd_dev_to_context_entry: invalid context entry",
+    "vtd_ce_type_check: DT specified but not supported",
+    "vtd_ce_type_check: PT specified but not supported",
+    "vtd_ce_type_check: unknown ce type",
+    // Fault recording after a refused DMA (vtd_report_dmar_fault, vtd_generate_fault_event).
+    "New fault is not recorded due to ",
+    "Next Fault Recording Reg is used, new fault is not recorded",
+    "There are pending faults already, fault event is not generated",
+    "There are previous interrupt conditions to be serviced by software, fault event is not generated",
+    "Interrupt Mask set, irq is not generated",
+    // A DMA write into the interrupt window (0xfee00000..) that interrupt remapping refused
+    // (vtd_irte_get, vtd_interrupt_remap_msi).
+    "vtd_irte_get: ",
+    "vtd_interrupt_remap_msi: ",
+    // virtio devices (iommu_platform=on) whose rings or buffers did not translate.
+    "virtio: bogus descriptor or out of resources",
+    "virtio: error trying to map MMIO memory",
+    "Cannot map desc",
+    "Cannot map used",
+    "Cannot map avail",
+    "Cannot map indirect buffer",
+];
+
+/// Whether a line of QEMU's stderr says that the vIOMMU refused a device DMA
+/// ([`IOMMU_FAULT_MESSAGES`]).
+pub fn is_iommu_fault(line: &str) -> bool {
+    IOMMU_FAULT_MESSAGES.iter().any(|m| line.contains(m))
+}
+
+/// One paragraph for a boot with vIOMMU faults: what they mean and where they are kept.
+pub fn fault_report(faults: &[String], file: &Path) -> String {
+    const SHOWN: usize = 6;
+    let mut s = format!(
+        "QEMU's vIOMMU refused {} device DMA(s): a bug, a DMA to an address the driver never \
+         mapped (or had unmapped). QEMU said:",
+        faults.len()
+    );
+    for f in faults.iter().take(SHOWN) {
+        s.push_str("\n  ");
+        s.push_str(f);
+    }
+    if faults.len() > SHOWN {
+        s.push_str(&format!("\n  ... and {} more", faults.len() - SHOWN));
+    }
+    s.push_str(&format!(
+        "\n(all in {}; QEMU prints each kind once per boot: look for the first DMA that \
+         went wrong)",
+        file.display()
+    ));
+    s
 }
 
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
@@ -677,6 +792,96 @@ mod tests {
         });
         assert_eq!(out, b"no newline\n");
         assert_eq!(lines, [b"no newline".to_vec(), b"vm: job exit 0".to_vec()]);
+    }
+
+    /// The lines as QEMU 7.2.22 prints them: `error_report` puts the program name first, then
+    /// the format strings of hw/i386/intel_iommu.c and hw/virtio/virtio.c with their
+    /// arguments filled in (`%s` is `__func__`; PCI_NO_PASID prints as 0xffffffff).
+    const QEMU_FAULT_LINES: &[&str] = &[
+        "qemu-system-x86_64: vtd_iommu_translate: detected translation failure (dev=00:04:00, iova=0x4000000000)",
+        "qemu-system-x86_64: vtd_iova_to_slpte: detected IOVA overflow (iova=0x8000000000,pasid=0xffffffff)",
+        "qemu-system-x86_64: vtd_iova_to_slpte: detected read error on DMAR slpte (iova=0x1000, pasid=0xffffffff)",
+        "qemu-system-x86_64: vtd_iova_to_slpte: detected slpte permission error (iova=0x4000000000, level=0x3, slpte=0x0, write=1, pasid=0xffffffff)",
+        "qemu-system-x86_64: vtd_iova_to_slpte: detected splte reserve non-zero iova=0x1000, level=0x1slpte=0x800000000000f003, pasid=0xFFFFFFFF)",
+        "qemu-system-x86_64: vtd_iova_to_slpte: xlat address is in interrupt range (iova=0x200000, level=0x2, slpte=0xfee00083, write=1, xlat=0xfee00000, size=0x200000, pasid=0xffffffff)",
+        "qemu-system-x86_64: vtd_root_entry_rsvd_bits_check: invalid root entry: hi=0x0, lo=0x1",
+        "qemu-system-x86_64: vtd_context_entry_rsvd_bits_check: invalid context entry: hi=f0, lo=1 (reserved nonzero)",
+        "qemu-system-x86_64: vtd_dev_to_context_entry: invalid context entry: hi=4, lo=1 (level 4 not supported)",
+        "qemu-system-x86_64: vtd_ce_type_check: DT specified but not supported",
+        "qemu-system-x86_64: vtd_ce_type_check: PT specified but not supported",
+        "qemu-system-x86_64: vtd_ce_type_check: unknown ce type: 3",
+        "qemu-system-x86_64: New fault is not recorded due to Primary Fault Overflow",
+        "qemu-system-x86_64: New fault is not recorded due to compression of faults",
+        "qemu-system-x86_64: Next Fault Recording Reg is used, new fault is not recorded, set PFO field",
+        "qemu-system-x86_64: There are pending faults already, fault event is not generated",
+        "qemu-system-x86_64: There are previous interrupt conditions to be serviced by software, fault event is not generated",
+        "qemu-system-x86_64: Interrupt Mask set, irq is not generated",
+        "qemu-system-x86_64: vtd_irte_get: detected non-present IRTE (index=3, high=0x0, low=0x0)",
+        "qemu-system-x86_64: vtd_interrupt_remap_msi: invalid IR MSI (sid=32, address=0xfee00010, data=0x0)",
+        "qemu-system-x86_64: virtio: bogus descriptor or out of resources",
+        "qemu-system-x86_64: virtio: error trying to map MMIO memory",
+        "qemu-system-x86_64: Cannot map desc",
+        "qemu-system-x86_64: Cannot map used",
+        "qemu-system-x86_64: Cannot map avail",
+        "qemu-system-x86_64: Cannot map descriptor ring",
+        "qemu-system-x86_64: Cannot map indirect buffer",
+    ];
+
+    #[test]
+    fn every_qemu_fault_message_is_recognised() {
+        for line in QEMU_FAULT_LINES {
+            assert!(is_iommu_fault(line), "not recognised: {line}");
+        }
+        // Every entry of the table is needed by at least one line above (no dead entries).
+        for m in IOMMU_FAULT_MESSAGES {
+            assert!(
+                QEMU_FAULT_LINES.iter().any(|l| l.contains(m)),
+                "no test line for {m:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn other_qemu_lines_are_no_faults() {
+        for line in [
+            "qemu-system-x86_64: warning: hub 0 is not connected to host network",
+            "qemu-system-x86_64: terminating on signal 15 from pid 4242 (cargo)",
+            // The guest kernel's invalidation programming, no DMA.
+            "qemu-system-x86_64: vtd_iotlb_flush: invalid granularity: 0x0",
+            "qemu-system-x86_64: vtd_fetch_inv_desc: detected invalid QI tail (tail=0x10, size=0x8)",
+            "qemu-system-x86_64: -device nvme,id=nvmea: warning: ...",
+            "",
+        ] {
+            assert!(!is_iommu_fault(line), "taken for a fault: {line}");
+        }
+    }
+
+    #[test]
+    fn stderr_filter_collects_faults_and_drops_the_hub_warning() {
+        let stderr = format!(
+            "qemu-system-x86_64: warning: hub 0 is not connected to host network\n{}\nsomething else\n{}",
+            QEMU_FAULT_LINES[0], QEMU_FAULT_LINES[3]
+        );
+        let mut copied = Vec::new();
+        let faults = filter_stderr(io::Cursor::new(stderr), &mut copied);
+        assert_eq!(faults, [QEMU_FAULT_LINES[0], QEMU_FAULT_LINES[3]]);
+        assert_eq!(
+            String::from_utf8(copied).unwrap(),
+            format!(
+                "{}\nsomething else\n{}\n",
+                QEMU_FAULT_LINES[0], QEMU_FAULT_LINES[3]
+            )
+        );
+        assert!(filter_stderr(io::Cursor::new("just a warning\n"), io::sink()).is_empty());
+        let r = fault_report(&faults, Path::new("/r/iommu-faults.txt"));
+        assert!(
+            r.contains("refused 2 device DMA(s)") && r.contains("never mapped"),
+            "{r}"
+        );
+        assert!(
+            r.contains(QEMU_FAULT_LINES[0]) && r.contains("/r/iommu-faults.txt"),
+            "{r}"
+        );
     }
 
     #[test]
