@@ -54,7 +54,8 @@
 //! one, `<mode>-2`, `<mode>-3`, ...), recreated at each boot (unless `--keep-run-dir`) and kept
 //! after it: zero-filled sparse `nvme-a-ns1.img`, `nvme-a-ns2.img`, `nvme-b-ns1.img`, `nvme-s-ns1.img`, a zeroed
 //! `gpubar.shm`, `out/` (the guest's `/out`; `job.sh`, `exit-code`, `lib-modules` live there),
-//! `console.log` (the raw serial console), `qemu-cmd.txt` and `lock` (while in use).
+//! `console.log` (the raw serial console), `qemu-cmd.txt`, `lock` (while in use) and, after a
+//! boot in which QEMU's vIOMMU refused a device DMA, `iommu-faults.txt` (QEMU's lines).
 //!
 //! # Test-bed tests (`cargo xtask test`)
 //!
@@ -69,6 +70,9 @@
 //! `target/testbed/run/x-<mode>`. `--filter S` selects tests whose name (or binary name)
 //! contains `S`; name a host check `host_check_<x>` after its `guest_<x>` so one filter picks
 //! both. `tests/tests/xtask_selftest.rs` is the harness's own test.
+//!
+//! A boot in which QEMU's vIOMMU refused a device DMA fails (see `test.rs`), except that of a
+//! `guest_expect_iommu_fault_*` test, which runs alone in IOMMU mode and must show its fault.
 #![forbid(unsafe_code)]
 
 mod bench;
