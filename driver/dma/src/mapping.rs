@@ -11,10 +11,21 @@ use vfpoll_pci::{BusAddr, Iova, PhysAddr};
 
 /// An IOVA range allocated from the context's allocator and mapped through its mapper.
 /// Dropping it unmaps and gives the range back.
+///
+/// Each mapping reserves one IOMMU page more IOVA than it maps: an unmapped guard page right
+/// after its end. A device that runs past the end of a buffer (a data pointer describing more
+/// bytes than the buffer has, a ring index one too far) then takes an IOMMU fault, which the
+/// vIOMMU logs and the test bed fails on, instead of silently reading or writing whatever
+/// mapping the first-fit allocator placed next. It costs IOVA space only (no memory, no page
+/// table entry, no IOTLB entry), of which an IOMMU domain has far more than a driver maps, so
+/// it is always on rather than a test-only setting: real runs get the same protection. Only
+/// when the IOVA windows are too full for the extra page is a range mapped without a guard.
 pub(crate) struct IommuMapping {
     shared: Arc<Shared>,
     iova: Iova,
     len: u64,
+    /// IOVA bytes taken from the allocator: `len` rounded to pages, plus the guard page if any.
+    reserved: u64,
 }
 
 impl IommuMapping {
@@ -30,7 +41,16 @@ impl IommuMapping {
         len: u64,
         align: u64,
     ) -> Result<Self, DmaError> {
-        let iova = shared.iova().alloc(len, align)?;
+        let (iova, reserved) = {
+            let mut alloc = shared.iova();
+            let mapped = alloc.round_len(len)?;
+            let guarded = mapped.checked_add(alloc.page_size());
+            match guarded.map(|g| (alloc.alloc(g, align), g)) {
+                Some((Ok(iova), g)) => (iova, g),
+                // No room for the guard page: map without one rather than fail.
+                _ => (alloc.alloc(mapped, align)?, mapped),
+            }
+        };
         // SAFETY: forwarded from our caller; the IOVA range is fresh from the allocator of this
         // mapper, aligned to at least its page size, and so not mapped yet.
         match unsafe { shared.mapper.map(vaddr, len, iova) } {
@@ -38,9 +58,10 @@ impl IommuMapping {
                 shared: shared.clone(),
                 iova,
                 len,
+                reserved,
             }),
             Err(e) => {
-                if let Err(free_err) = shared.iova().free(iova, len) {
+                if let Err(free_err) = shared.iova().free(iova, reserved) {
                     log::error!("returning IOVA after a failed map: {free_err}");
                 }
                 Err(e)
@@ -57,7 +78,7 @@ impl Drop for IommuMapping {
     fn drop(&mut self) {
         match self.shared.mapper.unmap(self.iova, self.len) {
             Ok(()) => {
-                if let Err(e) = self.shared.iova().free(self.iova, self.len) {
+                if let Err(e) = self.shared.iova().free(self.iova, self.reserved) {
                     log::error!("{e}");
                 }
             }

@@ -57,7 +57,11 @@ fn region_is_mapped_once_and_unmapped_on_drop() {
         "an IOVA range is contiguous throughout"
     );
     assert_eq!(r.contiguous_len(3 * P), 0);
-    assert_eq!(ctx.iova_total_free(), free0 - 3 * P as u64);
+    assert_eq!(
+        ctx.iova_total_free(),
+        free0 - 4 * P as u64,
+        "three pages mapped and one unmapped guard page reserved after them"
+    );
 
     let r2 = ctx.alloc_region(1, PageSize::Base4K).unwrap();
     let i2 = r2.iova().unwrap().get();
@@ -77,6 +81,36 @@ fn region_is_mapped_once_and_unmapped_on_drop() {
     drop(r2);
     assert!(fake.live_mappings().is_empty());
     assert_eq!(ctx.iova_free_ranges(), initial, "IOVA not given back");
+}
+
+#[test]
+fn an_unmapped_guard_page_follows_every_mapping() {
+    let (ctx, fake) = ctx_with(FakeMapper::new());
+    let initial = ctx.iova_free_ranges();
+    let a = ctx.alloc_region(2 * P, PageSize::Base4K).unwrap();
+    let b = ctx.alloc_region(P, PageSize::Base4K).unwrap();
+    let pool = ctx.pool(512, 8, PageSize::Base4K).unwrap();
+    let end = a.bus_addr(2 * P - 1).get() + 1;
+    assert!(fake.translate(BusAddr(end - 8), 8).is_some());
+    assert!(
+        fake.translate(BusAddr(end - 8), 9).is_none(),
+        "a DMA running one byte past the region faults"
+    );
+    assert!(fake.translate(BusAddr(end), 1).is_none(), "the guard page is unmapped");
+    // First fit puts the next region right after the guard page, never right after `a`.
+    assert_eq!(b.bus_addr(0).get(), end + P as u64);
+    let mapped = fake.live_mappings();
+    assert_eq!(mapped.len(), 3);
+    for w in mapped.windows(2) {
+        let ((i0, l0), (i1, _)) = (w[0], w[1]);
+        assert!(
+            i0.get() + l0 < i1.get(),
+            "no gap between {i0}+{l0:#x} and {i1}: an overrun would land in the next mapping"
+        );
+    }
+    // Dropping everything gives the guard pages back too.
+    drop((a, b, pool));
+    assert_eq!(ctx.iova_free_ranges(), initial);
 }
 
 #[test]
