@@ -9,7 +9,12 @@
 //! descriptors from head to tail, written back with DD | EOP, the head advanced; when the ring
 //! has no free descriptor the frames wait (no drops, so tests are deterministic). DMA goes
 //! through [`FakeMapper::translate`], the simulated IOMMU: an address the driver never mapped
-//! is a protocol violation, counted, not a crash.
+//! (including the unmapped guard page `vfpoll-dma` leaves after every mapping, so running past
+//! the end of a buffer counts too) is a protocol violation. The model behaves as a device
+//! behind an IOMMU does (the access is dropped, the descriptor still completes), and records
+//! the violation; dropping the model fails the test that caused it (it panics with every
+//! violation's message) unless the test took them with [`NicModel::take_violations`]. The
+//! check is in `Drop`, so no test can forget it.
 //!
 //! Also modelled: STATUS.LU under test control, MDIC PHY control with restart
 //! auto-negotiation (the link drops for [`AUTONEG_TIME`]), RAL0/RAH0 from the reset, EEC.Auto_RD.
@@ -35,8 +40,12 @@ use vfpoll_nic::MacAddr;
 use vfpoll_pci::mmio::{self, Mmio};
 use vfpoll_pci::BusAddr;
 
-/// How long the link stays down after a restart of auto-negotiation.
+/// How long the link stays down after a restart of auto-negotiation (unless held down by
+/// [`NicModel::hold_autoneg`]).
 pub const AUTONEG_TIME: Duration = Duration::from_millis(300);
+
+/// Bound on waits for the model's thread: reaching it means a hang, not a slow machine.
+pub const HANG: Duration = Duration::from_secs(30);
 
 /// A frame to receive.
 #[derive(Debug, Clone)]
@@ -63,6 +72,8 @@ pub struct Counters {
     pub rx_ring_full: AtomicU64,
     /// Descriptors that broke the protocol (untranslatable address, missing EOP/RS, bad length).
     pub violations: AtomicU64,
+    /// Passes of the model's loop (registers, then both rings) completed.
+    pub passes: AtomicU64,
     pub resets: AtomicU64,
 }
 
@@ -72,6 +83,10 @@ struct Shared {
     link: AtomicBool,
     /// The link comes back at this many ns after `epoch` (restart auto-negotiation); 0: not down.
     link_back: AtomicU64,
+    /// Auto-negotiation does not finish while this is set.
+    autoneg_hold: AtomicBool,
+    /// The message of each protocol violation not yet taken by the test.
+    violations: Mutex<Vec<String>>,
     epoch: Instant,
     /// Pin the model's thread to this CPU.
     cpu: Option<usize>,
@@ -116,6 +131,8 @@ impl NicModel {
             paused: AtomicBool::new(false),
             link: AtomicBool::new(true),
             link_back: AtomicU64::new(0),
+            autoneg_hold: AtomicBool::new(false),
+            violations: Mutex::new(Vec::new()),
             epoch: Instant::now(),
             cpu,
             record_tx: AtomicBool::new(true),
@@ -207,41 +224,79 @@ impl NicModel {
         std::mem::take(&mut *self.shared.sent.lock().unwrap())
     }
 
-    /// Stops processing both rings (the registers still answer resets).
+    /// Stops processing both rings (the registers still answer resets); returns once the
+    /// thread has finished the pass it was in, so nothing moves on the rings after it.
     pub fn pause(&self) {
         self.shared.paused.store(true, Ordering::Release);
-        // Let the thread finish the pass it is in.
-        std::thread::sleep(Duration::from_millis(20));
+        self.settle();
     }
 
     pub fn resume(&self) {
         self.shared.paused.store(false, Ordering::Release);
     }
 
+    /// Sets the link state; returns once STATUS shows it.
     pub fn set_link(&self, up: bool) {
         self.shared.link.store(up, Ordering::Release);
-        std::thread::sleep(Duration::from_millis(20));
+        self.settle();
     }
 
-    /// Waits until `cond` holds (panics after 10 s).
+    /// While `on`, a restart of auto-negotiation keeps the link down (instead of for
+    /// [`AUTONEG_TIME`]), so a test can look at the down state however slow its machine is;
+    /// once released, the link comes back as usual.
+    pub fn hold_autoneg(&self, on: bool) {
+        self.shared.autoneg_hold.store(on, Ordering::Release);
+        self.settle();
+    }
+
+    /// Waits until the thread has made a whole pass that began after this call: whatever was
+    /// changed before the call has been acted on.
+    fn settle(&self) {
+        let c = &self.shared.c.passes;
+        let start = self.get(c);
+        // The pass in progress may have begun before the change; the one after it has not.
+        self.wait("a pass of the model's loop", |m| m.get(c) >= start + 2);
+    }
+
+    /// Waits until `cond` holds (panics after [`HANG`]).
     pub fn wait(&self, what: &str, mut cond: impl FnMut(&NicModel) -> bool) {
         let start = Instant::now();
         while !cond(self) {
+            assert!(start.elapsed() < HANG, "model: timed out waiting for {what}");
             assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "model: timed out waiting for {what}"
+                self.thread.as_ref().is_some_and(|t| !t.is_finished()),
+                "model: the thread died while waiting for {what}"
             );
             std::thread::sleep(Duration::from_micros(200));
         }
     }
+
+    /// The protocol violations so far (messages, oldest first), taken: the check at drop will
+    /// not see them. For tests that break the protocol on purpose.
+    pub fn take_violations(&self) -> Vec<String> {
+        std::mem::take(&mut *self.shared.violations.lock().unwrap_or_else(|e| e.into_inner()))
+    }
 }
 
 impl Drop for NicModel {
+    /// Stops the thread; then fails the test (panics) if the thread panicked or if the driver
+    /// broke the protocol, e.g. made the device DMA outside its mappings, and the test did not
+    /// take the violations. Not while the test is already failing (a panic during a panic
+    /// aborts).
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        let died = self.thread.take().is_some_and(|t| t.join().is_err());
+        if std::thread::panicking() {
+            return;
         }
+        assert!(!died, "nic-model: the model's thread panicked");
+        let v = self.take_violations();
+        assert!(
+            v.is_empty(),
+            "nic-model: the driver broke the descriptor protocol {} time(s): {}",
+            v.len(),
+            v.join("; ")
+        );
     }
 }
 
@@ -282,6 +337,7 @@ impl Device {
             if en == 0 {
                 self.xlat.clear();
             }
+            self.sh.c.passes.fetch_add(1, Ordering::AcqRel);
             if work {
                 idle = 0;
             } else {
@@ -333,7 +389,9 @@ impl Device {
         let mut up = self.sh.link.load(Ordering::Acquire);
         let back = self.sh.link_back.load(Ordering::Acquire);
         if back != 0 {
-            if (self.sh.epoch.elapsed().as_nanos() as u64) < back {
+            if self.sh.autoneg_hold.load(Ordering::Acquire)
+                || (self.sh.epoch.elapsed().as_nanos() as u64) < back
+            {
                 up = false;
             } else {
                 self.sh.link_back.store(0, Ordering::Release);
@@ -395,9 +453,12 @@ impl Device {
         self.xlat(base + i as u64 * 16, 16).map(|p| p.cast::<u64>())
     }
 
-    fn violation(&self, what: &str) {
+    /// Records a protocol violation (the test fails at the model's drop unless it takes it).
+    fn violation(&self, what: String) {
         self.sh.c.violations.fetch_add(1, Ordering::AcqRel);
         eprintln!("nic-model: protocol violation: {what}");
+        let mut v = self.sh.violations.lock().unwrap_or_else(|e| e.into_inner());
+        v.push(what);
     }
 
     fn transmit(&mut self) -> bool {
@@ -419,7 +480,10 @@ impl Device {
         let (mut frames, mut bytes) = (0, 0);
         while tdh != tdt {
             let Some(d) = self.desc(base, tdh) else {
-                self.violation("transmit descriptor outside the mapped memory");
+                let at = base + tdh as u64 * 16;
+                self.violation(format!(
+                    "transmit descriptor {tdh} at {at:#x} is outside the mapped memory"
+                ));
                 break;
             };
             // SAFETY: `d` translates 16 mapped bytes (8-aligned: ring bases are page aligned);
@@ -430,7 +494,9 @@ impl Device {
             let hi = u64::from_le(unsafe { dh.read_volatile() });
             let (len, cmd, _) = tx_fields(hi);
             if !cmd.contains(TxCmd::EOP) || cmd.contains(TxCmd::DEXT) || len == 0 {
-                self.violation("transmit descriptor without EOP, extended, or empty");
+                self.violation(format!(
+                    "transmit descriptor {tdh} without EOP, extended, or empty ({cmd:?}, {len} bytes)"
+                ));
             }
             if record {
                 match self.xlat(lo, len as u64) {
@@ -441,7 +507,10 @@ impl Device {
                         unsafe { ptr::copy_nonoverlapping(p, v.as_mut_ptr(), len as usize) };
                         self.sh.sent.lock().unwrap().push(v);
                     }
-                    None => self.violation("transmit buffer outside the mapped memory"),
+                    None => self.violation(format!(
+                        "transmit buffer of descriptor {tdh} ({len} bytes at {lo:#x}) is outside \
+                         the mapped memory"
+                    )),
                 }
             }
             frames += 1;
@@ -465,7 +534,10 @@ impl Device {
     /// protocol violation.
     fn put(&mut self, base: u64, rdh: u32, data: &[u8], eop: bool, errors: RxErrors) -> bool {
         let Some(d) = self.desc(base, rdh) else {
-            self.violation("receive descriptor outside the mapped memory");
+            let at = base + rdh as u64 * 16;
+            self.violation(format!(
+                "receive descriptor {rdh} at {at:#x} is outside the mapped memory"
+            ));
             return false;
         };
         // SAFETY: `d` translates 16 mapped bytes of the receive ring (8-aligned), which the
@@ -477,7 +549,11 @@ impl Device {
                 // posted in this descriptor; `data` is the model's own memory.
                 unsafe { ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) };
             }
-            _ => self.violation("receive buffer outside the mapped memory"),
+            _ => self.violation(format!(
+                "receive buffer of descriptor {rdh} ({} bytes at {addr:#x}) is outside the \
+                 mapped memory or over the 2048-byte buffer size",
+                data.len()
+            )),
         }
         let mut st = RxStatus::DD;
         if eop {
