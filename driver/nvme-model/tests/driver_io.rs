@@ -658,7 +658,7 @@ fn invalid_requests_are_refused_before_the_device() {
                 e,
                 NvmeError::BadLength {
                     len: 512,
-                    lba_size: 4096,
+                    block_bytes: 4096,
                     ..
                 }
             )

@@ -6,6 +6,8 @@
 
 use core::fmt;
 
+use vfpoll_pci::BusAddr;
+
 /// Admin command opcodes (NVMe Base 2.0 Figure 138).
 pub mod admin_op {
     /// Delete I/O Submission Queue.
@@ -64,6 +66,12 @@ pub mod cns {
     pub const CONTROLLER: u32 = 0x01;
     /// Active Namespace ID list.
     pub const ACTIVE_NS_LIST: u32 = 0x02;
+    /// Namespace Identification Descriptor list.
+    pub const NS_DESCRIPTORS: u32 = 0x03;
+    /// I/O Command Set specific Identify Namespace data structure (with a CSI).
+    pub const NAMESPACE_CSI: u32 = 0x05;
+    /// I/O Command Set specific Identify Controller data structure (with a CSI).
+    pub const CONTROLLER_CSI: u32 = 0x06;
 }
 
 /// Log page identifiers (NVMe Base 2.0 Figure 202).
@@ -154,6 +162,13 @@ impl Command {
         self.dw[8] as u64 | (self.dw[9] as u64) << 32
     }
 
+    /// Sets the data pointer (CDW6-9) and PSDT from one the driver built.
+    pub(crate) fn set_data_ptr(&mut self, dp: DataPtr) {
+        self.set_psdt(dp.psdt);
+        self.set_prp1(dp.lo);
+        self.set_prp2(dp.hi);
+    }
+
     /// Sets the SGL descriptor in the data pointer (CDW6-9) and PSDT to SGL.
     pub fn set_sgl(&mut self, desc: SglDescriptor) {
         let b = desc.0;
@@ -191,6 +206,13 @@ impl Command {
     pub fn identify(cns: u32, nsid: u32) -> Self {
         let mut c = Command::new(admin_op::IDENTIFY, nsid);
         c.dw[10] = cns;
+        c
+    }
+
+    /// Identify with a Command Set Identifier (CDW11 bits 31:24), for CNS 05h/06h.
+    pub fn identify_csi(cns: u32, nsid: u32, csi: u8) -> Self {
+        let mut c = Command::identify(cns, nsid);
+        c.dw[11] = (csi as u32) << 24;
         c
     }
 
@@ -315,10 +337,10 @@ pub(crate) struct DataPtr {
 
 impl DataPtr {
     /// PRP entries.
-    pub(crate) const fn prp(prp1: u64, prp2: u64) -> Self {
+    pub(crate) const fn prp(prp1: BusAddr, prp2: BusAddr) -> Self {
         DataPtr {
-            lo: prp1,
-            hi: prp2,
+            lo: prp1.get(),
+            hi: prp2.get(),
             psdt: Psdt::Prp,
         }
     }
@@ -334,29 +356,40 @@ impl DataPtr {
     }
 }
 
-/// Read, Write or Compare of `blocks` (1..=65536) blocks from `slba`, as the words of a
-/// submission queue entry: what [`Command::rw`] with `set_cid`, `set_fua` and the data pointer
-/// gives, without building the 16 dwords first (the I/O hot path).
+/// The fields of a Read, Write or Compare that vary per command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Rw {
+    pub op: u8,
+    pub nsid: u32,
+    pub cid: u16,
+    pub slba: u64,
+    /// 1..=65536.
+    pub blocks: u32,
+    /// CDW12 bits 31:16: FUA (bit 30) and PRINFO (bits 29:26).
+    pub dw12_flags: u32,
+    /// CDW14: the initial logical block reference tag (PI types 1 and 2).
+    pub ref_tag: u32,
+    pub dp: DataPtr,
+    /// CDW4-5: the metadata pointer (0: none).
+    pub mptr: BusAddr,
+}
+
+/// A Read, Write or Compare as the words of a submission queue entry: what [`Command::rw`]
+/// with `set_cid`, `set_fua`, the data and metadata pointers and CDW12/14 gives, without
+/// building the 16 dwords first (the I/O hot path).
 #[inline]
-pub(crate) fn rw_words(
-    op: u8,
-    nsid: u32,
-    cid: u16,
-    slba: u64,
-    blocks: u32,
-    fua: bool,
-    dp: DataPtr,
-) -> [u64; 8] {
-    debug_assert!((1..=65536).contains(&blocks));
+pub(crate) fn rw_words(c: Rw) -> [u64; 8] {
+    debug_assert!((1..=65536).contains(&c.blocks));
+    debug_assert!(c.dw12_flags & 0xffff == 0);
     [
-        op as u64 | (dp.psdt as u64) << 14 | (cid as u64) << 16 | (nsid as u64) << 32,
+        c.op as u64 | (c.dp.psdt as u64) << 14 | (c.cid as u64) << 16 | (c.nsid as u64) << 32,
         0,
-        0,
-        dp.lo,
-        dp.hi,
-        slba,
-        (blocks - 1) as u64 | (fua as u64) << 30,
-        0,
+        c.mptr.get(),
+        c.dp.lo,
+        c.dp.hi,
+        c.slba,
+        (c.blocks - 1) as u64 | c.dw12_flags as u64,
+        c.ref_tag as u64,
     ]
 }
 
@@ -379,23 +412,23 @@ pub struct SglDescriptor(pub [u8; 16]);
 
 impl SglDescriptor {
     /// SGL Data Block descriptor (type 0h).
-    pub fn data_block(addr: u64, len: u32) -> Self {
+    pub fn data_block(addr: BusAddr, len: u32) -> Self {
         Self::with_type(addr, len, 0x0)
     }
 
     /// SGL Segment descriptor (type 2h): points to the next segment of `len` bytes.
-    pub fn segment(addr: u64, len: u32) -> Self {
+    pub fn segment(addr: BusAddr, len: u32) -> Self {
         Self::with_type(addr, len, 0x2)
     }
 
     /// SGL Last Segment descriptor (type 3h).
-    pub fn last_segment(addr: u64, len: u32) -> Self {
+    pub fn last_segment(addr: BusAddr, len: u32) -> Self {
         Self::with_type(addr, len, 0x3)
     }
 
-    fn with_type(addr: u64, len: u32, ty: u8) -> Self {
+    fn with_type(addr: BusAddr, len: u32, ty: u8) -> Self {
         let mut b = [0u8; 16];
-        b[0..8].copy_from_slice(&addr.to_le_bytes());
+        b[0..8].copy_from_slice(&addr.get().to_le_bytes());
         b[8..12].copy_from_slice(&len.to_le_bytes());
         b[15] = ty << 4;
         SglDescriptor(b)
@@ -490,20 +523,30 @@ mod tests {
         let l = Command::get_log_page(log_page::SMART, 0xffff_ffff, 128, 0);
         assert_eq!(l.dw[10], (127 << 16) | 2);
         let mut s = Command::new(io_op::READ, 1);
-        s.set_sgl(SglDescriptor::data_block(0x1234_5000, 4096));
+        s.set_sgl(SglDescriptor::data_block(BusAddr(0x1234_5000), 4096));
         assert_eq!((s.psdt(), s.dw[6], s.dw[8], s.dw[9]), (1, 0x1234_5000, 4096, 0));
-        assert_eq!(SglDescriptor::last_segment(0, 32).0[15], 0x30);
+        assert_eq!(SglDescriptor::last_segment(BusAddr(0), 32).0[15], 0x30);
     }
 
     #[test]
     fn rw_words_match_the_command_builder() {
-        for (fua, dp) in [
-            (false, DataPtr::prp(0xdead_0000_1000, 0)),
-            (true, DataPtr::prp(0x1000, 0x7_0000_2000)),
+        let sgl = SglDescriptor::data_block(BusAddr(0x1234_5678_9000), 8192);
+        for (fua, dp, mptr, prinfo, ref_tag) in [
             (
                 false,
-                DataPtr::sgl(SglDescriptor::data_block(0x1234_5678_9000, 8192)),
+                DataPtr::prp(BusAddr(0xdead_0000_1000), BusAddr(0)),
+                0,
+                0,
+                0,
             ),
+            (
+                true,
+                DataPtr::prp(BusAddr(0x1000), BusAddr(0x7_0000_2000)),
+                0x9_0000_0040,
+                0,
+                0,
+            ),
+            (false, DataPtr::sgl(sgl), 0x8000, 0b1011, 0xfe_dcba_9876u64 as u32),
         ] {
             let mut c = Command::rw(io_op::WRITE, 7, 0xfe_dcba_9876, 65536);
             c.set_cid(0xf123);
@@ -513,9 +556,23 @@ mod tests {
                     c.set_prp1(dp.lo);
                     c.set_prp2(dp.hi);
                 }
-                Psdt::SglBuffer => c.set_sgl(SglDescriptor::data_block(0x1234_5678_9000, 8192)),
+                Psdt::SglBuffer => c.set_sgl(sgl),
             }
-            let w = rw_words(io_op::WRITE, 7, 0xf123, 0xfe_dcba_9876, 65536, fua, dp);
+            c.dw[4] = mptr as u32;
+            c.dw[5] = (mptr >> 32) as u32;
+            c.dw[12] |= prinfo << 26;
+            c.dw[14] = ref_tag;
+            let w = rw_words(Rw {
+                op: io_op::WRITE,
+                nsid: 7,
+                cid: 0xf123,
+                slba: 0xfe_dcba_9876,
+                blocks: 65536,
+                dw12_flags: (fua as u32) << 30 | prinfo << 26,
+                ref_tag,
+                dp,
+                mptr: BusAddr(mptr),
+            });
             assert_eq!(w, c.to_words(), "{c:?}");
         }
         let mut c = Command::new(io_op::READ, 1);

@@ -16,6 +16,7 @@ use vfpoll_pci::Bdf;
 use crate::admin::{AdminQueue, DataDir};
 use crate::cmd::{cns, feature, log_page, Command, Completion};
 use crate::error::{NvmeError, Result};
+use crate::format::{FormatError, NsFormat};
 use crate::identify::oacs;
 use crate::identify::{parse_ns_list, ErrorLogEntry, IdentifyController, IdentifyNamespace, SmartLog};
 use crate::qmem::ShadowPages;
@@ -68,11 +69,32 @@ pub struct Namespace {
     pub blocks: u64,
     /// Metadata bytes per logical block.
     pub metadata_size: u16,
+    /// The format in use (metadata placement, protection information), or why the Identify
+    /// data describe none (I/O to the namespace is then refused).
+    pub format: Result<NsFormat, FormatError>,
+    /// The I/O command set (CSI; 0 NVM, 2 zoned). Queue pairs refuse I/O to command sets
+    /// vfpoll does not drive.
+    pub command_set: u8,
     /// The whole Identify Namespace page.
     pub identify: IdentifyNamespace,
 }
 
 impl Namespace {
+    /// A namespace from its Identify page, the PI format of its LBA format (if known) and
+    /// its command set.
+    pub fn new(nsid: u32, identify: IdentifyNamespace, pif: Option<u8>, command_set: u8) -> Self {
+        let f = identify.lba_format();
+        Namespace {
+            nsid,
+            lba_size: f.data_size(),
+            blocks: identify.nsze,
+            metadata_size: f.ms,
+            format: NsFormat::parse(&identify, pif),
+            command_set,
+            identify,
+        }
+    }
+
     /// Capacity in bytes.
     pub fn bytes(&self) -> u64 {
         self.blocks * self.lba_size as u64
@@ -317,14 +339,28 @@ impl Controller {
             let mut p = vec![0u8; 4096];
             admin.read_data(&mut p);
             if let Some(id) = IdentifyNamespace::parse(&p) {
-                let f = id.lba_format();
-                namespaces.push(Namespace {
-                    nsid,
-                    lba_size: f.data_size(),
-                    blocks: id.nsze,
-                    metadata_size: f.ms,
-                    identify: id,
-                });
+                // The PI format (guard size) of a PI namespace is in the NVM command set's
+                // own Identify Namespace page (CNS 05h, CSI 00h), on controllers with
+                // extended LBA formats; without them the guard is 16 bits.
+                let mut pif = None;
+                if id.dps & 7 != 0 && identify.extended_lba_formats() {
+                    let cmd = Command::identify_csi(cns::NAMESPACE_CSI, nsid, 0);
+                    admin.exec(
+                        "Identify Namespace (NVM command set)",
+                        cmd,
+                        DataDir::FromDevice(4096),
+                        &[],
+                        &mut || check_csts(&bar),
+                    )?;
+                    admin.read_data(&mut p);
+                    let elbaf = u32::from_le_bytes(
+                        p[12 + 4 * id.format_index as usize..][..4]
+                            .try_into()
+                            .expect("4 bytes"),
+                    );
+                    pif = Some(((elbaf >> 7) & 3) as u8);
+                }
+                namespaces.push(Namespace::new(nsid, id, pif, 0));
             }
         }
 

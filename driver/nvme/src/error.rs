@@ -85,17 +85,43 @@ pub enum NvmeError {
         /// The LBA size.
         lba_size: usize,
     },
-    /// The buffer length is not a multiple of the LBA size, or zero.
+    /// The buffer length is not a whole number of blocks, or zero.
     #[error(
-        "transfer length {len} is not a non-zero multiple of the LBA size {lba_size} of namespace {nsid}"
+        "transfer length {len} is not a non-zero multiple of the {block_bytes} bytes per block that namespace {nsid} moves through the data buffer ({format})"
     )]
     BadLength {
         /// The namespace.
         nsid: u32,
         /// The length given.
         len: usize,
-        /// The LBA size.
-        lba_size: usize,
+        /// Bytes per block in the data buffer (data, plus metadata for an extended LBA).
+        block_bytes: usize,
+        /// The namespace's format, described.
+        format: String,
+    },
+    /// The namespace moves metadata in a separate buffer and the command has none (or the
+    /// wrong size).
+    #[error("namespace {nsid} ({format}) moves {per_block} bytes of metadata per block in a separate buffer: {what}. Submit with `read_with_metadata`/`write_with_metadata` and a metadata buffer of blocks x {per_block} bytes, or format the namespace to an LBA format without separate metadata")]
+    Metadata {
+        /// The namespace.
+        nsid: u32,
+        /// The namespace's format, described.
+        format: String,
+        /// Metadata bytes per block.
+        per_block: usize,
+        /// What is wrong.
+        what: String,
+    },
+    /// The namespace's format or command set is one vfpoll does not drive: refused before any
+    /// command is built.
+    #[error("namespace {nsid} ({format}) cannot be used for I/O: {why}")]
+    Refused {
+        /// The namespace.
+        nsid: u32,
+        /// The namespace's format, described.
+        format: String,
+        /// Why, and what to do.
+        why: String,
     },
     /// The buffer cannot be described to the controller.
     #[error("buffer unusable for DMA: {0}")]

@@ -40,10 +40,16 @@ pub struct IdentifyController {
     pub cntlid: u16,
     /// Version (same encoding as VS).
     pub ver: u32,
+    /// Optional Asynchronous Events Supported (bit 8: Namespace Attribute Notices).
+    pub oaes: u32,
+    /// Controller Attributes (bit 15: Extended LBA Formats Supported, ELBAS).
+    pub ctratt: u32,
     /// Optional Admin Command Support.
     pub oacs: u16,
     /// Abort Command Limit (0's based).
     pub acl: u8,
+    /// Asynchronous Event Request Limit (0's based).
+    pub aerl: u8,
     /// Log Page Attributes.
     pub lpa: u8,
     /// Error Log Page Entries (0's based).
@@ -102,8 +108,11 @@ impl IdentifyController {
             mdts: b[77],
             cntlid: le16(b, 78),
             ver: le32(b, 80),
+            oaes: le32(b, 92),
+            ctratt: le32(b, 96),
             oacs: le16(b, 256),
             acl: b[258],
+            aerl: b[259],
             lpa: b[261],
             elpe: b[262],
             sqes: b[512],
@@ -131,6 +140,17 @@ impl IdentifyController {
     /// Whether SGL data blocks must be dword aligned (SGLS bits 1:0 == 10b).
     pub fn sgl_dword_aligned(&self) -> bool {
         self.sgls & 0b11 == 0b10
+    }
+
+    /// Whether the controller sends Namespace Attribute Notices (OAES bit 8).
+    pub fn namespace_attribute_notices(&self) -> bool {
+        self.oaes & (1 << 8) != 0
+    }
+
+    /// Whether the controller supports extended LBA formats, and so protection information
+    /// formats other than the 16-bit guard (CTRATT bit 15, ELBAS; NVMe Base 2.0 Figure 275).
+    pub fn extended_lba_formats(&self) -> bool {
+        self.ctratt & (1 << 15) != 0
     }
 
     /// Whether a volatile write cache is present.
@@ -187,10 +207,17 @@ pub struct IdentifyNamespace {
     pub nsfeat: u8,
     /// The LBA formats the namespace supports.
     pub lba_formats: Vec<LbaFormat>,
-    /// Index of the format in use (FLBAS).
+    /// Index of the format in use (FLBAS bits 3:0, and bits 6:5 as bits 5:4 of the index).
     pub format_index: u8,
     /// Metadata transferred at the end of each LBA (FLBAS bit 4), else in a separate buffer.
     pub extended_lba: bool,
+    /// Metadata Capabilities (MC): bit 0 extended LBAs, bit 1 a separate buffer.
+    pub mc: u8,
+    /// End-to-end Data Protection Capabilities (DPC).
+    pub dpc: u8,
+    /// End-to-end Data Protection Type Settings (DPS): bits 2:0 the PI type (0: none), bit 3
+    /// PI in the first bytes of the metadata (else the last).
+    pub dps: u8,
     /// Namespace Multi-path I/O and Namespace Sharing Capabilities.
     pub nmic: u8,
     /// Namespace Globally Unique Identifier.
@@ -227,6 +254,9 @@ impl IdentifyNamespace {
             lba_formats,
             format_index: (flbas & 0xf) | ((flbas >> 5) & 0x3) << 4,
             extended_lba: flbas & 0x10 != 0,
+            mc: b[27],
+            dpc: b[28],
+            dps: b[29],
             nmic: b[30],
             nguid: b[104..120].try_into().expect("16 bytes"),
             eui64: b[120..128].try_into().expect("8 bytes"),

@@ -152,6 +152,16 @@ impl Status {
             (Sct::CommandSpecific, 0x80) => "Conflicting Attributes",
             (Sct::CommandSpecific, 0x81) => "Invalid Protection Information",
             (Sct::CommandSpecific, 0x82) => "Attempted Write to Read Only Range",
+            (Sct::CommandSpecific, 0x83) => "Command Size Limit Exceeded",
+            // Zoned Namespace Command Set 1.1 Figure 27.
+            (Sct::CommandSpecific, 0xb8) => "Zone Boundary Error",
+            (Sct::CommandSpecific, 0xb9) => "Zone Is Full",
+            (Sct::CommandSpecific, 0xba) => "Zone Is Read Only",
+            (Sct::CommandSpecific, 0xbb) => "Zone Is Offline",
+            (Sct::CommandSpecific, 0xbc) => "Zone Invalid Write",
+            (Sct::CommandSpecific, 0xbd) => "Too Many Active Zones",
+            (Sct::CommandSpecific, 0xbe) => "Too Many Open Zones",
+            (Sct::CommandSpecific, 0xbf) => "Invalid Zone State Transition",
             (Sct::Media, 0x80) => "Write Fault",
             (Sct::Media, 0x81) => "Unrecovered Read Error",
             (Sct::Media, 0x82) => "End-to-end Guard Check Error",
@@ -242,6 +252,15 @@ mod tests {
         assert_eq!(
             Status::new(Sct::CommandSpecific, 0x0c, true).name(),
             Some("Invalid Queue Deletion")
+        );
+        // The zoned command set's codes (what `perf` on a zoned namespace used to show raw).
+        assert_eq!(
+            Status::new(Sct::CommandSpecific, 0xbc, true).to_string(),
+            "Zone Invalid Write (SCT 0x1, SC 0xbc, DNR)"
+        );
+        assert_eq!(
+            Status::new(Sct::CommandSpecific, 0xb9, true).name(),
+            Some("Zone Is Full")
         );
     }
 }

@@ -1,0 +1,118 @@
+//! Completions: the polled hot path that hands finished requests back with their buffers.
+
+use super::slot::{SLOT_BITS, SLOT_MASK, UNUSED};
+use super::{Done, QueuePair, HEALTH_CHECK_POLLS};
+use crate::buffer::IoBuffer;
+use crate::error::NvmeError;
+
+impl<B: IoBuffer> QueuePair<B> {
+    /// Rings the submission doorbell, then delivers up to `max` completed requests to `f` and
+    /// rings the completion doorbell once. Returns how many requests completed.
+    ///
+    /// Also detects, every few hundred polls with work outstanding, commands past their timeout (asks the
+    /// controller to abort them) and a controller fatal status (fails every request).
+    #[inline]
+    pub fn poll(&mut self, max: usize, mut f: impl FnMut(Done<B>)) -> usize {
+        self.flush_submissions();
+        let mut delivered = 0;
+        let mut consumed = 0u32;
+        while delivered < max {
+            let Some(c) = self.ring.pop(&self.mem) else { break };
+            consumed += 1;
+            let slot = (c.cid & SLOT_MASK) as usize;
+            let gen = (c.cid >> SLOT_BITS) as u8;
+            let Some(t) = self
+                .slots
+                .get_mut(slot)
+                .filter(|t| t.owner != UNUSED && t.gen == gen)
+            else {
+                self.bogus(c);
+                continue;
+            };
+            let rid = t.owner as usize;
+            t.owner = UNUSED;
+            let s = if slot == rid {
+                t
+            } else {
+                // Another part of a split request: its slot is free now; the request's own slot
+                // (its first part's) stays taken until the whole request completes.
+                self.free_cids.push(slot as u16);
+                &mut self.slots[rid]
+            };
+            let st = c.status();
+            let req = &mut s.req;
+            debug_assert!(req.parts != 0, "slot points at a live request");
+            if !st.is_success() && req.error.is_success() {
+                req.error = st;
+            }
+            req.parts -= 1;
+            if req.parts == 0 {
+                let (tag, error, op) = (req.tag, req.error, req.op);
+                let buf = s.buf.take();
+                let meta = s.meta.take();
+                self.free_cids.push(rid as u16);
+                self.live -= 1;
+                delivered += 1;
+                if error.is_success() {
+                    // DW0 of the part that completed last (a split request's parts all carry
+                    // the same command, so any part's DW0 would do).
+                    f(Done {
+                        tag,
+                        result: Ok(c.dw0),
+                        buf,
+                        meta,
+                    });
+                } else {
+                    self.stats.errors += 1;
+                    f(Done {
+                        tag,
+                        result: Err(NvmeError::Status {
+                            op: op.name(),
+                            status: error,
+                        }),
+                        buf,
+                        meta,
+                    });
+                }
+            }
+        }
+        if consumed != 0 {
+            self.stats.completions += consumed as u64;
+        }
+        // The completion-queue head doorbell is deferred: consumed entries are released in
+        // batches (one MMIO write per many completions, which matters most at low queue depth).
+        // It is rung as soon as released-but-unannounced entries plus commands in flight could
+        // fill half the queue, so the controller always has room to post (this check runs at
+        // every poll, busy or not, so a controller waiting for room is never left waiting).
+        let taken = self.slots.len() - self.free_cids.len();
+        let unacked = self.ring.unacked as usize;
+        if unacked != 0 && unacked + taken >= self.cq_release_at {
+            if self.ring.ring_cq() {
+                self.stats.cq_doorbells += 1;
+            } else {
+                self.stats.shadow_only += 1;
+            }
+        }
+        if self.outstanding() != 0 {
+            // Every HEALTH_CHECK_POLLS polls with work outstanding (busy or not), look for commands
+            // past their deadline and a failed controller.
+            self.idle_polls = self.idle_polls.wrapping_add(1);
+            if self.idle_polls.is_multiple_of(HEALTH_CHECK_POLLS) {
+                delivered += self.check_health(&mut f);
+            }
+        }
+        delivered
+    }
+
+    /// A completion for no command in flight: counted and logged.
+    #[cold]
+    #[inline(never)]
+    fn bogus(&mut self, c: crate::cmd::Completion) {
+        self.stats.bogus_completions += 1;
+        log::error!(
+            "queue {}: completion for command id {} which is not in flight: {c:?}",
+            self.ring.qid,
+            c.cid
+        );
+    }
+}

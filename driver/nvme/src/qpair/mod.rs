@@ -1,0 +1,491 @@
+//! I/O queue pairs: submit, poll, complete (NVMe Base 2.0 §3.3, NVM Command Set 1.0 §3).
+//!
+//! One queue pair belongs to one thread: it is `Send` but not `Sync`, and every operation takes
+//! `&mut self`, so the hot path needs no lock and no atomic. Submitting writes the command into
+//! the submission queue but does not ring the doorbell; [`QueuePair::poll`] (or
+//! [`QueuePair::flush`]) rings it once for the whole batch, then consumes completions and rings
+//! the completion doorbell once.
+//!
+//! Completions are delivered to a closure given to `poll`, with the caller's 64-bit tag and the
+//! buffer given back. A tag (rather than a boxed callback per request) costs no allocation,
+//! maps directly onto C (`void *` context / index) and onto async runtimes (a slot index), and
+//! lets one closure capture the caller's state for the whole batch.
+
+//!
+//! The module's files follow its seams: `slot` (command ids, requests and their buffers),
+//! `xfer` (sizing and building every data and metadata pointer), `submit` (the submission
+//! paths), `complete` (polling completions), `health` (timeouts, a failed controller, drain);
+//! creation and teardown are here.
+
+use std::cell::Cell;
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::buffer::IoBuffer;
+use crate::cmd::Command;
+use crate::ctrlr::{Controller, Shared, PAGE_SIZE};
+use crate::error::{NvmeError, Result};
+use crate::format::{Access, PiMode, Refusal};
+use crate::prp::{self, PrpListMem};
+use crate::qmem::QueueMem;
+use crate::queue::{Layout, Ring, CQE_SIZE, SQE_SIZE};
+
+mod complete;
+mod health;
+mod slot;
+mod submit;
+mod xfer;
+
+use slot::Slot;
+pub use slot::MAX_QUEUE_ENTRIES;
+use xfer::NsInfo;
+
+/// Options of an I/O queue pair.
+#[derive(Debug, Clone)]
+pub struct QpairOptions {
+    /// Queue entries (2..=CAP.MQES); at most `entries - 1` commands are in flight.
+    pub entries: u16,
+    /// Describe data with an SGL Data Block descriptor where the controller supports SGLs and
+    /// the buffer is bus-contiguous (one descriptor instead of a PRP list); PRPs otherwise.
+    pub sgl: bool,
+    /// Put the submission queue in the controller memory buffer (CMBSZ.SQS): the controller
+    /// reads commands from its own memory instead of fetching them by DMA. Needs a controller
+    /// opened through VFIO with a CMB.
+    pub sq_in_cmb: bool,
+    /// How long a command may take before the queue pair asks the controller to abort it.
+    pub timeout: Duration,
+    /// Largest transfer per command in bytes (rounded down to a power of two); larger requests are
+    /// split. `None`: MDTS, or 2 MiB where the controller sets no limit.
+    pub max_transfer: Option<usize>,
+    /// Split requests larger than the maximum transfer into several commands (one completion
+    /// for the whole request). When off, such a request is refused with [`NvmeError::TooLarge`].
+    pub split: bool,
+    /// How commands to namespaces formatted with protection information use it.
+    pub protection: PiMode,
+}
+
+impl Default for QpairOptions {
+    fn default() -> Self {
+        QpairOptions {
+            entries: 256,
+            sgl: false,
+            sq_in_cmb: false,
+            timeout: Duration::from_secs(30),
+            max_transfer: None,
+            split: true,
+            protection: PiMode::Controller,
+        }
+    }
+}
+
+/// A completed request.
+#[derive(Debug)]
+pub struct Done<B> {
+    /// The tag given at submit.
+    pub tag: u64,
+    /// Command specific DW0 on success, the error otherwise (of the first failing part of a
+    /// split request).
+    pub result: Result<u32>,
+    /// The buffer given at submit, back to the caller. `None` for commands without data, and
+    /// for a buffer the device may still write into after an unrecoverable failure (it is
+    /// leaked, never freed).
+    pub buf: Option<B>,
+    /// The separate metadata buffer given at submit, back likewise (`None` without one).
+    pub meta: Option<B>,
+}
+
+/// A submission that was refused; the buffer comes back.
+#[derive(Debug)]
+pub struct Rejected<B> {
+    /// Why.
+    pub error: NvmeError,
+    /// The buffer, untouched.
+    pub buf: B,
+}
+
+/// Counters of one queue pair.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QpairStats {
+    /// Requests accepted.
+    pub requests: u64,
+    /// Commands written to the submission queue (split requests count once per part).
+    pub commands: u64,
+    /// Completions consumed.
+    pub completions: u64,
+    /// Requests completed with an error.
+    pub errors: u64,
+    /// SQ tail MMIO doorbell writes.
+    pub sq_doorbells: u64,
+    /// CQ head MMIO doorbell writes.
+    pub cq_doorbells: u64,
+    /// Doorbell updates that went only to the shadow doorbell (no MMIO write needed).
+    pub shadow_only: u64,
+    /// Completions whose command id matched no command in flight.
+    pub bogus_completions: u64,
+    /// Commands the queue pair asked the controller to abort after a timeout.
+    pub aborts: u64,
+}
+
+/// Polls (with work outstanding) between two looks for timed-out commands and a failed
+/// controller. Each look reads the clock once and scans the request table.
+const HEALTH_CHECK_POLLS: u32 = 256;
+
+/// An I/O submission + completion queue pair with its request trackers. See the module docs.
+pub struct QueuePair<B: IoBuffer> {
+    ring: Ring,
+    mem: QueueMem,
+    slots: Box<[Slot<B>]>,
+    free_cids: Vec<u16>,
+    /// Requests in flight.
+    live: usize,
+    /// Commands beyond one per request (the parts of split requests after their first):
+    /// `QpairStats::commands` is `requests` plus this.
+    extra_commands: u64,
+    /// Released-but-unannounced completion entries plus taken slots at which `poll` rings the
+    /// completion doorbell: half the queue.
+    cq_release_at: usize,
+    /// When the queue pair was created: the origin of `Request::seen_ms`.
+    created: Instant,
+    lists_off: usize,
+    list_pages: usize,
+    max_xfer: usize,
+    split: bool,
+    use_sgl: bool,
+    protection: PiMode,
+    namespaces: Vec<NsInfo>,
+    /// The format of each of `namespaces`, for messages.
+    formats: Vec<crate::format::NsFormat>,
+    stats: QpairStats,
+    timeout: Duration,
+    idle_polls: u32,
+    failed: Option<String>,
+    /// The submission queue's slots in the CMB, when there.
+    sq_cmb: Option<crate::cmb::CmbSlice>,
+    ctrl: Arc<Shared>,
+    _not_sync: PhantomData<Cell<()>>,
+}
+
+impl<B: IoBuffer> std::fmt::Debug for QueuePair<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueuePair")
+            .field("qid", &self.ring.qid)
+            .field("entries", &self.ring.entries)
+            .field("outstanding", &self.outstanding())
+            .field("max_transfer", &self.max_xfer)
+            .finish()
+    }
+}
+
+/// The list pages of one tracker.
+struct TrackerLists<'a> {
+    mem: &'a mut QueueMem,
+    off: usize,
+    pages: usize,
+}
+
+impl PrpListMem for TrackerLists<'_> {
+    fn pages(&self) -> usize {
+        self.pages
+    }
+    fn page_bus(&self, page: usize) -> u64 {
+        self.mem.bus(self.off + page * PAGE_SIZE)
+    }
+    fn write(&mut self, page: usize, idx: usize, entry: u64) {
+        self.mem.write_u64(self.off + page * PAGE_SIZE + idx * 8, entry);
+    }
+}
+
+impl Controller {
+    /// Creates an I/O queue pair (Create I/O CQ, then Create I/O SQ), for buffers of type `B`.
+    pub fn create_qpair<B: IoBuffer>(&self, opts: &QpairOptions) -> Result<QueuePair<B>> {
+        QueuePair::create(self, opts)
+    }
+}
+
+impl<B: IoBuffer> QueuePair<B> {
+    fn create(ctrl: &Controller, opts: &QpairOptions) -> Result<Self> {
+        let sh = &ctrl.shared;
+        let mqes = sh.cap.max_queue_entries().min(65536);
+        let most = mqes.min(MAX_QUEUE_ENTRIES as u32);
+        if opts.entries < 2 || opts.entries as u32 > most {
+            return Err(NvmeError::InvalidOption(format!(
+                "queue entries {} not in 2..={most} (CAP.MQES {mqes}; vfpoll's limit {MAX_QUEUE_ENTRIES})",
+                opts.entries
+            )));
+        }
+        let mdts = sh.identify.mdts_bytes(sh.cap.mps_min()).unwrap_or(2 << 20);
+        let mut max_xfer = opts.max_transfer.unwrap_or(mdts).min(mdts);
+        // NLB is 16 bits: at most 65536 blocks of the smallest LBA size in use.
+        let min_lba = sh.namespaces.iter().map(|n| n.lba_size).min().unwrap_or(512);
+        max_xfer = max_xfer.min(65536 * min_lba);
+        if max_xfer < PAGE_SIZE {
+            return Err(NvmeError::InvalidOption(format!(
+                "max transfer {max_xfer} below {PAGE_SIZE} bytes"
+            )));
+        }
+        max_xfer = 1 << max_xfer.ilog2();
+        // List pages per tracker: enough for a max_xfer PRP list at the worst offset.
+        let mut list_pages = 1;
+        while prp::max_transfer(list_pages, PAGE_SIZE) < max_xfer {
+            list_pages += 1;
+        }
+        let entries = opts.entries as usize;
+        let sq_bytes = (entries * SQE_SIZE).next_multiple_of(PAGE_SIZE);
+        let cq_bytes = (entries * CQE_SIZE).next_multiple_of(PAGE_SIZE);
+        let lists_off = sq_bytes + cq_bytes;
+        let total = lists_off + (entries - 1) * list_pages * PAGE_SIZE;
+        let region = sh.dma.alloc_region(total, sh.opts.page_size)?;
+        let mut mem = QueueMem::new(
+            region,
+            Layout {
+                sq_off: 0,
+                cq_off: sq_bytes,
+                entries: opts.entries,
+            },
+        );
+        // Each queue must be physically contiguous (CAP.CQR): both fit in the region's first page
+        // or are covered by its contiguity.
+        if mem.region().contiguous_len(0) < lists_off {
+            return Err(NvmeError::InvalidOption(format!(
+                "{entries} entries need {lists_off} contiguous bytes for the queues, more than one {} page",
+                sh.opts.page_size
+            )));
+        }
+        let sq_cmb = if opts.sq_in_cmb {
+            let cmb = ctrl.cmb()?;
+            if !cmb.capabilities().sqs() {
+                return Err(NvmeError::Unsupported(
+                    "the CMB cannot hold submission queues (CMBSZ.SQS = 0)".into(),
+                ));
+            }
+            Some(cmb.alloc(entries * SQE_SIZE, PAGE_SIZE)?)
+        } else {
+            None
+        };
+        let qid = sh.alloc_qid()?;
+        // Shadow doorbells of a new queue start at 0, before the controller learns of it.
+        let shadow = sh
+            .shadow
+            .as_ref()
+            .map(|p| p.slot(qid, sh.cap.doorbell_stride(), PAGE_SIZE));
+        let sq_bus = sq_cmb.as_ref().map_or(mem.bus(0), |s| s.bus_addr().get());
+        let cq_bus = mem.bus(sq_bytes);
+        let created = (|| {
+            sh.admin_exec(
+                "Create I/O Completion Queue",
+                Command::create_io_cq(qid, entries as u32, cq_bus),
+                crate::admin::DataDir::None,
+                &[],
+            )?;
+            if let Err(e) = sh.admin_exec(
+                "Create I/O Submission Queue",
+                Command::create_io_sq(qid, entries as u32, sq_bus, qid),
+                crate::admin::DataDir::None,
+                &[],
+            ) {
+                let _ = sh.admin_exec(
+                    "Delete I/O Completion Queue",
+                    Command::delete_io_cq(qid),
+                    crate::admin::DataDir::None,
+                    &[],
+                );
+                return Err(e);
+            }
+            Ok(())
+        })();
+        if let Err(e) = created {
+            sh.free_qid(qid);
+            return Err(e);
+        }
+        let mut ring = Ring::new(&sh.bar, sh.cap.doorbell_stride(), qid, opts.entries);
+        if let Some(slot) = shadow {
+            ring.set_shadow(slot);
+        }
+        if let Some(s) = &sq_cmb {
+            mem.put_sq_in_cmb(s.mmio());
+        }
+        let n = entries - 1;
+        log::debug!("I/O queue pair {qid}: {entries} entries, max transfer {max_xfer}, {list_pages} list page(s) per command");
+        Ok(QueuePair {
+            ring,
+            mem,
+            slots: (0..n).map(|_| Slot::new()).collect(),
+            free_cids: (0..n as u16).rev().collect(),
+            live: 0,
+            extra_commands: 0,
+            cq_release_at: entries / 2,
+            created: Instant::now(),
+            lists_off,
+            list_pages,
+            max_xfer,
+            split: opts.split,
+            use_sgl: opts.sgl && sh.identify.sgl_supported(),
+            protection: opts.protection,
+            namespaces: Self::ns_infos(sh, opts.protection, max_xfer),
+            formats: sh
+                .namespaces
+                .iter()
+                .map(|n| n.format.unwrap_or(crate::format::NsFormat::plain(n.lba_size)))
+                .collect(),
+            stats: QpairStats::default(),
+            timeout: opts.timeout,
+            idle_polls: 0,
+            failed: None,
+            sq_cmb,
+            ctrl: Arc::clone(sh),
+            _not_sync: PhantomData,
+        })
+    }
+
+    /// This queue pair's view of every namespace under `protection`.
+    fn ns_infos(sh: &Shared, protection: PiMode, max_xfer: usize) -> Vec<NsInfo> {
+        sh.namespaces
+            .iter()
+            .map(|n| {
+                let access = match (n.command_set, n.format) {
+                    (0, Ok(f)) => Access::new(&f, protection).and_then(|a| {
+                        if a.block_bytes > max_xfer {
+                            Err(Refusal::BlockTooLarge {
+                                block: a.block_bytes,
+                                max: max_xfer,
+                            })
+                        } else {
+                            Ok(a)
+                        }
+                    }),
+                    (0, Err(e)) => Err(Refusal::BadFormat(e)),
+                    (csi, _) => Err(Refusal::CommandSet(csi)),
+                };
+                let format = n.format.unwrap_or(crate::format::NsFormat::plain(n.lba_size));
+                NsInfo::new(n.nsid, n.blocks, format, access, max_xfer)
+            })
+            .collect()
+    }
+
+    /// Gives slot `slot` to request `rid` and returns the command id for it.
+    #[inline]
+    fn claim(&mut self, slot: u16, rid: u16) -> u16 {
+        self.slots[slot as usize].claim(slot, rid)
+    }
+
+    /// The PRP list pages of slot `slot`.
+    #[inline]
+    fn lists(&mut self, slot: u16) -> TrackerLists<'_> {
+        TrackerLists {
+            off: self.lists_off + slot as usize * self.list_pages * PAGE_SIZE,
+            mem: &mut self.mem,
+            pages: self.list_pages,
+        }
+    }
+
+    /// The queue id.
+    pub fn qid(&self) -> u16 {
+        self.ring.qid
+    }
+
+    /// Requests in flight.
+    pub fn outstanding(&self) -> usize {
+        self.live
+    }
+
+    /// Commands that can still be submitted now.
+    pub fn free_slots(&self) -> usize {
+        self.free_cids.len()
+    }
+
+    /// How this queue pair uses protection information.
+    pub fn protection(&self) -> PiMode {
+        self.protection
+    }
+
+    /// The largest transfer of one command (larger requests are split).
+    pub fn max_transfer(&self) -> usize {
+        self.max_xfer
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> QpairStats {
+        QpairStats {
+            commands: self.stats.requests + self.extra_commands,
+            ..self.stats
+        }
+    }
+
+    #[inline]
+    fn ns(&self, nsid: u32) -> Result<NsInfo> {
+        match self.namespaces.iter().find(|n| n.nsid == nsid) {
+            Some(n) => Ok(*n),
+            None => Err(NvmeError::NoSuchNamespace {
+                nsid,
+                active: self.namespaces.iter().map(|n| n.nsid).collect(),
+            }),
+        }
+    }
+
+    #[inline]
+    fn check_range(&self, ns: NsInfo, slba: u64, blocks: u64) -> Result<()> {
+        match slba.checked_add(blocks) {
+            Some(end) if end <= ns.blocks && blocks > 0 => Ok(()),
+            _ => Err(NvmeError::LbaOutOfRange {
+                nsid: ns.nsid,
+                slba,
+                end: slba.saturating_add(blocks),
+                blocks: ns.blocks,
+                lba_size: ns.data_size,
+            }),
+        }
+    }
+
+    fn check_usable(&self) -> Result<()> {
+        match &self.failed {
+            Some(why) => Err(NvmeError::Failed(why.clone())),
+            None => Ok(()),
+        }
+    }
+}
+
+impl<B: IoBuffer> Drop for QueuePair<B> {
+    fn drop(&mut self) {
+        let qid = self.ring.qid;
+        if self.outstanding() != 0 {
+            let _ = self.drain(Duration::from_millis(500).min(self.timeout), |_| {});
+        }
+        // Deleting the SQ aborts whatever is left (§5.6); after both deletions succeed the
+        // controller no longer touches this queue's memory or its buffers.
+        let none = crate::admin::DataDir::None;
+        let deleted = self.failed.is_none()
+            && self
+                .ctrl
+                .admin_exec(
+                    "Delete I/O Submission Queue",
+                    Command::delete_io_sq(qid),
+                    none,
+                    &[],
+                )
+                .is_ok()
+            && self
+                .ctrl
+                .admin_exec(
+                    "Delete I/O Completion Queue",
+                    Command::delete_io_cq(qid),
+                    none,
+                    &[],
+                )
+                .is_ok();
+        if deleted {
+            self.ctrl.free_qid(qid);
+        } else {
+            log::error!(
+                "queue pair {qid} could not be deleted; leaking its memory and {} buffers",
+                self.outstanding()
+            );
+            for s in self.slots.iter_mut() {
+                std::mem::forget(s.buf.take());
+                std::mem::forget(s.meta.take());
+            }
+            self.mem.leak();
+            std::mem::forget(self.sq_cmb.take());
+        }
+    }
+}

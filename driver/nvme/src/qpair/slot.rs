@@ -1,0 +1,140 @@
+//! Command slots and the requests that live in them: command ids with a generation, what a
+//! request does, its buffers while the controller owns them.
+
+use crate::cmd::io_op;
+use crate::status::Status;
+
+/// A command slot: the command in flight in it, and the request that lives in it. The command
+/// id on the wire is `slot | gen << 12`: the 4-bit generation, bumped each time the slot is
+/// reused, lets a stale or duplicated completion be told apart from one for the slot's current
+/// command (Linux's nvme driver does the same).
+///
+/// A request lives in its first command's slot; that slot goes back to the free list when the
+/// whole request completes, the slots of a split request's other parts as each part completes.
+/// Everything the hot path touches for one I/O is in one slot.
+#[derive(Debug)]
+pub(super) struct Slot<B> {
+    /// The request the command in flight in this slot belongs to (`UNUSED`: none).
+    pub owner: u16,
+    pub gen: u8,
+    /// The request living here (`parts == 0`: none).
+    pub req: Request,
+    /// Its data buffer, owned by the queue pair until the request completes.
+    pub buf: Option<B>,
+    /// Its separate metadata buffer, likewise.
+    pub meta: Option<B>,
+}
+
+pub(super) const SLOT_BITS: u32 = 12;
+pub(super) const SLOT_MASK: u16 = (1 << SLOT_BITS) - 1;
+/// `Slot::owner` of a slot with no command in flight.
+pub(super) const UNUSED: u16 = u16::MAX;
+
+/// The most entries a queue pair may have: slot numbers fit in 12 bits of the command id.
+pub const MAX_QUEUE_ENTRIES: u16 = 1 << SLOT_BITS;
+
+impl<B> Slot<B> {
+    pub(super) const fn new() -> Self {
+        Slot {
+            owner: UNUSED,
+            gen: 0,
+            req: Request::FREE,
+            buf: None,
+            meta: None,
+        }
+    }
+
+    /// Gives this slot (number `slot`) to request `rid`: a new generation; returns the command
+    /// id for it.
+    #[inline]
+    pub(super) fn claim(&mut self, slot: u16, rid: u16) -> u16 {
+        self.owner = rid;
+        self.gen = (self.gen + 1) & 0xf;
+        self.cid(slot)
+    }
+
+    /// The command id of the command now in this slot (number `slot`).
+    pub(super) const fn cid(&self, slot: u16) -> u16 {
+        slot | (self.gen as u16) << SLOT_BITS
+    }
+}
+
+/// What a request does, for its error messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Op {
+    Read,
+    Write,
+    WriteFua,
+    Compare,
+    Flush,
+    WriteZeroes,
+    DatasetManagement,
+    Raw,
+}
+
+impl Op {
+    /// The opcode of a data transfer, and whether it sets FUA.
+    #[inline]
+    pub(super) const fn io_opcode(self) -> (u8, bool) {
+        match self {
+            Op::Read => (io_op::READ, false),
+            Op::Write => (io_op::WRITE, false),
+            Op::WriteFua => (io_op::WRITE, true),
+            Op::Compare => (io_op::COMPARE, false),
+            Op::Flush => (io_op::FLUSH, false),
+            Op::WriteZeroes => (io_op::WRITE_ZEROES, false),
+            Op::DatasetManagement => (io_op::DATASET_MANAGEMENT, false),
+            // Never used for one: raw commands carry their own opcode.
+            Op::Raw => (0xff, false),
+        }
+    }
+
+    pub(super) const fn name(self) -> &'static str {
+        match self {
+            Op::Read => "Read",
+            Op::Write => "Write",
+            Op::WriteFua => "Write (FUA)",
+            Op::Compare => "Compare",
+            Op::Flush => "Flush",
+            Op::WriteZeroes => "Write Zeroes",
+            Op::DatasetManagement => "Dataset Management",
+            Op::Raw => "raw I/O command",
+        }
+    }
+}
+
+/// A request in flight, in its first command's slot. At most 24 bytes and `Copy`: the hot
+/// path writes it whole at submit and touches a few fields at completion.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Request {
+    pub tag: u64,
+    /// When a health check first saw the request in flight, in milliseconds since the queue
+    /// pair was created, plus one (0: not seen yet). Submitting reads no clock (a clock read
+    /// costs a system call in some guests); timeouts are therefore measured from the first
+    /// check after submission, at most one check interval late.
+    pub seen_ms: u32,
+    /// Commands of the request still in flight; 0 for a free entry.
+    pub parts: u16,
+    /// The status of the first part that failed; success until one does.
+    pub error: Status,
+    pub op: Op,
+    pub aborted: bool,
+}
+
+const _: () = assert!(std::mem::size_of::<Request>() <= 24);
+
+impl Request {
+    pub(super) const FREE: Request = Request::new(0, 0, Op::Raw);
+
+    #[inline]
+    pub(super) const fn new(tag: u64, parts: u16, op: Op) -> Self {
+        Request {
+            tag,
+            seen_ms: 0,
+            parts,
+            error: Status::SUCCESS,
+            op,
+            aborted: false,
+        }
+    }
+}

@@ -1,0 +1,466 @@
+//! The submission paths: reads, writes and compares (with or without a separate metadata
+//! buffer, split at the maximum transfer), commands without data, raw passthrough.
+//!
+//! Every path checks before it writes a submission queue entry: the namespace and its format,
+//! the length in whole blocks, the LBA range, a free slot; the pointers come from
+//! [`super::xfer::describe`]. Nothing is announced to the controller until the doorbell rings
+//! in `poll` or `flush_submissions`.
+
+use vfpoll_pci::BusAddr;
+
+use super::slot::{Op, Request, UNUSED};
+use super::xfer::{self, NsInfo};
+use super::{QueuePair, Rejected};
+use crate::buffer::IoBuffer;
+use crate::cmd::{io_op, rw_words, Command, Rw};
+use crate::ctrlr::PAGE_SIZE;
+use crate::error::{NvmeError, Result};
+
+/// A refused submission: why, and the buffers back.
+type Refused<B> = (NvmeError, B, Option<B>);
+
+impl<B: IoBuffer> QueuePair<B> {
+    /// Reads `buf.len()` bytes from `slba` of `nsid` into `buf`: a whole number of blocks of the
+    /// bytes per block the namespace's format moves through the data buffer (the LBA size, plus
+    /// the metadata for an extended-LBA format).
+    #[inline]
+    pub fn read(&mut self, nsid: u32, slba: u64, buf: B, tag: u64) -> Result<(), Rejected<B>> {
+        self.submit_data(Op::Read, nsid, slba, buf, tag)
+    }
+
+    /// Writes `buf` to `slba` of `nsid`.
+    #[inline]
+    pub fn write(&mut self, nsid: u32, slba: u64, buf: B, tag: u64) -> Result<(), Rejected<B>> {
+        self.submit_data(Op::Write, nsid, slba, buf, tag)
+    }
+
+    /// Writes with Force Unit Access: completes only once the data is on non-volatile media.
+    #[inline]
+    pub fn write_fua(&mut self, nsid: u32, slba: u64, buf: B, tag: u64) -> Result<(), Rejected<B>> {
+        self.submit_data(Op::WriteFua, nsid, slba, buf, tag)
+    }
+
+    /// Compares `buf` with the blocks at `slba`: completes with "Compare Failure" on a mismatch.
+    #[inline]
+    pub fn compare(&mut self, nsid: u32, slba: u64, buf: B, tag: u64) -> Result<(), Rejected<B>> {
+        self.submit_data(Op::Compare, nsid, slba, buf, tag)
+    }
+
+    /// Reads data into `buf` and the blocks' metadata into `meta`, for a namespace formatted
+    /// with metadata in a separate buffer: `meta` holds exactly blocks × metadata bytes, in
+    /// one bus-contiguous, dword-aligned range. Both come back with the completion.
+    pub fn read_with_metadata(
+        &mut self,
+        nsid: u32,
+        slba: u64,
+        buf: B,
+        meta: B,
+        tag: u64,
+    ) -> Result<(), Rejected<(B, B)>> {
+        self.submit_md(Op::Read, nsid, slba, buf, meta, tag)
+    }
+
+    /// Writes `buf` and its blocks' metadata `meta` (see [`QueuePair::read_with_metadata`]).
+    pub fn write_with_metadata(
+        &mut self,
+        nsid: u32,
+        slba: u64,
+        buf: B,
+        meta: B,
+        tag: u64,
+    ) -> Result<(), Rejected<(B, B)>> {
+        self.submit_md(Op::Write, nsid, slba, buf, meta, tag)
+    }
+
+    fn submit_md(
+        &mut self,
+        op: Op,
+        nsid: u32,
+        slba: u64,
+        buf: B,
+        meta: B,
+        tag: u64,
+    ) -> Result<(), Rejected<(B, B)>> {
+        self.submit(op, nsid, slba, buf, Some(meta), tag)
+            .map_err(|(error, b, m)| Rejected {
+                error,
+                buf: (b, m.expect("given")),
+            })
+    }
+
+    #[inline]
+    fn submit_data(&mut self, op: Op, nsid: u32, slba: u64, buf: B, tag: u64) -> Result<(), Rejected<B>> {
+        match self.submit(op, nsid, slba, buf, None, tag) {
+            Ok(()) => Ok(()),
+            Err((error, buf, _)) => Err(Rejected { error, buf }),
+        }
+    }
+
+    /// The common submission: checks, then one command (the request fits one whatever the
+    /// buffer's offset) with its pointers and request entry. Larger requests go to
+    /// `submit_split`.
+    #[inline]
+    fn submit(
+        &mut self,
+        op: Op,
+        nsid: u32,
+        slba: u64,
+        buf: B,
+        meta: Option<B>,
+        tag: u64,
+    ) -> Result<(), Refused<B>> {
+        if self.failed.is_some() {
+            return Err((self.check_usable().expect_err("failed"), buf, meta));
+        }
+        let Some(ns) = self.namespaces.iter().find(|n| n.nsid == nsid).copied() else {
+            return Err((self.ns(nsid).expect_err("no such namespace"), buf, meta));
+        };
+        let len = buf.len();
+        let blocks = match ns.blocks_of(len) {
+            Some(b) if ns.refused.is_none() && (ns.meta_bytes == 0) == meta.is_none() => b,
+            _ => return Err((self.refusal(&ns, len, meta.as_ref().map(|m| m.len())), buf, meta)),
+        };
+        if let Some(m) = &meta {
+            if m.len() as u64 != blocks * ns.meta_bytes as u64 {
+                let e = self.meta_error(&ns, format!("the command has {blocks} blocks, so {} bytes of metadata, but the metadata buffer holds {}", blocks * ns.meta_bytes as u64, m.len()));
+                return Err((e, buf, meta));
+            }
+        }
+        if let Err(e) = self.check_range(ns, slba, blocks) {
+            return Err((e, buf, meta));
+        }
+        if len > ns.one_command {
+            return self.submit_split(op, ns, slba, buf, meta, tag);
+        }
+        let Some(&slot) = self.free_cids.last() else {
+            return Err((self.full(), buf, meta));
+        };
+        let sgl = self.use_sgl;
+        let m = meta.as_ref().map(|m| (m, 0));
+        let p = match xfer::describe(
+            ns.block_bytes,
+            ns.meta_bytes,
+            blocks,
+            &buf,
+            0,
+            m,
+            sgl,
+            &mut self.lists(slot),
+        ) {
+            Ok(p) => p,
+            Err(e) => return Err((e, buf, meta)),
+        };
+        self.free_cids.pop();
+        let s = &mut self.slots[slot as usize];
+        let cid = s.claim(slot, slot);
+        s.req = Request::new(tag, 1, op);
+        s.buf = Some(buf);
+        s.meta = meta;
+        let (opcode, fua) = op.io_opcode();
+        self.ring.push(
+            &mut self.mem,
+            &rw_words(Rw {
+                op: opcode,
+                nsid,
+                cid,
+                slba,
+                blocks: blocks as u32,
+                dw12_flags: (fua as u32) << 30 | ns.prinfo,
+                ref_tag: if ns.ref_tag { slba as u32 } else { 0 },
+                dp: p.data,
+                mptr: p.mptr,
+            }),
+        );
+        self.stats.requests += 1;
+        self.live += 1;
+        Ok(())
+    }
+
+    /// Why a submission with a data buffer of `len` bytes (and a metadata buffer of `meta`
+    /// bytes) to `ns` is refused.
+    #[cold]
+    #[inline(never)]
+    fn refusal(&self, ns: &NsInfo, len: usize, meta: Option<usize>) -> NvmeError {
+        let format = self.format_of(ns.nsid);
+        if let Some(why) = ns.refused {
+            return NvmeError::Refused {
+                nsid: ns.nsid,
+                format,
+                why: why.to_string(),
+            };
+        }
+        if ns.blocks_of(len).is_none() {
+            return NvmeError::BadLength {
+                nsid: ns.nsid,
+                len,
+                block_bytes: ns.block_bytes,
+                format,
+            };
+        }
+        match meta {
+            None => self.meta_error(ns, "the command has no metadata buffer".into()),
+            Some(_) => NvmeError::InvalidOption(format!(
+                "namespace {} ({format}) moves no metadata in a separate buffer: submit without one",
+                ns.nsid
+            )),
+        }
+    }
+
+    #[cold]
+    fn meta_error(&self, ns: &NsInfo, what: String) -> NvmeError {
+        NvmeError::Metadata {
+            nsid: ns.nsid,
+            format: self.format_of(ns.nsid),
+            per_block: ns.meta_bytes,
+            what,
+        }
+    }
+
+    #[cold]
+    fn format_of(&self, nsid: u32) -> String {
+        self.namespaces
+            .iter()
+            .position(|n| n.nsid == nsid)
+            .map_or_else(|| "unknown format".into(), |i| self.formats[i].to_string())
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn full(&self) -> NvmeError {
+        NvmeError::QueueFull {
+            qid: self.ring.qid,
+            outstanding: self.outstanding(),
+        }
+    }
+
+    /// A request larger than one command: split into whole-block parts when splitting is on.
+    #[inline(never)]
+    fn submit_split(
+        &mut self,
+        op: Op,
+        ns: NsInfo,
+        slba: u64,
+        buf: B,
+        meta: Option<B>,
+        tag: u64,
+    ) -> Result<(), Refused<B>> {
+        let len = buf.len();
+        let aligned = buf.bus_addr(0).is_aligned(PAGE_SIZE as u64);
+        let step = if aligned { ns.steps.0 } else { ns.steps.1 };
+        let parts = len.div_ceil(step);
+        if parts > self.slots.len() {
+            let error = NvmeError::TooLarge {
+                len,
+                mdts: step * self.slots.len(),
+            };
+            return Err((error, buf, meta));
+        }
+        if parts > 1 && !self.split {
+            let error = NvmeError::TooLarge {
+                len,
+                mdts: self.max_xfer,
+            };
+            return Err((error, buf, meta));
+        }
+        if parts > self.free_cids.len() {
+            return Err((self.full(), buf, meta));
+        }
+        // The request lives at its first command's slot.
+        let rid = *self.free_cids.last().expect("checked above");
+        let (opcode, fua) = op.io_opcode();
+        let sgl = self.use_sgl;
+        let mut done = 0usize;
+        for part in 0..parts {
+            let plen = step.min(len - done);
+            let first = (done / ns.block_bytes) as u64;
+            let nlb = (plen / ns.block_bytes) as u64;
+            let slot = self.free_cids.pop().expect("checked above");
+            let m = meta.as_ref().map(|m| (m, first as usize * ns.meta_bytes));
+            let p = match xfer::describe(
+                ns.block_bytes,
+                ns.meta_bytes,
+                nlb,
+                &buf,
+                done,
+                m,
+                sgl,
+                &mut self.lists(slot),
+            ) {
+                Ok(p) => p,
+                Err(e) => {
+                    // Take back the parts already written: none was announced to the controller
+                    // (the doorbell rings only in `poll`/`flush_submissions`), so rewinding the
+                    // tail removes them.
+                    self.ring.unpush(part as u16);
+                    self.free_cids.push(slot);
+                    for (c, t) in self.slots.iter_mut().enumerate() {
+                        if t.owner == rid {
+                            t.owner = UNUSED;
+                            self.free_cids.push(c as u16);
+                        }
+                    }
+                    return Err((e, buf, meta));
+                }
+            };
+            let cid = self.claim(slot, rid);
+            let lba = slba + first;
+            let words = rw_words(Rw {
+                op: opcode,
+                nsid: ns.nsid,
+                cid,
+                slba: lba,
+                blocks: nlb as u32,
+                dw12_flags: (fua as u32) << 30 | ns.prinfo,
+                ref_tag: if ns.ref_tag { lba as u32 } else { 0 },
+                dp: p.data,
+                mptr: p.mptr,
+            });
+            self.ring.push(&mut self.mem, &words);
+            done += plen;
+        }
+        self.stats.requests += 1;
+        self.extra_commands += parts as u64 - 1;
+        self.live += 1;
+        let s = &mut self.slots[rid as usize];
+        s.req = Request::new(tag, parts as u16, op);
+        s.buf = Some(buf);
+        s.meta = meta;
+        Ok(())
+    }
+
+    fn submit_nodata(&mut self, cmd: Command, op: Op, tag: u64) -> Result<()> {
+        self.check_usable()?;
+        let Some(slot) = self.free_cids.pop() else {
+            return Err(self.full());
+        };
+        let cid = self.claim(slot, slot);
+        let mut cmd = cmd;
+        cmd.set_cid(cid);
+        self.ring.push(&mut self.mem, &cmd.to_words());
+        self.stats.requests += 1;
+        self.live += 1;
+        self.slots[slot as usize].req = Request::new(tag, 1, op);
+        Ok(())
+    }
+
+    /// Submits `cmd` as it is (opcode, namespace, CDW2-5, CDW10-15), with its data pointer set
+    /// from `buf` if given (describing all of `buf`): I/O passthrough for commands this API does
+    /// not cover, or to see what the controller says about a command the safe methods would
+    /// refuse. No check is made of what the command makes the controller move.
+    ///
+    /// # Safety
+    /// The command must not make the controller access memory outside `buf`: for a read or
+    /// write, the block count times the bytes per block of the namespace's format must not
+    /// exceed `buf.len()`, and a metadata pointer the caller put in CDW4-5 must be memory the
+    /// controller may write for as long as the command runs; nor anything else the caller
+    /// does not own.
+    pub unsafe fn submit_raw(
+        &mut self,
+        cmd: Command,
+        buf: Option<B>,
+        tag: u64,
+    ) -> Result<(), Rejected<Option<B>>> {
+        if let Err(error) = self.check_usable() {
+            return Err(Rejected { error, buf });
+        }
+        let Some(&slot) = self.free_cids.last() else {
+            return Err(Rejected {
+                error: self.full(),
+                buf,
+            });
+        };
+        let mut cmd = cmd;
+        if let Some(b) = &buf {
+            let sgl = self.use_sgl;
+            match xfer::data_ptr(b, 0, b.len(), sgl, &mut self.lists(slot)) {
+                Ok(dp) => cmd.set_data_ptr(dp),
+                Err(error) => return Err(Rejected { error, buf }),
+            }
+        }
+        self.free_cids.pop();
+        let cid = self.claim(slot, slot);
+        cmd.set_cid(cid);
+        self.ring.push(&mut self.mem, &cmd.to_words());
+        self.stats.requests += 1;
+        self.live += 1;
+        let s = &mut self.slots[slot as usize];
+        s.req = Request::new(tag, 1, Op::Raw);
+        s.buf = buf;
+        Ok(())
+    }
+
+    /// Flush: commits the namespace's volatile write cache to media.
+    pub fn flush(&mut self, nsid: u32, tag: u64) -> Result<()> {
+        self.ns(nsid)?;
+        self.submit_nodata(Command::new(io_op::FLUSH, nsid), Op::Flush, tag)
+    }
+
+    /// Write Zeroes: `blocks` (1..=65536) blocks from `slba` read back as zeroes (their
+    /// metadata too; with PRACT the controller writes valid protection information).
+    pub fn write_zeroes(&mut self, nsid: u32, slba: u64, blocks: u32, tag: u64) -> Result<()> {
+        let ns = self.usable_ns(nsid)?;
+        if !(1..=65536).contains(&blocks) {
+            return Err(NvmeError::InvalidOption(format!(
+                "write zeroes of {blocks} blocks: must be 1..=65536"
+            )));
+        }
+        self.check_range(ns, slba, blocks as u64)?;
+        let mut cmd = Command::rw(io_op::WRITE_ZEROES, nsid, slba, blocks);
+        // PRACT makes the controller write PI for the zeroed blocks (NVM Command Set 1.0
+        // §3.2.8.1); a host-PI queue pair writes none and reads must not check it.
+        cmd.dw[12] |= ns.prinfo & crate::format::prinfo::PRACT;
+        if ns.ref_tag {
+            cmd.dw[14] = slba as u32;
+        }
+        self.submit_nodata(cmd, Op::WriteZeroes, tag)
+    }
+
+    /// Dataset Management / Deallocate (trim) of up to 256 ranges `(slba, blocks)`.
+    pub fn deallocate(&mut self, nsid: u32, ranges: &[(u64, u32)], tag: u64) -> Result<()> {
+        let ns = self.usable_ns(nsid)?;
+        if ranges.is_empty() || ranges.len() > 256 {
+            return Err(NvmeError::InvalidOption(format!(
+                "{} deallocate ranges: must be 1..=256",
+                ranges.len()
+            )));
+        }
+        for &(slba, n) in ranges {
+            self.check_range(ns, slba, n as u64)?;
+        }
+        self.check_usable()?;
+        let Some(&slot) = self.free_cids.last() else {
+            return Err(self.full());
+        };
+        // The range list (16 bytes per range, NVM Command Set 1.0 Figure 39) goes into the list
+        // page of the slot this command will get: 256 ranges are exactly one page.
+        let off = self.lists_off + slot as usize * self.list_pages * PAGE_SIZE;
+        for (i, &(slba, n)) in ranges.iter().enumerate() {
+            self.mem.write_u64(off + i * 16, (n as u64) << 32);
+            self.mem.write_u64(off + i * 16 + 8, slba);
+        }
+        let mut cmd = Command::deallocate(nsid, ranges.len() as u32);
+        cmd.set_data_ptr(crate::cmd::DataPtr::prp(BusAddr(self.mem.bus(off)), BusAddr(0)));
+        self.submit_nodata(cmd, Op::DatasetManagement, tag)
+    }
+
+    /// A namespace this queue pair may send commands to.
+    fn usable_ns(&self, nsid: u32) -> Result<NsInfo> {
+        let ns = self.ns(nsid)?;
+        match ns.refused {
+            None => Ok(ns),
+            Some(_) => Err(self.refusal(&ns, ns.block_bytes, None)),
+        }
+    }
+
+    /// Rings the submission doorbell for everything submitted since the last ring.
+    #[inline]
+    pub fn flush_submissions(&mut self) {
+        if self.ring.unrung != 0 {
+            if self.ring.ring_sq() {
+                self.stats.sq_doorbells += 1;
+            } else {
+                self.stats.shadow_only += 1;
+            }
+        }
+    }
+}

@@ -1,0 +1,560 @@
+//! The one place where an I/O command's data and metadata pointers are built.
+//!
+//! The controller moves `NLB × bytes per block` through the data pointer and `NLB × metadata
+//! bytes per block` through the metadata pointer (NVM Command Set 1.0 §5.2), where the bytes
+//! per block come from the namespace's format and the queue pair's PI mode ([`Access`]).
+//! [`describe`] computes both lengths from the block count itself, checks that the buffers hold
+//! them, and builds pointers for exactly those bytes: the device never moves a byte the buffers
+//! do not describe. Everything here is pure logic over [`IoBuffer`] addresses, unit-tested
+//! against every format, offset and length.
+
+use vfpoll_pci::BusAddr;
+
+use crate::buffer::IoBuffer;
+use crate::cmd::{DataPtr, SglDescriptor};
+use crate::ctrlr::PAGE_SIZE;
+use crate::error::{NvmeError, Result};
+use crate::format::{Access, NsFormat, Refusal};
+use crate::prp::{self, PrpError, PrpListMem};
+
+/// What a queue pair knows of one namespace: its size and how its commands move bytes.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct NsInfo {
+    pub nsid: u32,
+    pub blocks: u64,
+    /// Bytes per block in the data buffer.
+    pub block_bytes: usize,
+    /// `log2(block_bytes)` when it is a power of two, else [`NOT_POW2`].
+    pub shift: u32,
+    /// Bytes per block in the separate metadata buffer (0: none).
+    pub meta_bytes: usize,
+    /// PRINFO bits of CDW12.
+    pub prinfo: u32,
+    /// CDW14 carries the part's first LBA (the initial reference tag).
+    pub ref_tag: bool,
+    /// The longest data buffer that always fits one command, wherever it starts.
+    pub one_command: usize,
+    /// The bytes one part of a split request moves when its buffer starts on a page (`.0`)
+    /// or anywhere (`.1`).
+    pub steps: (usize, usize),
+    /// Why I/O to this namespace is refused, if it is.
+    pub refused: Option<Refusal>,
+    /// Data bytes per block (for messages).
+    pub data_size: usize,
+}
+
+/// `NsInfo::shift` of a block size that is not a power of two (data + metadata).
+pub(super) const NOT_POW2: u32 = u32::MAX;
+
+impl NsInfo {
+    /// The view of a namespace formatted `format` for a queue pair whose commands move at most
+    /// `max_xfer` bytes through the data pointer.
+    pub(super) fn new(
+        nsid: u32,
+        blocks: u64,
+        format: NsFormat,
+        access: Result<Access, Refusal>,
+        max_xfer: usize,
+    ) -> Self {
+        let (a, refused) = match access {
+            Ok(a) => (a, None),
+            // A refused namespace keeps the plain sizes for messages; nothing is submitted.
+            Err(r) => (
+                Access {
+                    block_bytes: format.data_size,
+                    meta_bytes: 0,
+                    prinfo: 0,
+                    ref_tag: false,
+                },
+                Some(r),
+            ),
+        };
+        let bb = a.block_bytes;
+        let steps = (part_step(max_xfer, bb, true), part_step(max_xfer, bb, false));
+        NsInfo {
+            nsid,
+            blocks,
+            block_bytes: bb,
+            shift: if bb.is_power_of_two() {
+                bb.trailing_zeros()
+            } else {
+                NOT_POW2
+            },
+            meta_bytes: a.meta_bytes,
+            prinfo: a.prinfo,
+            ref_tag: a.ref_tag,
+            one_command: steps.1,
+            steps,
+            refused,
+            data_size: format.data_size,
+        }
+    }
+
+    /// How many blocks a data buffer of `len` bytes holds; `None` unless a non-zero whole
+    /// number.
+    #[inline]
+    pub(super) fn blocks_of(&self, len: usize) -> Option<u64> {
+        if self.shift != NOT_POW2 {
+            (len != 0 && len & (self.block_bytes - 1) == 0).then_some((len >> self.shift) as u64)
+        } else {
+            (len != 0 && len.is_multiple_of(self.block_bytes)).then(|| (len / self.block_bytes) as u64)
+        }
+    }
+}
+
+/// Bytes per command when a request is split, a whole number of blocks: the maximum transfer,
+/// but a part never spans more memory pages than that allows bytes, so unless the part starts
+/// on a page and is a whole number of pages (`aligned`) it is one page (or block) shorter.
+/// (Controllers size their internal scatter lists by MDTS; QEMU's fails a 4 MiB transfer that
+/// touches 1025 pages.) At least one block, so a split always makes progress; a block larger
+/// than the maximum transfer is refused before this is used.
+pub(super) const fn part_step(max_xfer: usize, block: usize, aligned: bool) -> usize {
+    let room = if aligned && block.is_power_of_two() || max_xfer <= PAGE_SIZE {
+        max_xfer
+    } else {
+        let shorter = if PAGE_SIZE > block { PAGE_SIZE } else { block };
+        max_xfer.saturating_sub(shorter)
+    };
+    let step = room / block * block;
+    if step == 0 {
+        block
+    } else {
+        step
+    }
+}
+
+/// Pointers for one command: the data pointer, and MPTR (0 without a metadata buffer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Pointers {
+    pub data: DataPtr,
+    pub mptr: BusAddr,
+}
+
+/// The data and metadata pointers of a command of `nlb` blocks under `access`: the data
+/// pointer describes exactly `nlb × block_bytes` bytes of `buf` from `off`, MPTR exactly
+/// `nlb × meta_bytes` bytes of `meta` from `meta_off`. PRP lists go into `lists`; `sgl` asks
+/// for an SGL data block where the range is bus-contiguous.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+pub(super) fn describe<B: IoBuffer>(
+    access_block: usize,
+    access_meta: usize,
+    nlb: u64,
+    buf: &B,
+    off: usize,
+    meta: Option<(&B, usize)>,
+    sgl: bool,
+    lists: &mut impl PrpListMem,
+) -> Result<Pointers> {
+    let len = nlb as usize * access_block;
+    if len == 0 || off.checked_add(len).is_none_or(|end| end > buf.len()) {
+        return Err(short(len, buf.len().saturating_sub(off), "data"));
+    }
+    let data = data_ptr(buf, off, len, sgl, lists)?;
+    let mptr = match (access_meta, meta) {
+        (0, None) => BusAddr(0),
+        (0, Some(_)) => return Err(unexpected_meta()),
+        (_, None) => return Err(short(nlb as usize * access_meta, 0, "metadata")),
+        (m, Some((mb, moff))) => meta_ptr(mb, moff, nlb as usize * m)?,
+    };
+    Ok(Pointers { data, mptr })
+}
+
+#[cold]
+fn short(need: usize, have: usize, what: &str) -> NvmeError {
+    NvmeError::InvalidOption(format!(
+        "the command moves {need} bytes of {what} but its buffer holds {have} from the given offset"
+    ))
+}
+
+#[cold]
+fn unexpected_meta() -> NvmeError {
+    NvmeError::InvalidOption(
+        "a metadata buffer was given for a namespace that moves no separate metadata".into(),
+    )
+}
+
+/// MPTR for `len` bytes of `meta` from `off`: one bus-contiguous, dword-aligned range (MPTR
+/// with PSDT 00b or 01b is the address of a contiguous buffer, NVMe Base 2.0 §4.2).
+#[inline]
+fn meta_ptr<B: IoBuffer>(meta: &B, off: usize, len: usize) -> Result<BusAddr> {
+    if off.checked_add(len).is_none_or(|end| end > meta.len()) {
+        return Err(short(len, meta.len().saturating_sub(off), "metadata"));
+    }
+    let at = meta.bus_addr(off);
+    if !at.is_aligned(4) {
+        return Err(NvmeError::Buffer(PrpError::Misaligned(at.get())));
+    }
+    if meta.contiguous_len(off) < len {
+        return Err(NvmeError::InvalidOption(format!(
+            "the metadata buffer is not bus-contiguous over the {len} bytes a command needs; use a buffer inside one page or a contiguous DMA region"
+        )));
+    }
+    Ok(at)
+}
+
+/// The data pointer for `len` bytes of `buf` from `off`, dword aligned: an SGL data block
+/// where enabled and contiguous, PRP1 alone for one memory page, PRP1 + PRP2 for two, a PRP
+/// list in `lists` otherwise.
+#[inline]
+pub(super) fn data_ptr<B: IoBuffer>(
+    buf: &B,
+    off: usize,
+    len: usize,
+    sgl: bool,
+    lists: &mut impl PrpListMem,
+) -> Result<DataPtr> {
+    let start = buf.bus_addr(off);
+    if !start.is_aligned(4) {
+        return Err(NvmeError::Buffer(PrpError::Misaligned(start.get())));
+    }
+    if sgl && buf.contiguous_len(off) >= len {
+        return Ok(DataPtr::sgl(SglDescriptor::data_block(start, len as u32)));
+    }
+    let first = start.get() as usize & (PAGE_SIZE - 1);
+    if first + len <= PAGE_SIZE {
+        return Ok(DataPtr::prp(start, BusAddr(0)));
+    }
+    if first + len <= 2 * PAGE_SIZE {
+        let second = buf.bus_addr(off + PAGE_SIZE - first);
+        if second.is_aligned(PAGE_SIZE as u64) {
+            return Ok(DataPtr::prp(start, second));
+        }
+    }
+    prp_list(buf, off, len, start, lists)
+}
+
+/// PRPs through `prp::build`, with a list in `lists`.
+#[inline(never)]
+fn prp_list<B: IoBuffer>(
+    buf: &B,
+    off: usize,
+    len: usize,
+    start: BusAddr,
+    lists: &mut impl PrpListMem,
+) -> Result<DataPtr> {
+    let first = start.get() as usize & (PAGE_SIZE - 1);
+    // Page i (i >= 1) of the transfer starts at byte i * PAGE - first of the part.
+    let (p1, p2) = prp::build(
+        start.get(),
+        len,
+        PAGE_SIZE,
+        |i| buf.bus_addr(off + i * PAGE_SIZE - first).get(),
+        lists,
+    )?;
+    Ok(DataPtr::prp(BusAddr(p1), BusAddr(p2)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cmd::Psdt;
+    use crate::format::{PiCheck, PiFormat, PiMode, PiType, Protection};
+
+    /// A buffer of `len` bytes starting `first` bytes into a page, whose pages lie at scattered
+    /// bus addresses (page `i` at `0x10_0000 * (i + 1) + 0x3000`, or all contiguous).
+    struct Scattered {
+        first: usize,
+        len: usize,
+        contiguous: bool,
+    }
+
+    impl Scattered {
+        fn page_base(&self, i: usize) -> u64 {
+            if self.contiguous {
+                0x40_0000 + (i * PAGE_SIZE) as u64
+            } else {
+                0x10_0000 * (i as u64 + 1) + 0x3000
+            }
+        }
+    }
+
+    // SAFETY: test-only; the addresses are never given to a device, only to the pointer
+    // builders, whose output the tests walk.
+    unsafe impl IoBuffer for Scattered {
+        fn len(&self) -> usize {
+            self.len
+        }
+        fn bus_addr(&self, off: usize) -> BusAddr {
+            let at = self.first + off;
+            BusAddr(self.page_base(at / PAGE_SIZE) + (at % PAGE_SIZE) as u64)
+        }
+        fn contiguous_len(&self, off: usize) -> usize {
+            if self.contiguous {
+                self.len - off
+            } else {
+                (PAGE_SIZE - (self.first + off) % PAGE_SIZE).min(self.len - off)
+            }
+        }
+    }
+
+    struct Lists {
+        pages: Vec<Vec<u64>>,
+    }
+
+    impl PrpListMem for Lists {
+        fn pages(&self) -> usize {
+            self.pages.len()
+        }
+        fn page_bus(&self, page: usize) -> u64 {
+            0xf000_0000 + (page * PAGE_SIZE) as u64
+        }
+        fn write(&mut self, page: usize, idx: usize, entry: u64) {
+            self.pages[page][idx] = entry;
+        }
+    }
+
+    /// Appends `len` bytes at `addr` to a list of bus ranges, merging with the last one when
+    /// they touch.
+    fn push_range(out: &mut Vec<(u64, usize)>, addr: u64, len: usize) {
+        match out.last_mut() {
+            Some((a, l)) if *a + *l as u64 == addr => *l += len,
+            _ => out.push((addr, len)),
+        }
+    }
+
+    /// What the controller does with a data pointer for a transfer of `len` bytes: the bus
+    /// ranges it moves, in order (NVMe Base 2.0 §4.1.1, §4.1.2).
+    fn device_walk(dp: DataPtr, len: usize, lists: &Lists) -> Vec<(u64, usize)> {
+        let mut out = Vec::new();
+        match dp.psdt {
+            Psdt::SglBuffer => {
+                let sgl_len = (dp.hi & 0xffff_ffff) as usize;
+                assert_eq!(sgl_len, len, "the SGL describes exactly the transfer");
+                push_range(&mut out, dp.lo, len);
+            }
+            Psdt::Prp => {
+                let first = (dp.lo as usize) & (PAGE_SIZE - 1);
+                let n1 = (PAGE_SIZE - first).min(len);
+                push_range(&mut out, dp.lo, n1);
+                let pages = (len - n1).div_ceil(PAGE_SIZE);
+                let entries: Vec<u64> = if pages == 0 {
+                    vec![]
+                } else if pages == 1 {
+                    vec![dp.hi]
+                } else {
+                    // Follow the list, chained through the last entry of each full page.
+                    let mut e = Vec::new();
+                    let mut page = ((dp.hi - 0xf000_0000) as usize) / PAGE_SIZE;
+                    let mut idx = (dp.hi as usize & (PAGE_SIZE - 1)) / 8;
+                    while e.len() < pages {
+                        if idx == PAGE_SIZE / 8 - 1 && pages - e.len() > 1 {
+                            page = ((lists.pages[page][idx] - 0xf000_0000) as usize) / PAGE_SIZE;
+                            idx = 0;
+                            continue;
+                        }
+                        e.push(lists.pages[page][idx]);
+                        idx += 1;
+                    }
+                    e
+                };
+                let mut left = len - n1;
+                for p in entries {
+                    assert_eq!(
+                        p & (PAGE_SIZE as u64 - 1),
+                        0,
+                        "PRP entries after the first start pages"
+                    );
+                    let n = left.min(PAGE_SIZE);
+                    push_range(&mut out, p, n);
+                    left -= n;
+                }
+            }
+        }
+        out
+    }
+
+    /// The bus ranges of `len` bytes of `buf`, in order.
+    fn buffer_ranges(buf: &Scattered, len: usize) -> Vec<(u64, usize)> {
+        let mut out = Vec::new();
+        let mut off = 0;
+        while off < len {
+            let n = buf.contiguous_len(off).min(len - off);
+            push_range(&mut out, buf.bus_addr(off).get(), n);
+            off += n;
+        }
+        out
+    }
+
+    fn formats() -> Vec<NsFormat> {
+        let mut v = Vec::new();
+        for ds in [512usize, 4096] {
+            for ms in [0usize, 8, 16, 64] {
+                for extended in [false, true] {
+                    for pi in [None, Some(PiType::Type1), Some(PiType::Type3)] {
+                        if ms == 0 && (extended || pi.is_some()) {
+                            continue;
+                        }
+                        v.push(NsFormat {
+                            index: 0,
+                            count: 1,
+                            data_size: ds,
+                            metadata_size: ms,
+                            extended,
+                            protection: pi.map(|ty| Protection {
+                                ty,
+                                first: false,
+                                format: PiFormat::Guard16,
+                            }),
+                        });
+                    }
+                }
+            }
+        }
+        v
+    }
+
+    /// For every format and PI mode, block count, buffer offset and layout: the pointers
+    /// describe exactly what the controller moves, byte for byte, inside the buffers; or the
+    /// command is refused.
+    #[test]
+    fn pointers_describe_exactly_what_the_device_moves() {
+        let modes = [
+            PiMode::Controller,
+            PiMode::Host(PiCheck {
+                guard: true,
+                app_tag: false,
+                ref_tag: true,
+            }),
+        ];
+        let mut checked = 0;
+        for f in formats() {
+            for mode in modes {
+                let a = Access::new(&f, mode).expect("16-bit guard formats are supported");
+                for nlb in [1u64, 2, 7, 8, 9, 64, 255] {
+                    let (dlen, mlen) = a.transfer(nlb);
+                    for first in [0usize, 4, 512, 3584, 4092] {
+                        for contiguous in [false, true] {
+                            for sgl in [false, true] {
+                                let buf = Scattered {
+                                    first,
+                                    len: dlen as usize,
+                                    contiguous,
+                                };
+                                let meta = Scattered {
+                                    first: first % 64,
+                                    len: mlen as usize,
+                                    contiguous: true,
+                                };
+                                let mut lists = Lists {
+                                    pages: vec![vec![0; PAGE_SIZE / 8]; 4],
+                                };
+                                let m = (mlen != 0).then_some((&meta, 0));
+                                let p =
+                                    describe(a.block_bytes, a.meta_bytes, nlb, &buf, 0, m, sgl, &mut lists)
+                                        .unwrap_or_else(|e| {
+                                            panic!("{f} {mode:?} nlb {nlb} first {first}: {e}")
+                                        });
+                                let walked = device_walk(p.data, dlen as usize, &lists);
+                                let expect = buffer_ranges(&buf, dlen as usize);
+                                assert_eq!(walked, expect, "{f} {mode:?} nlb {nlb} first {first}");
+                                if mlen == 0 {
+                                    assert_eq!(p.mptr, BusAddr(0));
+                                } else {
+                                    assert_eq!(p.mptr, meta.bus_addr(0));
+                                }
+                                // One block more than the buffers hold is refused.
+                                let r = describe(
+                                    a.block_bytes,
+                                    a.meta_bytes,
+                                    nlb + 1,
+                                    &buf,
+                                    0,
+                                    m,
+                                    sgl,
+                                    &mut lists,
+                                );
+                                assert!(r.is_err(), "{f} {mode:?}: an overrun must be refused");
+                                checked += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(checked > 1000, "{checked}");
+    }
+
+    #[test]
+    fn metadata_is_required_exactly_when_it_moves() {
+        let buf = Scattered {
+            first: 0,
+            len: 4096,
+            contiguous: true,
+        };
+        let meta = Scattered {
+            first: 0,
+            len: 64,
+            contiguous: true,
+        };
+        let mut lists = Lists {
+            pages: vec![vec![0; PAGE_SIZE / 8]; 1],
+        };
+        // Needed, missing.
+        assert!(describe(512, 8, 8, &buf, 0, None, false, &mut lists).is_err());
+        // Not needed, given.
+        assert!(describe(512, 0, 8, &buf, 0, Some((&meta, 0)), false, &mut lists).is_err());
+        // Too short (8 blocks of 16 bytes = 128 > 64).
+        assert!(describe(512, 16, 8, &buf, 0, Some((&meta, 0)), false, &mut lists).is_err());
+        // Misaligned.
+        let odd = Scattered {
+            first: 2,
+            len: 64,
+            contiguous: true,
+        };
+        assert!(describe(512, 8, 8, &buf, 0, Some((&odd, 0)), false, &mut lists).is_err());
+        // Not contiguous across a page.
+        let split = Scattered {
+            first: 4064,
+            len: 128,
+            contiguous: false,
+        };
+        assert!(describe(512, 16, 8, &buf, 0, Some((&split, 0)), false, &mut lists).is_err());
+        assert_eq!(
+            describe(512, 8, 8, &buf, 0, Some((&meta, 0)), false, &mut lists)
+                .unwrap()
+                .mptr,
+            meta.bus_addr(0)
+        );
+    }
+
+    #[test]
+    fn split_steps_are_whole_blocks_and_respect_the_page_rule() {
+        // Aligned buffers of power-of-two blocks take the whole maximum transfer per command.
+        assert_eq!(part_step(512 << 10, 512, true), 512 << 10);
+        // Unaligned ones one page less (the part then touches at most MDTS / page pages).
+        assert_eq!(part_step(512 << 10, 512, false), (512 << 10) - 4096);
+        assert_eq!(part_step(512 << 10, 4096, false), (512 << 10) - 4096);
+        // A transfer limit of one page leaves nothing to take off.
+        assert_eq!(part_step(4096, 512, false), 4096);
+        // Blocks of the maximum transfer: one block per command, never 0.
+        assert_eq!(part_step(8192, 8192, false), 8192);
+        // Extended LBAs: whole 520-byte blocks, one page short of the limit even when aligned
+        // (the next part starts mid-page).
+        for aligned in [true, false] {
+            let s = part_step(512 << 10, 520, aligned);
+            assert_eq!(s % 520, 0);
+            assert!(s <= (512 << 10) - 4096 && s + 520 > (512 << 10) - 4096, "{s}");
+        }
+        // Any step of any block size: a whole number of blocks, never over the limit, and a
+        // part of that length touches at most max / page pages from any start (unless one
+        // block is all there is room for).
+        for max in [4096usize, 8192, 128 << 10, 512 << 10] {
+            for block in [512usize, 520, 576, 4096, 4104, 4160] {
+                if block > max {
+                    continue;
+                }
+                for aligned in [true, false] {
+                    let s = part_step(max, block, aligned);
+                    assert!(s > 0 && s.is_multiple_of(block) && s <= max, "{max} {block} {s}");
+                    if !aligned && max > PAGE_SIZE && s > block {
+                        assert!(
+                            prp::pages_spanned(4092, s, PAGE_SIZE) <= max / PAGE_SIZE,
+                            "{max} {block} {s}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
