@@ -106,17 +106,19 @@ fn guest_admin_commands() {
         1
     );
     // Raw passthrough: Identify controller again, compare the serial.
-    let (_, page) = a
-        .admin(
+    // SAFETY: Identify Controller moves exactly the 4096 bytes asked for and names no memory.
+    let (_, page) = unsafe {
+        a.admin_raw(
             Command::identify(1, 0),
             vfpoll_nvme::admin::DataDir::FromDevice(4096),
             &[],
         )
-        .unwrap();
+    }
+    .unwrap();
     assert_eq!(&page[4..12], b"vfpoll-a");
     // An unknown admin opcode is a typed, named error, and the queue stays usable.
-    let e = a
-        .admin(Command::new(0xfe, 0), vfpoll_nvme::admin::DataDir::None, &[])
+    // SAFETY: an opcode the controller does not know moves nothing.
+    let e = unsafe { a.admin_raw(Command::new(0xfe, 0), vfpoll_nvme::admin::DataDir::None, &[]) }
         .unwrap_err();
     assert!(e.to_string().contains("Invalid Command Opcode"), "{e}");
     a.smart_log().expect("admin queue usable after an error");
@@ -641,12 +643,12 @@ fn guest_a_process_killed_by_a_signal_shuts_its_controller_down() {
     let (ctrl, _dma) = Controller::open_first(&c, bdf(NVME_A), ControllerOptions::default()).unwrap();
     assert_eq!(ctrl.identify().serial, "vfpoll-a");
     assert_eq!(
-        ctrl.bar().read32(0x14) >> 14 & 3,
+        ctrl.registers().read32(0x14) >> 14 & 3,
         0,
         "running, no shutdown notified"
     );
     vfpoll_nvme::shutdown_all();
-    let cc = ctrl.bar().read32(0x14);
+    let cc = ctrl.registers().read32(0x14);
     assert_eq!(cc >> 14 & 3, 1, "CC.SHN = normal shutdown: {cc:#x}");
     assert_eq!(
         ctrl.status().shutdown_status(),

@@ -386,9 +386,9 @@ pub(crate) fn queue_entries(job: &JobSpec, ctrl: &Controller) -> Result<u16, Eng
     Ok(want.max(job.qpair.entries as usize).min(mqes).max(want).max(2) as u16)
 }
 
-/// Whether two handles are the same controller (same BAR0 mapping).
+/// Whether two handles are the same controller.
 pub(crate) fn same_controller(a: &Controller, b: &Controller) -> bool {
-    a.bar().as_ptr() == b.bar().as_ptr()
+    a.same_as(b)
 }
 
 impl<S: Slots> Queue<S> {

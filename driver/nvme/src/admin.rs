@@ -3,10 +3,11 @@
 
 use std::time::{Duration, Instant};
 
-use vfpoll_dma::{DmaContext, PageSize};
+use vfpoll_dma::{DmaContext, DmaRegion, PageSize};
 use vfpoll_pci::mmio::Mmio;
+use vfpoll_pci::BusAddr;
 
-use crate::cmd::{Command, Completion};
+use crate::cmd::{Command, Completion, DataPtr};
 use crate::error::{NvmeError, Result};
 use crate::prp::{self, PrpListMem};
 use crate::qmem::QueueMem;
@@ -51,24 +52,34 @@ pub(crate) struct AdminQueue {
     mem: QueueMem,
     next_cid: u16,
     timeout: Duration,
-    data_off: usize,
-    list_off: usize,
+    /// The PRP list page and the data buffer of the next command.
+    data: DmaRegion,
+    /// Data buffers of commands that timed out, by command id: the controller may still write
+    /// them, so they are never reused; each is freed when its command's late completion
+    /// arrives (or never, if it does not).
+    quarantine: Vec<(u16, DmaRegion)>,
+    dma: DmaContext,
+    page_size: PageSize,
 }
 
 impl std::fmt::Debug for AdminQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "AdminQueue(entries={}, next_cid={})",
-            self.ring.entries, self.next_cid
+            "AdminQueue(entries={}, next_cid={}, quarantined={})",
+            self.ring.entries,
+            self.next_cid,
+            self.quarantine.len()
         )
     }
 }
 
-/// One PRP list page inside the admin memory.
+/// Offset of the data buffer in the data region; the PRP list page comes first.
+const DATA_OFF: usize = PAGE;
+
+/// The PRP list page at the start of the data region.
 struct AdminList<'a> {
-    mem: &'a mut QueueMem,
-    off: usize,
+    region: &'a mut DmaRegion,
 }
 
 impl PrpListMem for AdminList<'_> {
@@ -76,15 +87,18 @@ impl PrpListMem for AdminList<'_> {
         1
     }
     fn page_bus(&self, _page: usize) -> u64 {
-        self.mem.bus(self.off)
+        self.region.bus_addr(0).get()
     }
     fn write(&mut self, _page: usize, idx: usize, entry: u64) {
-        self.mem.write_u64(self.off + idx * 8, entry);
+        self.region
+            .write(idx * 8, &entry.to_le_bytes())
+            .expect("a PRP list entry inside the list page");
     }
 }
 
 impl AdminQueue {
-    /// Allocates the admin queue memory: SQ, CQ, one PRP list page, the data buffer.
+    /// Allocates the admin queue memory (SQ and CQ) and the data region (one PRP list page and
+    /// the data buffer).
     pub(crate) fn new(
         bar: &Mmio,
         stride: usize,
@@ -95,9 +109,7 @@ impl AdminQueue {
     ) -> Result<(Self, u64, u64)> {
         let sq = (entries as usize * SQE_SIZE).next_multiple_of(PAGE);
         let cq = (entries as usize * CQE_SIZE).next_multiple_of(PAGE);
-        let list_off = sq + cq;
-        let data_off = list_off + PAGE;
-        let region = dma.alloc_region(data_off + ADMIN_DATA_BYTES, page_size)?;
+        let region = dma.alloc_region(sq + cq, page_size)?;
         let mem = QueueMem::new(
             region,
             Layout {
@@ -112,24 +124,61 @@ impl AdminQueue {
             mem,
             next_cid: 0,
             timeout,
-            data_off,
-            list_off,
+            data: Self::data_region(dma, page_size)?,
+            quarantine: Vec::new(),
+            dma: dma.clone(),
+            page_size,
         };
         Ok((q, asq, acq))
+    }
+
+    fn data_region(dma: &DmaContext, page_size: PageSize) -> Result<DmaRegion> {
+        let r = dma.alloc_region(DATA_OFF + ADMIN_DATA_BYTES, page_size)?;
+        // One contiguous range, so any transfer's pages are the region's pages in order.
+        if r.contiguous_len(0) < DATA_OFF + ADMIN_DATA_BYTES {
+            return Err(NvmeError::InvalidOption(format!(
+                "the admin data buffer needs {} bus-contiguous bytes; use {} pages or larger",
+                DATA_OFF + ADMIN_DATA_BYTES,
+                PageSize::Huge2M
+            )));
+        }
+        Ok(r)
     }
 
     /// Never free the queue's memory: the controller may still use it.
     pub(crate) fn leak(&mut self) {
         self.mem.leak();
+        let data = std::mem::replace(&mut self.data, Self::placeholder(&self.dma, self.page_size));
+        std::mem::forget(data);
+        for (_, r) in self.quarantine.drain(..) {
+            std::mem::forget(r);
+        }
+    }
+
+    /// A region to leave in `data` after a leak (never used afterwards: the queue is gone).
+    fn placeholder(dma: &DmaContext, page_size: PageSize) -> DmaRegion {
+        // Only reached on the failure path of a shutdown; a failed allocation there leaves
+        // nothing better to do than abort the leak with the region still owned.
+        dma.alloc_region(PAGE, page_size)
+            .expect("a page for the leaked admin queue's placeholder")
     }
 
     /// Copies the first `dst.len()` bytes of the data buffer out.
     pub(crate) fn read_data(&self, dst: &mut [u8]) {
-        self.mem.read(self.data_off, dst);
+        self.data
+            .read(DATA_OFF, dst)
+            .expect("admin data reads stay inside the data buffer (checked in exec)");
     }
 
     /// Submits `cmd` with `dir`'s data and polls until it completes or the timeout passes.
     /// `check` is called while waiting and may abort the wait (controller fatal status).
+    ///
+    /// Crate-internal, so safe: for [`DataDir::None`] the command's own pointers (CDW4-9) go
+    /// to the controller as they are, so every caller in this crate builds them from memory
+    /// it owns (queues, shadow doorbell pages) or sends none; with a transfer the command
+    /// moves no more than the `len` bytes the data pointer describes (Identify pages, log
+    /// pages of `len` bytes). The public passthrough, [`crate::Controller::admin_raw`], is
+    /// `unsafe` for that reason.
     pub(crate) fn exec(
         &mut self,
         op: &'static str,
@@ -141,30 +190,37 @@ impl AdminQueue {
         let len = match dir {
             DataDir::None => 0,
             DataDir::FromDevice(n) => n,
-            DataDir::ToDevice => {
-                self.mem.write(self.data_off, data);
-                data.len()
-            }
+            DataDir::ToDevice => data.len(),
         };
+        // Sizes first, before anything is copied.
         if len > ADMIN_DATA_BYTES {
             return Err(NvmeError::TooLarge {
                 len,
                 mdts: ADMIN_DATA_BYTES,
             });
         }
+        if self.ring.sq_used() + 1 >= self.ring.entries {
+            return Err(NvmeError::Failed(format!(
+                "{op}: the admin submission queue is full of commands the controller never fetched ({} timed out); the controller must be reset",
+                self.quarantine.len()
+            )));
+        }
+        if dir == DataDir::ToDevice {
+            self.data
+                .write(DATA_OFF, data)
+                .expect("inside the data buffer (checked above)");
+        }
         if len > 0 {
-            let start = self.mem.bus(self.data_off);
-            let data_off = self.data_off;
-            let pages: Vec<u64> = (0..prp::pages_spanned(start, len, PAGE))
-                .map(|i| self.mem.bus(data_off + i * PAGE))
+            let start = self.data.bus_addr(DATA_OFF);
+            let data = &self.data;
+            let pages: Vec<u64> = (0..prp::pages_spanned(start.get(), len, PAGE))
+                .map(|i| data.bus_addr(DATA_OFF + i * PAGE).get())
                 .collect();
             let mut list = AdminList {
-                mem: &mut self.mem,
-                off: self.list_off,
+                region: &mut self.data,
             };
-            let (p1, p2) = prp::build(start, len, PAGE, |i| pages[i], &mut list)?;
-            cmd.set_prp1(p1);
-            cmd.set_prp2(p2);
+            let (p1, p2) = prp::build(start.get(), len, PAGE, |i| pages[i], &mut list)?;
+            cmd.set_data_ptr(DataPtr::prp(BusAddr(p1), BusAddr(p2)));
         }
         let cid = self.next_cid;
         self.next_cid = self.next_cid.wrapping_add(1);
@@ -184,13 +240,15 @@ impl AdminQueue {
                         Err(NvmeError::Status { op, status: st })
                     };
                 }
-                // A late completion of an earlier, timed-out admin command.
-                log::warn!("admin queue: dropping stale completion {c:?}");
+                self.late(c);
             }
             spins += 1;
             if spins.is_multiple_of(64) {
                 check()?;
                 if start.elapsed() > self.timeout {
+                    if len > 0 {
+                        self.quarantine_data(cid)?;
+                    }
                     return Err(NvmeError::Timeout {
                         op,
                         qid: 0,
@@ -203,5 +261,26 @@ impl AdminQueue {
                 std::hint::spin_loop();
             }
         }
+    }
+
+    /// A completion for an earlier command that timed out: its data buffer, if it had one, is
+    /// no longer written by the controller and is freed.
+    #[cold]
+    fn late(&mut self, c: Completion) {
+        log::warn!("admin queue: late completion of a timed-out command {c:?}");
+        if let Some(i) = self.quarantine.iter().position(|(cid, _)| *cid == c.cid) {
+            self.quarantine.swap_remove(i);
+        }
+    }
+
+    /// Command `cid` timed out with a transfer: the controller may still DMA into its buffer,
+    /// so the next commands get a fresh one.
+    #[cold]
+    fn quarantine_data(&mut self, cid: u16) -> Result<()> {
+        let fresh = Self::data_region(&self.dma, self.page_size)?;
+        let old = std::mem::replace(&mut self.data, fresh);
+        log::warn!("admin queue: command {cid} timed out with its data buffer; that buffer is quarantined until the command completes");
+        self.quarantine.push((cid, old));
+        Ok(())
     }
 }

@@ -135,7 +135,7 @@ impl Controller {
         let dev = self
             .device()
             .ok_or_else(|| NvmeError::Unsupported("the CMB needs a controller opened through VFIO".into()))?;
-        let bar = self.bar();
+        let bar = &self.shared.bar;
         bar.write64(off::CMBMSC, CMBMSC_CRE);
         let loc = CmbLoc(bar.read32(off::CMBLOC));
         let sz = CmbSz(bar.read32(off::CMBSZ));

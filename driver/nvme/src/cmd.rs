@@ -52,10 +52,50 @@ pub mod io_op {
 
 /// Feature identifiers (NVMe Base 2.0 Figure 271).
 pub mod feature {
+    /// Arbitration.
+    pub const ARBITRATION: u8 = 0x01;
+    /// Power Management.
+    pub const POWER_MANAGEMENT: u8 = 0x02;
+    /// Temperature Threshold.
+    pub const TEMPERATURE_THRESHOLD: u8 = 0x04;
+    /// Error Recovery.
+    pub const ERROR_RECOVERY: u8 = 0x05;
     /// Volatile Write Cache.
     pub const VOLATILE_WRITE_CACHE: u8 = 0x06;
     /// Number of Queues.
     pub const NUMBER_OF_QUEUES: u8 = 0x07;
+    /// Interrupt Coalescing.
+    pub const INTERRUPT_COALESCING: u8 = 0x08;
+    /// Interrupt Vector Configuration.
+    pub const INTERRUPT_VECTOR_CONFIG: u8 = 0x09;
+    /// Write Atomicity Normal.
+    pub const WRITE_ATOMICITY: u8 = 0x0a;
+    /// Asynchronous Event Configuration.
+    pub const ASYNC_EVENT_CONFIG: u8 = 0x0b;
+    /// Keep Alive Timer.
+    pub const KEEP_ALIVE: u8 = 0x0f;
+
+    /// Whether feature `fid` moves no data buffer and carries no address in its dwords: the
+    /// ones Get/Set Features may send safely. Every other feature (LBA Range Type,
+    /// Autonomous Power State Transition, Host Memory Buffer, Timestamp, Host Behavior
+    /// Support, Host Identifier, the metadata features, vendor-specific ones) moves data
+    /// through a pointer or names host memory.
+    pub const fn without_data(fid: u8) -> bool {
+        matches!(
+            fid,
+            ARBITRATION
+                | POWER_MANAGEMENT
+                | TEMPERATURE_THRESHOLD
+                | ERROR_RECOVERY
+                | VOLATILE_WRITE_CACHE
+                | NUMBER_OF_QUEUES
+                | INTERRUPT_COALESCING
+                | INTERRUPT_VECTOR_CONFIG
+                | WRITE_ATOMICITY
+                | ASYNC_EVENT_CONFIG
+                | KEEP_ALIVE
+        )
+    }
 }
 
 /// Identify CNS values (NVMe Base 2.0 Figure 273).

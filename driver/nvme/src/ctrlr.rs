@@ -463,9 +463,10 @@ impl Controller {
         &self.shared.dma
     }
 
-    /// BAR0 (registers and doorbells).
-    pub fn bar(&self) -> &Mmio {
-        &self.shared.bar
+    /// A read-only view of the controller's registers. Register writes stay inside the driver:
+    /// a write to ASQ, ACQ, CMBMSC or a doorbell could aim the controller's DMA anywhere.
+    pub fn registers(&self) -> Registers<'_> {
+        Registers(&self.shared.bar)
     }
 
     /// CSTS now.
@@ -473,11 +474,26 @@ impl Controller {
         csts(&self.shared.bar)
     }
 
-    /// Runs an admin command. `dir` says whether data flows; `data` is what is sent for
-    /// [`DataDir::ToDevice`]; for [`DataDir::FromDevice`] the returned vector holds the data.
-    /// Raw passthrough: the caller is responsible for what the command does (a Format or a
-    /// Sanitize destroys data).
-    pub fn admin(&self, cmd: Command, dir: DataDir, data: &[u8]) -> Result<(Completion, Vec<u8>)> {
+    /// Whether `other` is a handle to the same controller.
+    pub fn same_as(&self, other: &Controller) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
+
+    /// Runs an admin command as it is. `dir` says whether data flows; `data` is what is sent
+    /// for [`DataDir::ToDevice`]; for [`DataDir::FromDevice`] the returned vector holds the
+    /// data. The driver puts a data pointer to its own admin data buffer in CDW6-9 when data
+    /// flows; the command's other fields go to the controller untouched.
+    ///
+    /// # Safety
+    /// Raw passthrough: nothing checks what the command makes the controller do. It must not
+    /// move more than `len` bytes through the data pointer (`FromDevice(len)`, or `data.len()`
+    /// for `ToDevice`), and any address the caller put in the command (CDW4-5 metadata
+    /// pointer, CDW6-9 with `DataDir::None`, CDW10-15 of commands that carry addresses such as
+    /// Doorbell Buffer Config, Set Features of the Host Memory Buffer or a queue creation) must
+    /// be memory the controller may access for as long as it uses it. The command may also
+    /// destroy data (Format NVM, Sanitize) or change the controller's state under the driver
+    /// (deleting its queues, changing the number of queues).
+    pub unsafe fn admin_raw(&self, cmd: Command, dir: DataDir, data: &[u8]) -> Result<(Completion, Vec<u8>)> {
         self.shared.admin_exec("admin command", cmd, dir, data)
     }
 
@@ -494,8 +510,11 @@ impl Controller {
             .1)
     }
 
-    /// Get Features (current value): returns CDW0.
+    /// Get Features (current value): returns CDW0. Only features that move no data and whose
+    /// CDW11 holds no address (see [`feature::without_data`]); the others need
+    /// [`Controller::admin_raw`].
     pub fn get_feature(&self, fid: u8) -> Result<u32> {
+        feature_checked(fid)?;
         Ok(self
             .shared
             .admin_exec("Get Features", Command::get_features(fid), DataDir::None, &[])?
@@ -503,8 +522,16 @@ impl Controller {
             .dw0)
     }
 
-    /// Set Features: returns CDW0.
+    /// Set Features: returns CDW0. Only features that move no data (see
+    /// [`feature::without_data`]); the others need [`Controller::admin_raw`]. Number of Queues
+    /// is refused too: the driver sized its queues by it at bring-up.
     pub fn set_feature(&self, fid: u8, dw11: u32) -> Result<u32> {
+        feature_checked(fid)?;
+        if fid == feature::NUMBER_OF_QUEUES {
+            return Err(NvmeError::InvalidOption(
+                "Number of Queues can only be set before the controller's first I/O queue (bring-up does it: ControllerOptions::io_queues)".into(),
+            ));
+        }
         Ok(self
             .shared
             .admin_exec(
@@ -684,6 +711,40 @@ impl Drop for Shared {
                 std::mem::forget(self.shadow.take());
             }
         }
+    }
+}
+
+/// A feature the safe Get/Set Features may touch.
+fn feature_checked(fid: u8) -> Result<()> {
+    if feature::without_data(fid) {
+        Ok(())
+    } else {
+        Err(NvmeError::InvalidOption(format!(
+            "feature {fid:#04x} moves data or carries addresses (or is vendor specific): use the unsafe Controller::admin_raw"
+        )))
+    }
+}
+
+/// A read-only view of BAR0 (NVMe Base 2.0 §3.1.3): registers can be read, never written,
+/// through it.
+#[derive(Debug, Clone, Copy)]
+pub struct Registers<'a>(&'a Mmio);
+
+impl Registers<'_> {
+    /// The 32-bit register at `off`.
+    pub fn read32(&self, off: usize) -> u32 {
+        self.0.read32(off)
+    }
+
+    /// The 64-bit register at `off`.
+    pub fn read64(&self, off: usize) -> u64 {
+        self.0.read64(off)
+    }
+
+    /// Where BAR0 is mapped (for code that must find the registers without a `Controller`,
+    /// such as a signal handler; writing through it is the caller's own `unsafe`).
+    pub fn as_ptr(&self) -> *const u8 {
+        self.0.as_ptr()
     }
 }
 

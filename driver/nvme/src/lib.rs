@@ -49,7 +49,7 @@ mod signal;
 pub mod status;
 
 pub use buffer::{AnyBuf, BusRange, CmbBuf, DeviceBuf, IoBuffer, RegionBuf};
-pub use ctrlr::{Controller, ControllerOptions, Namespace, PAGE_SIZE};
+pub use ctrlr::{Controller, ControllerOptions, Namespace, Registers, PAGE_SIZE};
 pub use error::{NvmeError, Result};
 pub use format::{NsFormat, PiCheck, PiMode};
 pub use qpair::{Done, QpairOptions, QpairStats, QueuePair, Rejected, MAX_QUEUE_ENTRIES};

@@ -191,16 +191,6 @@ impl QueueMem {
         // SAFETY: in bounds and aligned (checked); the region is live.
         unsafe { p.write_volatile(v.to_le()) };
     }
-
-    /// Copies `dst.len()` bytes out of the region at `off` (admin data pages).
-    pub(crate) fn read(&self, off: usize, dst: &mut [u8]) {
-        self.region.read(off, dst).expect("admin data read in bounds")
-    }
-
-    /// Copies `src` into the region at `off` (admin data pages, DSM ranges).
-    pub(crate) fn write(&mut self, off: usize, src: &[u8]) {
-        self.region.write(off, src).expect("admin data write in bounds")
-    }
 }
 
 /// The Doorbell Buffer Config pages of a controller (NVMe Base 2.0 §5.8): one page of shadow
@@ -237,7 +227,9 @@ impl ShadowPages {
         (self.region.bus_addr(0).get(), self.region.bus_addr(page).get())
     }
 
-    /// The words of queue `qid` (doorbell stride `stride`), reset to 0 for a new queue.
+    /// The words of queue `qid` (doorbell stride `stride`), reset to 0 for a new queue: its
+    /// shadow doorbells and its EventIdx words, which a previous queue of the same id may
+    /// have left behind (a stale EventIdx would suppress the first MMIO doorbells).
     pub(crate) fn slot(self: &std::sync::Arc<Self>, qid: u16, stride: usize, page: usize) -> ShadowSlot {
         let sq = 2 * qid as usize * stride;
         let cq = sq + stride;
@@ -251,6 +243,8 @@ impl ShadowPages {
         };
         s.store(sq, 0);
         s.store(cq, 0);
+        s.store(page + sq, 0);
+        s.store(page + cq, 0);
         s
     }
 }
@@ -275,8 +269,10 @@ unsafe impl Send for ShadowSlot {}
 impl ShadowSlot {
     fn store(&self, off: usize, v: u32) {
         let p = self.base.wrapping_add(off).cast::<u32>();
-        // SAFETY: `off` is one of this queue's words inside the first page (checked in `slot`),
-        // 4-byte aligned; the region lives as long as `pages`. Only this queue writes it.
+        // SAFETY: `off` is one of this queue's words in the shadow page or (when the queue is
+        // set up, before the controller knows it) the EventIdx page; both are inside the two
+        // pages (checked in `slot` and `new`), 4-byte aligned; the region lives as long as
+        // `pages`. Only this queue writes its shadow words.
         unsafe { p.write_volatile(v.to_le()) }
     }
 

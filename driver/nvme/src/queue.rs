@@ -84,6 +84,13 @@ impl Ring {
         self.unrung += 1;
     }
 
+    /// Submission queue slots the controller has not told us it consumed yet, by the SQ head
+    /// of the last completion (NVMe Base 2.0 §4.1: the queue is full when the tail is one
+    /// behind the head).
+    pub(crate) fn sq_used(&self) -> u16 {
+        (self.sq_tail + self.entries - self.sq_head) % self.entries
+    }
+
     /// Takes back the last `n` commands written and not yet announced by a doorbell.
     pub(crate) fn unpush(&mut self, n: u16) {
         assert!(

@@ -45,7 +45,7 @@ fn main() {
     let _qp = ctrl
         .create_qpair::<RegionBuf>(&QpairOptions::default())
         .expect("queue pair");
-    BAR.store(ctrl.bar().as_ptr(), Ordering::Release);
+    BAR.store(ctrl.registers().as_ptr().cast_mut(), Ordering::Release);
     println!("ready");
     std::io::stdout().flush().unwrap();
     loop {
