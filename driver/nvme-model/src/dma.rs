@@ -7,7 +7,11 @@
 //! shadow doorbell pages) stays mapped until the controller is done with it (the command's
 //! completion is posted, the queue deleted, the controller reset). A bus address that does not
 //! translate, because it was never mapped or has been unmapped, is not a crash: it comes back as
-//! a [`DmaFault`], which the controller reports as an NVMe status (the IOMMU-fault analogue).
+//! a [`DmaFault`], which the controller reports as an NVMe status or a fatal status (the
+//! IOMMU-fault analogue), and which is also handed to [`DmaSpace::fault`], the IOMMU's fault
+//! log. A status alone is easy to miss (a test that expects an error status, or a driver that
+//! retries, would not notice that the error came from a stray DMA), so tests keep the log with
+//! a [`FaultLog`] and check at teardown that it is empty.
 //!
 //! The memory is shared with the host thread, so no Rust reference into it is ever made:
 //! registers-like words (CQ entries, PRP list entries, shadow doorbells) are read and written
@@ -34,6 +38,14 @@ use vfpoll_pci::BusAddr;
 pub unsafe trait DmaSpace: Send + Sync {
     /// The CPU address behind `len` bytes at `bus`, if one live mapping covers all of them.
     fn translate(&self, bus: BusAddr, len: u64) -> Option<*mut u8>;
+
+    /// Told of each DMA the controller gave up on because it did not translate, once per
+    /// access (after any retry in 4 KiB pieces): what a real IOMMU records in its fault log.
+    /// Accesses of the test's host side (the [`HeapDma`] accessors) are not reported: they
+    /// panic. The default keeps nothing; [`FaultLog`] keeps the faults for a test to check.
+    fn fault(&self, fault: DmaFault) {
+        let _ = fault;
+    }
 }
 
 /// A DMA access to a bus address that does not translate: the IOMMU-fault analogue.
@@ -129,9 +141,20 @@ impl Guest {
         Guest { space }
     }
 
+    /// Passes a fault of a finished access to the fault log.
+    fn logged<T>(&self, r: Result<T, DmaFault>) -> Result<T, DmaFault> {
+        r.inspect_err(|&f| self.space.fault(f))
+    }
+
+    /// `len` bytes at `bus` as one segment, if one mapping covers them (not logged: callers
+    /// may retry in pieces).
+    fn try_seg(&self, bus: u64, len: usize) -> Result<Seg, DmaFault> {
+        translate(&*self.space, bus, len).map(|ptr| Seg { ptr, len })
+    }
+
     /// `len` bytes at `bus` as one segment, if one mapping covers them.
     pub(crate) fn seg(&self, bus: u64, len: usize) -> Result<Seg, DmaFault> {
-        translate(&*self.space, bus, len).map(|ptr| Seg { ptr, len })
+        self.logged(self.try_seg(bus, len))
     }
 
     /// Appends segments covering `len` bytes at `bus` to `out`: one if a single mapping covers
@@ -140,44 +163,44 @@ impl Guest {
         if len == 0 {
             return Ok(());
         }
-        if let Ok(s) = self.seg(bus, len) {
+        if let Ok(s) = self.try_seg(bus, len) {
             out.push(s);
             return Ok(());
         }
-        for_each_piece(bus, len, |b, l| {
-            out.push(self.seg(b, l)?);
+        self.logged(for_each_piece(bus, len, |b, l| {
+            out.push(self.try_seg(b, l)?);
             Ok(())
-        })
+        }))
     }
 
     /// Whether all `len` bytes at `bus` translate (in 4 KiB pieces if need be).
     pub(crate) fn check(&self, bus: u64, len: usize) -> Result<(), DmaFault> {
-        if self.seg(bus, len).is_ok() {
+        if self.try_seg(bus, len).is_ok() {
             return Ok(());
         }
-        for_each_piece(bus, len, |b, l| self.seg(b, l).map(drop))
+        self.logged(for_each_piece(bus, len, |b, l| self.try_seg(b, l).map(drop)))
     }
 
     /// Copies `dst.len()` bytes at `bus` into `dst`.
     pub(crate) fn read(&self, bus: u64, dst: &mut [u8]) -> Result<(), DmaFault> {
-        copy_out(&*self.space, bus, dst)
+        self.logged(copy_out(&*self.space, bus, dst))
     }
 
     /// One volatile 32-bit read (a shadow doorbell).
     pub(crate) fn read_u32(&self, bus: u64) -> Result<u32, DmaFault> {
-        read_u32(&*self.space, bus)
+        self.logged(read_u32(&*self.space, bus))
     }
 
     /// One volatile 32-bit write (an EventIdx entry).
     pub(crate) fn write_u32(&self, bus: u64, v: u32) -> Result<(), DmaFault> {
-        write_u32(&*self.space, bus, v)
+        self.logged(write_u32(&*self.space, bus, v))
     }
 
     /// Posts a 16-byte completion queue entry (NVMe Base 2.0 §4.2.4): dwords 0-2 first, then,
     /// after a release fence, dword 3 with the phase tag in one 32-bit store, so a host that sees
     /// the new phase (and then fences) sees the whole entry.
     pub(crate) fn write_cqe(&self, bus: u64, dw: [u32; 4]) -> Result<(), DmaFault> {
-        let p = translate(&*self.space, bus, 16)?.cast::<u32>();
+        let p = self.logged(translate(&*self.space, bus, 16))?.cast::<u32>();
         for (i, &d) in dw.iter().take(3).enumerate() {
             // SAFETY: dword `i < 3` of the 16 translated bytes.
             unsafe { write_volatile_u32(p.wrapping_add(i), d.to_le()) };
@@ -479,6 +502,80 @@ unsafe impl DmaSpace for vfpoll_dma::FakeMapper {
     }
 }
 
+/// The IOMMU fault log of a test: a [`DmaSpace`] that forwards to another (a [`HeapDma`], or
+/// the `vfpoll_dma::FakeMapper` the driver maps through) and keeps every [`DmaFault`] the
+/// controller reports.
+///
+/// Give the model the `FaultLog` and keep a handle: at teardown, [`FaultLog::assert_none`]
+/// fails the test if the controller ever reached outside what was mapped, even where the
+/// command's error status went unnoticed. A test that provokes faults on purpose takes them
+/// with [`FaultLog::take`] and checks that they are the ones it meant.
+pub struct FaultLog {
+    inner: std::sync::Arc<dyn DmaSpace>,
+    faults: Mutex<Vec<DmaFault>>,
+}
+
+impl std::fmt::Debug for FaultLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FaultLog")
+            .field("faults", &self.faults())
+            .finish()
+    }
+}
+
+impl FaultLog {
+    /// A log in front of `inner`.
+    pub fn new(inner: std::sync::Arc<dyn DmaSpace>) -> Self {
+        FaultLog {
+            inner,
+            faults: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Vec<DmaFault>> {
+        self.faults.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The faults so far, oldest first.
+    pub fn faults(&self) -> Vec<DmaFault> {
+        self.lock().clone()
+    }
+
+    /// The faults so far, oldest first, clearing the log.
+    pub fn take(&self) -> Vec<DmaFault> {
+        std::mem::take(&mut *self.lock())
+    }
+
+    /// Panics, naming each fault, if the log is not empty.
+    #[track_caller]
+    pub fn assert_none(&self) {
+        let faults = self.faults();
+        if !faults.is_empty() {
+            let list: Vec<String> = faults.iter().map(ToString::to_string).collect();
+            panic!(
+                "the controller made {} DMA access(es) outside the host's mappings (a data pointer, \
+                 queue or buffer the host described wrongly, or memory unmapped too early): {}; \
+                 a test that provokes this on purpose must take the faults with FaultLog::take",
+                faults.len(),
+                list.join("; ")
+            );
+        }
+    }
+}
+
+// SAFETY: `translate` is `inner`'s, whose contract it inherits unchanged.
+unsafe impl DmaSpace for FaultLog {
+    fn translate(&self, bus: BusAddr, len: u64) -> Option<*mut u8> {
+        self.inner.translate(bus, len)
+    }
+
+    fn fault(&self, fault: DmaFault) {
+        log::debug!("IOMMU fault: {fault}");
+        self.lock().push(fault);
+        self.inner.fault(fault);
+    }
+}
+
 impl Drop for HeapDma {
     fn drop(&mut self) {
         let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
@@ -510,6 +607,48 @@ mod tests {
         assert!(h.unmap(a));
         assert!(h.translate(a, 1).is_none());
         assert!(!h.unmap(a));
+    }
+
+    #[test]
+    fn faults_are_logged_once_per_access_and_retries_are_not_faults() {
+        let h = Arc::new(HeapDma::new());
+        let log = Arc::new(FaultLog::new(h.clone()));
+        let g = Guest::new(log.clone());
+        // Scattered pages translate only piece by piece: a retry, not a fault.
+        let s = h.alloc_scattered(2 * PAGE as usize);
+        let mut segs = Vec::new();
+        g.map(s.get() + 8, PAGE as usize, &mut segs).unwrap();
+        g.check(s.get(), 2 * PAGE as usize).unwrap();
+        assert_eq!(log.faults(), vec![]);
+        // Eight bytes past the end of a buffer land in its guard page.
+        let a = h.alloc(100);
+        let mut out = [0u8; 16];
+        assert!(g.read(a.get() + PAGE - 8, &mut out).is_err());
+        let guard = DmaFault {
+            bus: a.add(PAGE),
+            len: 8,
+        };
+        assert_eq!(
+            log.take(),
+            vec![guard],
+            "one fault, at the first byte that missed"
+        );
+        assert!(g.write_u32(a.get() + PAGE, 1).is_err());
+        assert!(g.write_cqe(a.get() + PAGE - 8, [0; 4]).is_err());
+        assert!(g.map(a.get(), PAGE as usize + 1, &mut segs).is_err());
+        assert_eq!(log.take().len(), 3);
+        log.assert_none();
+    }
+
+    #[test]
+    #[should_panic(expected = "1 DMA access(es) outside the host's mappings")]
+    fn an_unchecked_fault_fails_the_check() {
+        let h = Arc::new(HeapDma::new());
+        let log = Arc::new(FaultLog::new(h.clone()));
+        let g = Guest::new(log.clone());
+        let a = h.alloc(PAGE as usize);
+        let _ = g.read_u32(a.get() + PAGE);
+        log.assert_none();
     }
 
     #[test]

@@ -145,6 +145,7 @@ fn identify_data_pointer_rules() {
         Status::DATA_TRANSFER_ERROR,
         "unmapped buffer: the IOMMU-fault analogue"
     );
+    h.expect_dma_faults(&[0xdead_0000]);
     // Admin commands take PRPs only.
     let c = h.admin(
         Sqe::new(adm::IDENTIFY)
@@ -306,6 +307,7 @@ fn create_and_delete_queues_with_their_errors() {
         Status::DATA_TRANSFER_ERROR,
         "runs off the mapping"
     );
+    h.expect_dma_faults(&[mem + 8 * PAGE as u64]);
     assert_eq!(create_cq(&mut h, 1, 4, mem, 1), Status::SUCCESS);
     assert_eq!(
         create_cq(&mut h, 1, 4, mem, 1),
@@ -577,4 +579,5 @@ fn doorbell_buffer_config_checks_its_pages() {
     assert_eq!(c.status, Status::INVALID_FIELD, "not page aligned");
     let c = h.admin(Sqe::new(adm::DOORBELL_BUFFER_CONFIG).prp(page, 0x5000));
     assert_eq!(c.status, Status::INVALID_FIELD, "EventIdx page unmapped");
+    h.expect_dma_faults(&[0x5000]);
 }

@@ -264,6 +264,7 @@ fn rejected_commands_leave_the_namespace_alone() {
         Status::DATA_TRANSFER_ERROR,
         "PRP2 in the guard page after the buffer"
     );
+    h.expect_dma_faults(&[0x7777_0000, buf.get() + 2 * PAGE as u64]);
     assert_eq!(h.cmd(1, Sqe::new(0x7e).nsid(1)).status, Status::INVALID_OPCODE);
     assert_eq!(
         h.cmd(1, write(0, 1).cdw(0, io::WRITE as u32 | 1 << 8)).status,
@@ -403,8 +404,14 @@ fn a_full_cq_is_never_overwritten() {
     });
     let cids: Vec<u16> = (0..7).map(|_| h.push(1, Sqe::new(io::FLUSH).nsid(1))).collect();
     h.ring(1);
+    // Three entries posted (wait for the third's phase tag), then a moment in which a wrong
+    // fourth would show; the fourth slot still holds nothing (phase 0).
+    let t = std::time::Instant::now();
+    while h.mem.read_u32(cq.add(16 * 2 + 12)) & (1 << 16) == 0 {
+        assert!(t.elapsed() < TIMEOUT, "three completions never posted");
+        std::thread::sleep(Duration::from_micros(100));
+    }
     std::thread::sleep(Duration::from_millis(20));
-    // Three entries posted; the fourth slot still holds nothing (phase 0).
     let entries: Vec<Cqe> = (0..4)
         .map(|i| Cqe::decode(&h.mem.read_vec(cq.add(16 * i), 16)))
         .collect();

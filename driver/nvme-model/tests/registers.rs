@@ -61,6 +61,7 @@ fn invalid_configurations_set_cfs_until_reset() {
     let sq = h.mem.alloc(PAGE);
     let csts = h.enable_at(good_cc(), 16, sq, vfpoll_pci::BusAddr(0x1000));
     assert!(csts.fatal(), "unmapped ACQ: {csts:?}");
+    h.expect_dma_faults(&[0x1000]);
     h.disable();
     let csts = h.enable_at(good_cc(), 16, sq.add(64), sq);
     assert!(csts.fatal(), "unaligned ASQ: {csts:?}");

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use vfpoll_nvme::regs::{self, off, Cc, Csts};
-use vfpoll_nvme_model::{admin_opcode as adm, HeapDma, ModelConfig, NvmeModel, Status};
+use vfpoll_nvme_model::{admin_opcode as adm, DmaFault, FaultLog, HeapDma, ModelConfig, NvmeModel, Status};
 use vfpoll_pci::mmio::Mmio;
 use vfpoll_pci::BusAddr;
 
@@ -145,6 +145,19 @@ impl Qp {
     }
 }
 
+/// Fails the test, when it is dropped at the test's end, if the controller made a DMA access
+/// outside the host's mappings (an overrun into a guard page, an unmapped address) that the
+/// test did not take with [`FaultLog::take`]. Not checked while the test is already failing.
+pub struct FaultCheck(pub Arc<FaultLog>);
+
+impl Drop for FaultCheck {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            self.0.assert_none();
+        }
+    }
+}
+
 /// The host side: the model, its memory, BAR0, and the queue pairs created so far.
 pub struct Host {
     pub model: NvmeModel,
@@ -153,14 +166,19 @@ pub struct Host {
     pub stride: usize,
     pub qps: Vec<Option<Qp>>,
     next_cid: u16,
+    /// Last, so the model has stopped (and reported every fault) when it runs.
+    faults: FaultCheck,
 }
 
 impl Host {
-    /// A model with `cfg`, not enabled yet.
+    /// A model with `cfg`, not enabled yet. Every test that uses it checks at its end that the
+    /// controller never reached outside [`Host::mem`]'s mappings (each buffer there is followed
+    /// by an unmapped guard page, so an overrun is a fault too).
     pub fn new(cfg: ModelConfig) -> Host {
         let mem = Arc::new(HeapDma::new());
+        let log = Arc::new(FaultLog::new(mem.clone()));
         let qs = cfg.max_io_queue_pairs as usize + 1;
-        let model = NvmeModel::start(cfg, mem.clone()).expect("model starts");
+        let model = NvmeModel::start(cfg, log.clone()).expect("model starts");
         let bar = model.bar0();
         let stride = regs::Cap(bar.read64(off::CAP)).doorbell_stride();
         Host {
@@ -170,7 +188,23 @@ impl Host {
             stride,
             qps: vec![None; qs],
             next_cid: 1,
+            faults: FaultCheck(log),
         }
+    }
+
+    /// The DMA faults so far (taken: the end-of-test check will not see them). For tests that
+    /// hand the controller an unmapped address on purpose.
+    pub fn take_dma_faults(&self) -> Vec<DmaFault> {
+        self.faults.0.take()
+    }
+
+    /// Takes the DMA faults so far and checks that they started at the bus addresses `at`, in
+    /// this order (the first byte of each faulting access that did not translate).
+    #[track_caller]
+    pub fn expect_dma_faults(&self, at: &[u64]) {
+        let got = self.take_dma_faults();
+        let addrs: Vec<u64> = got.iter().map(|f| f.bus.get()).collect();
+        assert_eq!(addrs, at, "DMA faults: {got:?}");
     }
 
     /// A model with `cfg`, enabled with a 32-entry admin queue pair.

@@ -2,6 +2,12 @@
 //! driver's IOMMU and the model's DMA space), a seeded random generator, data patterns, a buffer
 //! whose pages are scattered on the bus, a shadow of each namespace, and completion collection
 //! with a wall-clock bound (a hang fails the test instead of stalling the suite).
+//!
+//! Stray DMA fails the test: the model reaches memory through a [`FaultLog`] in front of the
+//! mapper, and a [`Rig`] checks when it is dropped that the controller never touched an address
+//! the driver had not mapped. `vfpoll-dma` leaves an unmapped IOVA page after every mapping, so
+//! a transfer that runs past the end of a buffer is such a fault too, instead of landing in the
+//! next buffer.
 
 #![allow(dead_code)]
 
@@ -12,19 +18,50 @@ use vfpoll_dma::{DmaContext, DmaRegion, FakeMapper, PageSize};
 use vfpoll_nvme::{
     Controller, ControllerOptions, Done, IoBuffer, NvmeError, QpairOptions, QueuePair, RegionBuf,
 };
-use vfpoll_nvme_model::{ModelConfig, NamespaceConfig, NvmeModel};
+use vfpoll_nvme_model::{DmaFault, FaultLog, ModelConfig, NamespaceConfig, NvmeModel};
 use vfpoll_pci::BusAddr;
 
 pub const PAGE: usize = 4096;
 /// Bound on anything that should finish promptly; reaching it means a hang.
 pub const HANG: Duration = Duration::from_secs(10);
 
+/// Upper bound for steps that take milliseconds (a teardown, an error noticed at once): far
+/// above what a loaded two-core machine adds, below the multi-second waits a bug would cause.
+pub const PROMPT: Duration = Duration::from_secs(5);
+
+/// Fails the test, when it is dropped at the test's end, if the controller made a DMA access
+/// outside the driver's mappings (an unmapped address, or past a buffer's end into the guard
+/// page after it) that the test did not take with [`Rig::expect_dma_faults`]. Not checked while
+/// the test is already failing.
+pub struct FaultCheck(pub Arc<FaultLog>);
+
+impl Drop for FaultCheck {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            self.0.assert_none();
+        }
+    }
+}
+
 /// The driver over the model. Fields drop in order: the controller shuts down before the model
-/// stops (queue pairs, held by the test as locals declared later, go first).
+/// stops (queue pairs, held by the test as locals declared later, go first), and the DMA fault
+/// check runs last, when the model can no longer add to it.
 pub struct Rig {
     pub ctrl: Controller,
     pub model: NvmeModel,
     pub mapper: Arc<FakeMapper>,
+    pub faults: FaultCheck,
+}
+
+impl Rig {
+    /// Takes the DMA faults so far and checks that they started at the bus addresses `at`, in
+    /// this order: for tests that make the controller reach outside the mappings on purpose.
+    #[track_caller]
+    pub fn expect_dma_faults(&self, at: &[u64]) {
+        let got: Vec<DmaFault> = self.faults.0.take();
+        let addrs: Vec<u64> = got.iter().map(|f| f.bus.get()).collect();
+        assert_eq!(addrs, at, "DMA faults: {got:?}");
+    }
 }
 
 /// Controller options for tests: 4 KiB pages, a short admin deadline so a lost admin command
@@ -44,9 +81,15 @@ pub fn rig(cfg: ModelConfig) -> Rig {
 
 pub fn rig_with(cfg: ModelConfig, opts: ControllerOptions) -> Rig {
     let mapper = Arc::new(FakeMapper::new());
-    let model = NvmeModel::start(cfg, mapper.clone()).expect("model starts");
+    let log = Arc::new(FaultLog::new(mapper.clone()));
+    let model = NvmeModel::start(cfg, log.clone()).expect("model starts");
     let ctrl = Controller::new(model.bar0(), DmaContext::new(mapper.clone()), opts).expect("bring-up");
-    Rig { ctrl, model, mapper }
+    Rig {
+        ctrl,
+        model,
+        mapper,
+        faults: FaultCheck(log),
+    }
 }
 
 /// One namespace of `blocks` 512-byte blocks, MDTS `mdts`.
