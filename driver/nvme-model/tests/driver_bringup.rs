@@ -110,6 +110,8 @@ fn an_enable_refused_with_cfs_is_controller_fatal_at_once() {
     // The model reaches host memory through its own, empty IOMMU: the admin queues do not
     // translate, so it refuses CC.EN = 1 with CSTS.CFS, as QEMU's controller does.
     let model = NvmeModel::start(ModelConfig::default(), Arc::new(FakeMapper::new())).unwrap();
+    // CAP.TO 30 s: far beyond the bound below, however loaded the machine.
+    model.bar0().write64(off::CAP, cap_with_timeout(60));
     let (r, took) = try_bring_up(model.bar0(), Arc::new(FakeMapper::new()));
     match r {
         Err(e @ NvmeError::ControllerFatal { .. }) => {
@@ -117,10 +119,7 @@ fn an_enable_refused_with_cfs_is_controller_fatal_at_once() {
         }
         other => panic!("expected ControllerFatal, got {other:?}"),
     }
-    assert!(
-        took < Duration::from_secs(2),
-        "CFS is seen at once, not after CAP.TO: {took:?}"
-    );
+    assert!(took < PROMPT, "CFS is seen at once, not after CAP.TO: {took:?}");
 }
 
 #[test]
@@ -148,7 +147,7 @@ fn ready_never_set_is_init_timeout_within_cap_to() {
         other => panic!("expected an enable timeout, got {other:?}"),
     }
     assert!(
-        took >= Duration::from_millis(500) && took < Duration::from_millis(2000),
+        took >= Duration::from_millis(500) && took < Duration::from_millis(500) + PROMPT,
         "bring-up gave up after {took:?} (CAP.TO 500 ms)"
     );
 }
@@ -186,13 +185,15 @@ fn a_device_that_is_gone_is_reported_at_once() {
     let (r, took) = try_bring_up(bar, Arc::new(FakeMapper::new()));
     assert!(matches!(r, Err(NvmeError::DeviceGone)), "{r:?}");
     let bar = dead_bar();
+    // CAP.TO 30 s (all-ones CAP above: 127.5 s): far beyond the bound below.
+    bar.write64(off::CAP, cap_with_timeout(60));
     bar.write32(off::CSTS, u32::MAX);
     let (r, took2) = try_bring_up(bar, Arc::new(FakeMapper::new()));
     match r {
         Err(e @ NvmeError::DeviceGone) => assert!(e.to_string().contains("no longer answers"), "{e}"),
         other => panic!("expected DeviceGone, got {other:?}"),
     }
-    assert!(took + took2 < Duration::from_secs(1), "{took:?} {took2:?}");
+    assert!(took + took2 < PROMPT, "{took:?} {took2:?}");
 }
 
 #[test]
@@ -243,7 +244,7 @@ fn a_lost_admin_command_at_bring_up_times_out_and_disables() {
         other => panic!("expected an admin timeout, got {other:?}"),
     }
     assert!(
-        took >= Duration::from_millis(300) && took < Duration::from_secs(3),
+        took >= Duration::from_millis(300) && took < Duration::from_millis(300) + PROMPT,
         "{took:?}"
     );
     assert!(!cc(&model.bar0()).enabled());
@@ -324,10 +325,12 @@ fn drop_shuts_the_controller_down_cleanly_and_frees_all_dma_memory() {
         ),
         (1, 1)
     );
-    let Rig { ctrl, model, mapper } = r;
+    let Rig {
+        ctrl, model, mapper, ..
+    } = r;
     let start = Instant::now();
     drop(ctrl);
-    assert!(start.elapsed() < Duration::from_secs(2));
+    assert!(start.elapsed() < PROMPT, "shutdown took {:?}", start.elapsed());
     // CC.SHN = normal was written, then CC.EN cleared once CSTS.SHST said complete.
     let c = cc(&bar);
     assert_eq!((c.0 >> 14) & 3, Shutdown::Normal as u32, "CC {c:?}");
@@ -377,11 +380,7 @@ fn dropping_a_queue_pair_with_lost_commands_deletes_its_queues_and_frees_memory(
     qp.flush_submissions();
     let start = Instant::now();
     drop(qp);
-    assert!(
-        start.elapsed() < Duration::from_secs(3),
-        "drop took {:?}",
-        start.elapsed()
-    );
+    assert!(start.elapsed() < PROMPT, "drop took {:?}", start.elapsed());
     let st = r.model.stats();
     assert_eq!(
         (
@@ -392,7 +391,9 @@ fn dropping_a_queue_pair_with_lost_commands_deletes_its_queues_and_frees_memory(
     );
     let errors = my_logs(log::Level::Error);
     assert!(errors.is_empty(), "{errors:?}");
-    let Rig { ctrl, model, mapper } = r;
+    let Rig {
+        ctrl, model, mapper, ..
+    } = r;
     drop(ctrl);
     assert!(
         mapper.live_mappings().is_empty(),
