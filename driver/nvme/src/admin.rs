@@ -43,6 +43,7 @@ pub fn name_of(opcode: u8) -> &'static str {
         GET_FEATURES => "Get Features",
         DOORBELL_BUFFER_CONFIG => "Doorbell Buffer Config",
         FORMAT_NVM => "Format NVM",
+        ASYNC_EVENT_REQUEST => "Asynchronous Event Request",
         _ => "admin command",
     }
 }
@@ -58,6 +59,10 @@ pub(crate) struct AdminQueue {
     /// them, so they are never reused; each is freed when its command's late completion
     /// arrives (or never, if it does not).
     quarantine: Vec<(u16, DmaRegion)>,
+    /// Command ids of the Asynchronous Event Requests outstanding.
+    events: Vec<u16>,
+    /// Completed Asynchronous Event Requests not handled yet.
+    fired: Vec<Completion>,
     dma: DmaContext,
     page_size: PageSize,
 }
@@ -73,6 +78,10 @@ impl std::fmt::Debug for AdminQueue {
         )
     }
 }
+
+/// Command ids from here up belong to Asynchronous Event Requests, which stay outstanding
+/// across other commands; ordinary commands never use them.
+const EVENT_CIDS: u16 = 0xfff0;
 
 /// Offset of the data buffer in the data region; the PRP list page comes first.
 const DATA_OFF: usize = PAGE;
@@ -126,6 +135,8 @@ impl AdminQueue {
             timeout,
             data: Self::data_region(dma, page_size)?,
             quarantine: Vec::new(),
+            events: Vec::new(),
+            fired: Vec::new(),
             dma: dma.clone(),
             page_size,
         };
@@ -223,7 +234,7 @@ impl AdminQueue {
             cmd.set_data_ptr(DataPtr::prp(BusAddr(p1), BusAddr(p2)));
         }
         let cid = self.next_cid;
-        self.next_cid = self.next_cid.wrapping_add(1);
+        self.next_cid = (self.next_cid + 1) % EVENT_CIDS;
         cmd.set_cid(cid);
         self.ring.push(&mut self.mem, &cmd.to_words());
         self.ring.ring_sq();
@@ -263,10 +274,50 @@ impl AdminQueue {
         }
     }
 
-    /// A completion for an earlier command that timed out: its data buffer, if it had one, is
-    /// no longer written by the controller and is freed.
+    /// Submits an Asynchronous Event Request (NVMe Base 2.0 §5.2) without waiting: it
+    /// completes when the controller has an event to report.
+    pub(crate) fn arm_event(&mut self) -> Result<()> {
+        if self.ring.sq_used() + 1 >= self.ring.entries {
+            return Err(NvmeError::Failed(
+                "the admin submission queue is full; no Asynchronous Event Request can be armed".into(),
+            ));
+        }
+        let Some(cid) = (EVENT_CIDS..=u16::MAX).find(|c| !self.events.contains(c)) else {
+            return Ok(());
+        };
+        let mut cmd = Command::new(crate::cmd::admin_op::ASYNC_EVENT_REQUEST, 0);
+        cmd.set_cid(cid);
+        self.ring.push(&mut self.mem, &cmd.to_words());
+        self.ring.ring_sq();
+        self.events.push(cid);
+        Ok(())
+    }
+
+    /// Reaps what completed without waiting, and returns the Asynchronous Event Requests that
+    /// fired since the last call (each must be re-armed by the caller).
+    pub(crate) fn poll_events(&mut self) -> Vec<Completion> {
+        while let Some(c) = self.ring.pop(&self.mem) {
+            self.ring.ring_cq();
+            self.late(c);
+        }
+        std::mem::take(&mut self.fired)
+    }
+
+    /// A completion that is not the current command's: a fired Asynchronous Event Request, or
+    /// the late completion of an earlier command that timed out, whose data buffer, if it had
+    /// one, is no longer written by the controller and is freed.
     #[cold]
     fn late(&mut self, c: Completion) {
+        if let Some(i) = self.events.iter().position(|&cid| cid == c.cid) {
+            self.events.swap_remove(i);
+            if c.status().is_success() {
+                self.fired.push(c);
+            } else {
+                // Aborted (e.g. at shutdown) or refused: not an event.
+                log::debug!("asynchronous event request ended: {}", c.status());
+            }
+            return;
+        }
         log::warn!("admin queue: late completion of a timed-out command {c:?}");
         if let Some(i) = self.quarantine.iter().position(|(cid, _)| *cid == c.cid) {
             self.quarantine.swap_remove(i);

@@ -24,6 +24,8 @@ pub mod admin_op {
     pub const IDENTIFY: u8 = 0x06;
     /// Abort.
     pub const ABORT: u8 = 0x08;
+    /// Asynchronous Event Request.
+    pub const ASYNC_EVENT_REQUEST: u8 = 0x0c;
     /// Set Features.
     pub const SET_FEATURES: u8 = 0x09;
     /// Get Features.
@@ -120,6 +122,8 @@ pub mod log_page {
     pub const ERROR: u8 = 0x01;
     /// SMART / Health Information.
     pub const SMART: u8 = 0x02;
+    /// Changed Namespace List.
+    pub const CHANGED_NS_LIST: u8 = 0x04;
 }
 
 /// Data pointer kind in CDW0.PSDT.

@@ -5,7 +5,8 @@
 //! `queues`. Dropping the last handle (the controller and every queue pair made from it) shuts
 //! the controller down cleanly (CC.SHN, waits for CSTS.SHST).
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
 use vfpoll_dma::{DmaContext, PageSize};
@@ -21,6 +22,7 @@ use crate::identify::oacs;
 use crate::identify::{parse_ns_list, ErrorLogEntry, IdentifyController, IdentifyNamespace, SmartLog};
 use crate::qmem::ShadowPages;
 use crate::regs::{self, off, Cap, Cc, Csts, Shutdown, ShutdownStatus, Version};
+use crate::zns;
 
 /// The memory page size vfpoll programs into CC.MPS.
 pub const PAGE_SIZE: usize = 4096;
@@ -75,6 +77,8 @@ pub struct Namespace {
     /// The I/O command set (CSI; 0 NVM, 2 zoned). Queue pairs refuse I/O to command sets
     /// vfpoll does not drive.
     pub command_set: u8,
+    /// The zoned command set's data, for a zoned namespace (command set 2 with a zone size).
+    pub zoned: Option<zns::ZonedInfo>,
     /// The whole Identify Namespace page.
     pub identify: IdentifyNamespace,
 }
@@ -91,6 +95,7 @@ impl Namespace {
             metadata_size: f.ms,
             format: NsFormat::parse(&identify, pif),
             command_set,
+            zoned: None,
             identify,
         }
     }
@@ -110,7 +115,17 @@ pub(crate) struct Shared {
     /// `None` only after a failed shutdown leaked the queue's memory.
     admin: Mutex<Option<AdminQueue>>,
     pub identify: IdentifyController,
-    pub namespaces: Vec<Namespace>,
+    /// The active namespaces; replaced whole when they change (format, namespace notices).
+    namespaces: RwLock<Arc<[Namespace]>>,
+    /// Bumped after each change of `namespaces`: queue pairs compare it with the generation
+    /// of their own view before each submission (one relaxed load).
+    pub(crate) ns_gen: AtomicU64,
+    /// Whether controller-wide changes to the queues are barred (a Format NVM is running).
+    formatting: AtomicBool,
+    /// The controller runs several I/O command sets (CC.CSS = 110b).
+    io_command_sets: bool,
+    /// Zone Append Size Limit, for zoned namespaces.
+    zasl: Option<usize>,
     /// I/O submission/completion queues granted by the controller.
     pub io_queues_granted: u16,
     qids: Mutex<Vec<bool>>,
@@ -132,7 +147,7 @@ impl std::fmt::Debug for Shared {
             .field("version", &self.version)
             .field(
                 "namespaces",
-                &self.namespaces.iter().map(|n| n.nsid).collect::<Vec<_>>(),
+                &self.namespaces().iter().map(|n| n.nsid).collect::<Vec<_>>(),
             )
             .finish_non_exhaustive()
     }
@@ -279,9 +294,12 @@ impl Controller {
         bar.write64(off::ASQ, asq);
         bar.write64(off::ACQ, acq);
 
-        // §3.5.1 steps 3-4: NVM command set, 4 KiB pages, 64 B SQEs and 16 B CQEs, round robin.
+        // §3.5.1 steps 3-4: 4 KiB pages, 64 B SQEs and 16 B CQEs, round robin; the NVM command
+        // set, or every I/O command set the controller supports (CC.CSS = 110b) when CAP.CSS
+        // bit 6 says it has several (zoned namespaces need it, §3.1.3.5).
+        let io_command_sets = cap.command_sets() & (1 << 6) != 0;
         let cc = Cc(0)
-            .with_command_set(0)
+            .with_command_set(if io_command_sets { 0b110 } else { 0 })
             .with_page_size(PAGE_SIZE)
             .with_entry_sizes(6, 4);
         bar.write32(off::CC, cc.0);
@@ -327,42 +345,23 @@ impl Controller {
         )?;
         admin.read_data(&mut page);
         let mut namespaces = Vec::new();
-        for nsid in parse_ns_list(&page) {
-            let cmd = Command::identify(cns::NAMESPACE, nsid);
-            admin.exec(
-                "Identify Namespace",
-                cmd,
-                DataDir::FromDevice(4096),
-                &[],
-                &mut || check_csts(&bar),
-            )?;
+        let mut exec = |op: &'static str, cmd: Command| -> Result<Vec<u8>> {
+            admin.exec(op, cmd, DataDir::FromDevice(4096), &[], &mut || check_csts(&bar))?;
             let mut p = vec![0u8; 4096];
             admin.read_data(&mut p);
-            if let Some(id) = IdentifyNamespace::parse(&p) {
-                // The PI format (guard size) of a PI namespace is in the NVM command set's
-                // own Identify Namespace page (CNS 05h, CSI 00h), on controllers with
-                // extended LBA formats; without them the guard is 16 bits.
-                let mut pif = None;
-                if id.dps & 7 != 0 && identify.extended_lba_formats() {
-                    let cmd = Command::identify_csi(cns::NAMESPACE_CSI, nsid, 0);
-                    admin.exec(
-                        "Identify Namespace (NVM command set)",
-                        cmd,
-                        DataDir::FromDevice(4096),
-                        &[],
-                        &mut || check_csts(&bar),
-                    )?;
-                    admin.read_data(&mut p);
-                    let elbaf = u32::from_le_bytes(
-                        p[12 + 4 * id.format_index as usize..][..4]
-                            .try_into()
-                            .expect("4 bytes"),
-                    );
-                    pif = Some(((elbaf >> 7) & 3) as u8);
-                }
-                namespaces.push(Namespace::new(nsid, id, pif, 0));
+            Ok(p)
+        };
+        let zasl = if io_command_sets {
+            zasl_of(&mut exec, &cap)?
+        } else {
+            None
+        };
+        for nsid in parse_ns_list(&page) {
+            if let Some(ns) = read_namespace(&mut exec, nsid, &identify, io_command_sets, zasl)? {
+                namespaces.push(ns);
             }
         }
+        let admin = guard.admin.as_mut().expect("set above");
 
         // §3.5.1 step 11: how many I/O queues (0's based in and out, §5.27.1.5).
         let want = opts.io_queues.max(1) as u32 - 1;
@@ -391,6 +390,24 @@ impl Controller {
             }
         }
 
+        // Namespace Attribute Notices (§5.2, §5.27.1.7): one Asynchronous Event Request stays
+        // outstanding, so a format or a namespace change elsewhere in the subsystem reaches
+        // `process_events`.
+        if identify.namespace_attribute_notices() {
+            let cmd = Command::set_features(feature::ASYNC_EVENT_CONFIG, 1 << 8);
+            match admin.exec(
+                "Set Features (Asynchronous Event Configuration)",
+                cmd,
+                DataDir::None,
+                &[],
+                &mut || check_csts(&bar),
+            ) {
+                Ok(_) => admin.arm_event()?,
+                Err(e @ NvmeError::Status { .. }) => log::warn!("namespace attribute notices not used: {e}"),
+                Err(e) => return Err(e),
+            }
+        }
+
         let admin = guard.admin.take().expect("still there");
         let bar_ptr = bar.as_ptr();
         Ok(Controller {
@@ -402,7 +419,11 @@ impl Controller {
                 opts,
                 admin: Mutex::new(Some(admin)),
                 identify,
-                namespaces,
+                namespaces: RwLock::new(namespaces.into()),
+                ns_gen: AtomicU64::new(0),
+                formatting: AtomicBool::new(false),
+                io_command_sets,
+                zasl,
                 io_queues_granted: granted,
                 qids: Mutex::new(vec![false; granted as usize + 1]),
                 shadow,
@@ -428,13 +449,15 @@ impl Controller {
         &self.shared.identify
     }
 
-    /// The active namespaces, as read at bring-up.
-    pub fn namespaces(&self) -> &[Namespace] {
-        &self.shared.namespaces
+    /// The active namespaces: read at bring-up, again after a Format NVM through
+    /// [`Controller::format_with`] and after a Namespace Attribute Changed notice
+    /// ([`Controller::process_events`]).
+    pub fn namespaces(&self) -> Arc<[Namespace]> {
+        self.shared.namespaces()
     }
 
     /// One namespace, or [`NvmeError::NoSuchNamespace`].
-    pub fn namespace(&self, nsid: u32) -> Result<&Namespace> {
+    pub fn namespace(&self, nsid: u32) -> Result<Namespace> {
         self.shared.namespace(nsid)
     }
 
@@ -598,28 +621,172 @@ impl Controller {
         Ok(c.dw0 & 1 == 0)
     }
 
-    /// Format NVM: erases every block of `nsid` and selects LBA format `lbaf`. Destroys data, so
-    /// it runs only with `confirm` set.
+    /// Format NVM: erases every block of `nsid` and selects LBA format `lbaf`, keeping no
+    /// metadata settings (metadata, if the format has any, in a separate buffer, no PI).
+    /// Destroys data, so it runs only with `confirm` set. See [`Controller::format_with`].
     pub fn format(&self, nsid: u32, lbaf: u8, confirm: bool) -> Result<()> {
+        self.format_with(
+            nsid,
+            FormatOptions {
+                lbaf,
+                ..Default::default()
+            },
+            confirm,
+        )
+    }
+
+    /// Format NVM with metadata placement and protection information (NVMe Base 2.0 §5.23):
+    /// erases every block of `nsid` and selects `opts`'s format. Destroys data, so it runs only
+    /// with `confirm` set.
+    ///
+    /// I/O racing a format could move data sized for the old format into buffers sized for
+    /// the new one, so a format runs only while the controller has no I/O queue pair, and no
+    /// queue pair can be created until it is done. Afterwards the namespace's new geometry is
+    /// read, and queue pairs created from then on use it.
+    pub fn format_with(&self, nsid: u32, opts: FormatOptions, confirm: bool) -> Result<()> {
         if !confirm {
             return Err(NvmeError::Unconfirmed("Format NVM"));
         }
-        self.namespace(nsid)?;
-        self.shared
-            .admin_exec("Format NVM", Command::format_nvm(nsid, lbaf), DataDir::None, &[])
-            .map(|_| ())
+        let ns = self.namespace(nsid)?;
+        if opts.lbaf as usize >= ns.identify.lba_formats.len() {
+            return Err(NvmeError::InvalidOption(format!(
+                "namespace {nsid} has LBA formats 0..{}; there is no format {} (`vfpoll identify` lists them)",
+                ns.identify.lba_formats.len(),
+                opts.lbaf
+            )));
+        }
+        let sh = &self.shared;
+        {
+            let q = sh.qids.lock().unwrap_or_else(|e| e.into_inner());
+            let live = q.iter().skip(1).filter(|&&u| u).count();
+            if live != 0 {
+                return Err(NvmeError::InvalidOption(format!(
+                    "the controller has {live} I/O queue pair(s): drop them before formatting namespace {nsid} (I/O racing a format could move data sized for the old format)"
+                )));
+            }
+            sh.formatting.store(true, Ordering::SeqCst);
+        }
+        let r = sh.admin_exec("Format NVM", opts.command(nsid), DataDir::None, &[]);
+        let refreshed = self.refresh_namespaces();
+        sh.formatting.store(false, Ordering::SeqCst);
+        r?;
+        refreshed
+    }
+
+    /// Reads every active namespace again and publishes the new table: queue pairs pick it up
+    /// at their next submission.
+    pub fn refresh_namespaces(&self) -> Result<()> {
+        let sh = &self.shared;
+        let list = sh
+            .admin_exec(
+                "Identify Active Namespaces",
+                Command::identify(cns::ACTIVE_NS_LIST, 0),
+                DataDir::FromDevice(4096),
+                &[],
+            )?
+            .1;
+        let mut exec = |op: &'static str, cmd: Command| -> Result<Vec<u8>> {
+            Ok(sh.admin_exec(op, cmd, DataDir::FromDevice(4096), &[])?.1)
+        };
+        let mut namespaces = Vec::new();
+        for nsid in parse_ns_list(&list) {
+            if let Some(ns) = read_namespace(&mut exec, nsid, &sh.identify, sh.io_command_sets, sh.zasl)? {
+                namespaces.push(ns);
+            }
+        }
+        *sh.namespaces.write().unwrap_or_else(|e| e.into_inner()) = namespaces.into();
+        sh.ns_gen.fetch_add(1, Ordering::Release);
+        Ok(())
+    }
+
+    /// Handles what the controller reported asynchronously: completed Asynchronous Event
+    /// Requests (a Namespace Attribute Changed notice reads the Changed Namespace List and
+    /// refreshes the namespace table), re-arming each. Never waits for the admin queue: when
+    /// another thread holds it, returns 0 at once. Returns how many events were handled.
+    /// Queue pairs call it during their periodic health checks; a program whose queue pairs
+    /// are idle can call it from time to time.
+    pub fn process_events(&self) -> Result<usize> {
+        let sh = &self.shared;
+        let events = {
+            let Ok(mut guard) = sh.admin.try_lock() else {
+                return Ok(0);
+            };
+            let Some(q) = guard.as_mut() else { return Ok(0) };
+            q.poll_events()
+        };
+        let mut n = 0;
+        for e in events {
+            n += 1;
+            let ty = e.dw0 & 7;
+            let info = (e.dw0 >> 8) & 0xff;
+            let log = (e.dw0 >> 16) & 0xff;
+            log::info!("asynchronous event: type {ty}, info {info:#x}, log page {log:#x}");
+            if ty == 2 && info == 0 {
+                // Notice: Namespace Attribute Changed. Reading the log clears the event.
+                let _ = self.log_page(log_page::CHANGED_NS_LIST, 0xffff_ffff, 4096)?;
+                self.refresh_namespaces()?;
+            } else if log != 0 {
+                // Other events are cleared by reading their log page too (§5.2).
+                let _ = self.log_page(log as u8, 0xffff_ffff, 512);
+            }
+            sh.arm_event()?;
+        }
+        Ok(n)
+    }
+}
+
+/// What [`Controller::format_with`] formats a namespace to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FormatOptions {
+    /// The LBA format index (0..NLBAF).
+    pub lbaf: u8,
+    /// Metadata at the end of each block (extended LBA, MSET = 1), else in a separate buffer.
+    pub extended: bool,
+    /// Protection information type (1, 2 or 3; `None`: no PI).
+    pub pi: Option<crate::format::PiType>,
+    /// PI in the first bytes of the metadata (PIL = 1), else in the last.
+    pub pi_first: bool,
+}
+
+impl FormatOptions {
+    /// The Format NVM command (CDW10: LBAF bits 3:0 and 13:12, MSET bit 4, PI bits 7:5, PIL
+    /// bit 8; no secure erase).
+    pub fn command(&self, nsid: u32) -> Command {
+        let mut c = Command::format_nvm(nsid, self.lbaf);
+        let pi = match self.pi {
+            None => 0,
+            Some(crate::format::PiType::Type1) => 1,
+            Some(crate::format::PiType::Type2) => 2,
+            Some(crate::format::PiType::Type3) => 3,
+        };
+        c.dw[10] |= (self.extended as u32) << 4 | pi << 5 | (self.pi_first as u32) << 8;
+        c
     }
 }
 
 impl Shared {
-    pub(crate) fn namespace(&self, nsid: u32) -> Result<&Namespace> {
-        self.namespaces
-            .iter()
+    pub(crate) fn namespaces(&self) -> Arc<[Namespace]> {
+        Arc::clone(&self.namespaces.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    pub(crate) fn namespace(&self, nsid: u32) -> Result<Namespace> {
+        let all = self.namespaces();
+        all.iter()
             .find(|n| n.nsid == nsid)
+            .cloned()
             .ok_or_else(|| NvmeError::NoSuchNamespace {
                 nsid,
-                active: self.namespaces.iter().map(|n| n.nsid).collect(),
+                active: all.iter().map(|n| n.nsid).collect(),
             })
+    }
+
+    /// Keeps one Asynchronous Event Request outstanding.
+    fn arm_event(&self) -> Result<()> {
+        let mut guard = self.admin_lock();
+        match guard.as_mut() {
+            Some(q) => q.arm_event(),
+            None => Ok(()),
+        }
     }
 
     fn admin_lock(&self) -> MutexGuard<'_, Option<AdminQueue>> {
@@ -654,6 +821,11 @@ impl Shared {
     /// Takes a free I/O queue id.
     pub(crate) fn alloc_qid(&self) -> Result<u16> {
         let mut q = self.qids.lock().unwrap_or_else(|e| e.into_inner());
+        if self.formatting.load(Ordering::SeqCst) {
+            return Err(NvmeError::InvalidOption(
+                "a Format NVM is running on this controller: create the queue pair once it is done".into(),
+            ));
+        }
         match q.iter().skip(1).position(|used| !used) {
             Some(i) => {
                 q[i + 1] = true;
@@ -712,6 +884,80 @@ impl Drop for Shared {
             }
         }
     }
+}
+
+/// The zoned command set's Zone Append Size Limit in bytes (`None`: MDTS applies, or the
+/// controller has no zoned command set).
+fn zasl_of(
+    exec: &mut dyn FnMut(&'static str, Command) -> Result<Vec<u8>>,
+    cap: &Cap,
+) -> Result<Option<usize>> {
+    match exec(
+        "Identify Controller (zoned command set)",
+        Command::identify_csi(cns::CONTROLLER_CSI, 0, zns::CSI_ZONED),
+    ) {
+        Ok(p) => {
+            let z = zns::parse_zasl(&p);
+            Ok((z != 0).then(|| cap.mps_min() << z))
+        }
+        // No zoned command set: the CSI is refused.
+        Err(NvmeError::Status { .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Reads namespace `nsid`: Identify Namespace, its command set (the CSI descriptor of the
+/// Namespace Identification Descriptor list, when the controller runs several command sets),
+/// the PI format of a PI namespace, the zoned data of a zoned one. `None` for an inactive
+/// NSID.
+fn read_namespace(
+    exec: &mut dyn FnMut(&'static str, Command) -> Result<Vec<u8>>,
+    nsid: u32,
+    identify: &IdentifyController,
+    io_command_sets: bool,
+    zasl: Option<usize>,
+) -> Result<Option<Namespace>> {
+    let Some(id) = IdentifyNamespace::parse(&exec(
+        "Identify Namespace",
+        Command::identify(cns::NAMESPACE, nsid),
+    )?) else {
+        return Ok(None);
+    };
+    let mut csi = zns::CSI_NVM;
+    if io_command_sets {
+        let p = exec(
+            "Identify Namespace Identification Descriptors",
+            Command::identify(cns::NS_DESCRIPTORS, nsid),
+        )?;
+        csi = crate::identify::csi_of_descriptors(&p).unwrap_or(zns::CSI_NVM);
+    }
+    // The PI format (guard size) of a PI namespace is in the NVM command set's own Identify
+    // Namespace page (CNS 05h, CSI 00h), on controllers with extended LBA formats; without
+    // them the guard is 16 bits.
+    let mut pif = None;
+    if id.dps & 7 != 0 && identify.extended_lba_formats() {
+        let p = exec(
+            "Identify Namespace (NVM command set)",
+            Command::identify_csi(cns::NAMESPACE_CSI, nsid, zns::CSI_NVM),
+        )?;
+        let at = 12 + 4 * id.format_index as usize;
+        let elbaf = u32::from_le_bytes(p[at..at + 4].try_into().expect("4 bytes"));
+        pif = Some(((elbaf >> 7) & 3) as u8);
+    }
+    let mut zoned = None;
+    if csi == zns::CSI_ZONED {
+        let p = exec(
+            "Identify Namespace (zoned command set)",
+            Command::identify_csi(cns::NAMESPACE_CSI, nsid, zns::CSI_ZONED),
+        )?;
+        zoned = zns::IdentifyZonedNamespace::parse(&p, id.format_index).map(|identify| zns::ZonedInfo {
+            identify,
+            zasl_bytes: zasl,
+        });
+    }
+    let mut ns = Namespace::new(nsid, id, pif, csi);
+    ns.zoned = zoned;
+    Ok(Some(ns))
 }
 
 /// A feature the safe Get/Set Features may touch.

@@ -276,6 +276,23 @@ impl IdentifyNamespace {
     }
 }
 
+/// The command set identifier in a Namespace Identification Descriptor list (CNS 03h, NVMe
+/// Base 2.0 Figure 278): the CSI descriptor (type 04h, length 1), if there is one.
+pub fn csi_of_descriptors(b: &[u8]) -> Option<u8> {
+    let mut at = 0;
+    while at + 4 <= b.len() {
+        let (nidt, nidl) = (b[at], b[at + 1] as usize);
+        if nidt == 0 || nidl == 0 {
+            return None;
+        }
+        if nidt == 4 && nidl == 1 && at + 5 <= b.len() {
+            return Some(b[at + 4]);
+        }
+        at += 4 + nidl;
+    }
+    None
+}
+
 /// Parses an Active Namespace ID list (CNS 02h): NSIDs in increasing order, ending at the first 0.
 pub fn parse_ns_list(b: &[u8]) -> Vec<u32> {
     b.chunks_exact(4)
@@ -418,6 +435,16 @@ mod tests {
             }
         );
         assert_eq!(n.lba_format().data_size(), 4096);
+        // Namespace Identification Descriptors: an NGUID, then the CSI.
+        let mut d = vec![0u8; 4096];
+        d[0] = 2;
+        d[1] = 16;
+        d[20] = 4;
+        d[21] = 1;
+        d[24] = 2;
+        assert_eq!(csi_of_descriptors(&d), Some(2));
+        assert_eq!(csi_of_descriptors(&d[..24]), None);
+        assert_eq!(csi_of_descriptors(&[0u8; 64]), None);
         let mut l = vec![0u8; 4096];
         l[0..4].copy_from_slice(&1u32.to_le_bytes());
         l[4..8].copy_from_slice(&2u32.to_le_bytes());

@@ -47,9 +47,10 @@ mod queue;
 pub mod regs;
 mod signal;
 pub mod status;
+pub mod zns;
 
 pub use buffer::{AnyBuf, BusRange, CmbBuf, DeviceBuf, IoBuffer, RegionBuf};
-pub use ctrlr::{Controller, ControllerOptions, Namespace, Registers, PAGE_SIZE};
+pub use ctrlr::{Controller, ControllerOptions, FormatOptions, Namespace, Registers, PAGE_SIZE};
 pub use error::{NvmeError, Result};
 pub use format::{NsFormat, PiCheck, PiMode};
 pub use qpair::{Done, QpairOptions, QpairStats, QueuePair, Rejected, MAX_QUEUE_ENTRIES};

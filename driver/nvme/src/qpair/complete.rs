@@ -58,7 +58,7 @@ impl<B: IoBuffer> QueuePair<B> {
                     // the same command, so any part's DW0 would do).
                     f(Done {
                         tag,
-                        result: Ok(c.dw0),
+                        result: Ok(c.dw0 as u64 | (c.dw1 as u64) << 32),
                         buf,
                         meta,
                     });

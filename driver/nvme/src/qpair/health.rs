@@ -23,6 +23,18 @@ impl<B: IoBuffer> QueuePair<B> {
             };
             return self.fail_all(why.to_string(), f);
         }
+        // Asynchronous events (a namespace changed): handled here, without waiting, so a
+        // busy queue pair's next submission sees the new namespace table.
+        if let Err(e) = (Controller {
+            shared: Arc::clone(&self.ctrl),
+        })
+        .process_events()
+        {
+            log::warn!(
+                "queue {}: handling asynchronous events failed: {e}",
+                self.ring.qid
+            );
+        }
         // Milliseconds since creation, plus one (0 means "not seen" in `Request::seen_ms`);
         // wrapping arithmetic keeps working past 49 days.
         let now = (self.created.elapsed().as_millis() as u32).wrapping_add(1).max(1);

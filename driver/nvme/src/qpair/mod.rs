@@ -19,6 +19,7 @@
 
 use std::cell::Cell;
 use std::marker::PhantomData;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -36,6 +37,7 @@ mod health;
 mod slot;
 mod submit;
 mod xfer;
+mod zone;
 
 use slot::Slot;
 pub use slot::MAX_QUEUE_ENTRIES;
@@ -84,9 +86,10 @@ impl Default for QpairOptions {
 pub struct Done<B> {
     /// The tag given at submit.
     pub tag: u64,
-    /// Command specific DW0 on success, the error otherwise (of the first failing part of a
+    /// The command specific result on success: DW0, and DW1 in the upper half (a Zone Append
+    /// gives the LBA it wrote there); the error otherwise (of the first failing part of a
     /// split request).
-    pub result: Result<u32>,
+    pub result: Result<u64>,
     /// The buffer given at submit, back to the caller. `None` for commands without data, and
     /// for a buffer the device may still write into after an unrecoverable failure (it is
     /// leaked, never freed).
@@ -156,6 +159,8 @@ pub struct QueuePair<B: IoBuffer> {
     namespaces: Vec<NsInfo>,
     /// The format of each of `namespaces`, for messages.
     formats: Vec<crate::format::NsFormat>,
+    /// The generation of the controller's namespace table `namespaces` was made from.
+    ns_gen: u64,
     stats: QpairStats,
     timeout: Duration,
     idle_polls: u32,
@@ -217,7 +222,7 @@ impl<B: IoBuffer> QueuePair<B> {
         let mdts = sh.identify.mdts_bytes(sh.cap.mps_min()).unwrap_or(2 << 20);
         let mut max_xfer = opts.max_transfer.unwrap_or(mdts).min(mdts);
         // NLB is 16 bits: at most 65536 blocks of the smallest LBA size in use.
-        let min_lba = sh.namespaces.iter().map(|n| n.lba_size).min().unwrap_or(512);
+        let min_lba = sh.namespaces().iter().map(|n| n.lba_size).min().unwrap_or(512);
         max_xfer = max_xfer.min(65536 * min_lba);
         if max_xfer < PAGE_SIZE {
             return Err(NvmeError::InvalidOption(format!(
@@ -307,7 +312,7 @@ impl<B: IoBuffer> QueuePair<B> {
         }
         let n = entries - 1;
         log::debug!("I/O queue pair {qid}: {entries} entries, max transfer {max_xfer}, {list_pages} list page(s) per command");
-        Ok(QueuePair {
+        let mut qp = QueuePair {
             ring,
             mem,
             slots: (0..n).map(|_| Slot::new()).collect(),
@@ -322,12 +327,9 @@ impl<B: IoBuffer> QueuePair<B> {
             split: opts.split,
             use_sgl: opts.sgl && sh.identify.sgl_supported(),
             protection: opts.protection,
-            namespaces: Self::ns_infos(sh, opts.protection, max_xfer),
-            formats: sh
-                .namespaces
-                .iter()
-                .map(|n| n.format.unwrap_or(crate::format::NsFormat::plain(n.lba_size)))
-                .collect(),
+            namespaces: Vec::new(),
+            formats: Vec::new(),
+            ns_gen: u64::MAX,
             stats: QpairStats::default(),
             timeout: opts.timeout,
             idle_polls: 0,
@@ -335,30 +337,63 @@ impl<B: IoBuffer> QueuePair<B> {
             sq_cmb,
             ctrl: Arc::clone(sh),
             _not_sync: PhantomData,
-        })
+        };
+        qp.refresh_view();
+        Ok(qp)
+    }
+
+    /// Brings this queue pair's view of the namespaces up to date with the controller's
+    /// table (after a format or a namespace notice): one relaxed load when nothing changed.
+    #[inline]
+    fn sync_view(&mut self) {
+        if self.ctrl.ns_gen.load(Ordering::Acquire) != self.ns_gen {
+            self.refresh_view();
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn refresh_view(&mut self) {
+        let gen = self.ctrl.ns_gen.load(Ordering::Acquire);
+        let table = self.ctrl.namespaces();
+        self.namespaces = Self::ns_infos(&table, self.protection, self.max_xfer);
+        self.formats = table
+            .iter()
+            .map(|n| n.format.unwrap_or(crate::format::NsFormat::plain(n.lba_size)))
+            .collect();
+        self.ns_gen = gen;
     }
 
     /// This queue pair's view of every namespace under `protection`.
-    fn ns_infos(sh: &Shared, protection: PiMode, max_xfer: usize) -> Vec<NsInfo> {
-        sh.namespaces
+    fn ns_infos(table: &[crate::ctrlr::Namespace], protection: PiMode, max_xfer: usize) -> Vec<NsInfo> {
+        table
             .iter()
             .map(|n| {
                 let access = match (n.command_set, n.format) {
-                    (0, Ok(f)) => Access::new(&f, protection).and_then(|a| {
-                        if a.block_bytes > max_xfer {
-                            Err(Refusal::BlockTooLarge {
-                                block: a.block_bytes,
-                                max: max_xfer,
-                            })
-                        } else {
-                            Ok(a)
-                        }
-                    }),
-                    (0, Err(e)) => Err(Refusal::BadFormat(e)),
+                    (crate::zns::CSI_ZONED, _) if n.zoned.is_none() => {
+                        Err(Refusal::CommandSet(n.command_set))
+                    }
+                    (crate::zns::CSI_NVM | crate::zns::CSI_ZONED, Ok(f)) => Access::new(&f, protection)
+                        .and_then(|a| {
+                            if a.block_bytes > max_xfer {
+                                Err(Refusal::BlockTooLarge {
+                                    block: a.block_bytes,
+                                    max: max_xfer,
+                                })
+                            } else {
+                                Ok(a)
+                            }
+                        }),
+                    (crate::zns::CSI_NVM | crate::zns::CSI_ZONED, Err(e)) => Err(Refusal::BadFormat(e)),
                     (csi, _) => Err(Refusal::CommandSet(csi)),
                 };
                 let format = n.format.unwrap_or(crate::format::NsFormat::plain(n.lba_size));
-                NsInfo::new(n.nsid, n.blocks, format, access, max_xfer)
+                let mut info = NsInfo::new(n.nsid, n.blocks, format, access, max_xfer);
+                if let Some(z) = n.zoned {
+                    info.zone_size = z.identify.zone_size;
+                    info.append_max = z.zasl_bytes.unwrap_or(max_xfer).min(max_xfer);
+                }
+                info
             })
             .collect()
     }

@@ -69,6 +69,9 @@ pub(super) enum Op {
     Flush,
     WriteZeroes,
     DatasetManagement,
+    ZoneReport,
+    Zone(crate::zns::ZoneAction),
+    ZoneAppend,
     Raw,
 }
 
@@ -84,6 +87,9 @@ impl Op {
             Op::Flush => (io_op::FLUSH, false),
             Op::WriteZeroes => (io_op::WRITE_ZEROES, false),
             Op::DatasetManagement => (io_op::DATASET_MANAGEMENT, false),
+            Op::ZoneReport => (crate::zns::op::ZONE_MGMT_RECV, false),
+            Op::Zone(_) => (crate::zns::op::ZONE_MGMT_SEND, false),
+            Op::ZoneAppend => (crate::zns::op::ZONE_APPEND, false),
             // Never used for one: raw commands carry their own opcode.
             Op::Raw => (0xff, false),
         }
@@ -98,6 +104,9 @@ impl Op {
             Op::Flush => "Flush",
             Op::WriteZeroes => "Write Zeroes",
             Op::DatasetManagement => "Dataset Management",
+            Op::ZoneReport => "Zone Management Receive (Report Zones)",
+            Op::Zone(a) => a.name(),
+            Op::ZoneAppend => "Zone Append",
             Op::Raw => "raw I/O command",
         }
     }

@@ -180,7 +180,7 @@ impl<B: IoBuffer> QueuePair<B> {
     /// bytes) to `ns` is refused.
     #[cold]
     #[inline(never)]
-    fn refusal(&self, ns: &NsInfo, len: usize, meta: Option<usize>) -> NvmeError {
+    pub(super) fn refusal(&self, ns: &NsInfo, len: usize, meta: Option<usize>) -> NvmeError {
         let format = self.format_of(ns.nsid);
         if let Some(why) = ns.refused {
             return NvmeError::Refused {
@@ -226,7 +226,7 @@ impl<B: IoBuffer> QueuePair<B> {
 
     #[cold]
     #[inline(never)]
-    fn full(&self) -> NvmeError {
+    pub(super) fn full(&self) -> NvmeError {
         NvmeError::QueueFull {
             qid: self.ring.qid,
             outstanding: self.outstanding(),
@@ -328,7 +328,7 @@ impl<B: IoBuffer> QueuePair<B> {
         Ok(())
     }
 
-    fn submit_nodata(&mut self, cmd: Command, op: Op, tag: u64) -> Result<()> {
+    pub(super) fn submit_nodata(&mut self, cmd: Command, op: Op, tag: u64) -> Result<()> {
         self.check_usable()?;
         let Some(slot) = self.free_cids.pop() else {
             return Err(self.full());
@@ -391,6 +391,7 @@ impl<B: IoBuffer> QueuePair<B> {
 
     /// Flush: commits the namespace's volatile write cache to media.
     pub fn flush(&mut self, nsid: u32, tag: u64) -> Result<()> {
+        self.sync_view();
         self.ns(nsid)?;
         self.submit_nodata(Command::new(io_op::FLUSH, nsid), Op::Flush, tag)
     }
@@ -398,6 +399,7 @@ impl<B: IoBuffer> QueuePair<B> {
     /// Write Zeroes: `blocks` (1..=65536) blocks from `slba` read back as zeroes (their
     /// metadata too; with PRACT the controller writes valid protection information).
     pub fn write_zeroes(&mut self, nsid: u32, slba: u64, blocks: u32, tag: u64) -> Result<()> {
+        self.sync_view();
         let ns = self.usable_ns(nsid)?;
         if !(1..=65536).contains(&blocks) {
             return Err(NvmeError::InvalidOption(format!(
@@ -417,6 +419,7 @@ impl<B: IoBuffer> QueuePair<B> {
 
     /// Dataset Management / Deallocate (trim) of up to 256 ranges `(slba, blocks)`.
     pub fn deallocate(&mut self, nsid: u32, ranges: &[(u64, u32)], tag: u64) -> Result<()> {
+        self.sync_view();
         let ns = self.usable_ns(nsid)?;
         if ranges.is_empty() || ranges.len() > 256 {
             return Err(NvmeError::InvalidOption(format!(
@@ -444,7 +447,7 @@ impl<B: IoBuffer> QueuePair<B> {
     }
 
     /// A namespace this queue pair may send commands to.
-    fn usable_ns(&self, nsid: u32) -> Result<NsInfo> {
+    pub(super) fn usable_ns(&self, nsid: u32) -> Result<NsInfo> {
         let ns = self.ns(nsid)?;
         match ns.refused {
             None => Ok(ns),

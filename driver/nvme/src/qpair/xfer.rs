@@ -41,6 +41,10 @@ pub(super) struct NsInfo {
     pub refused: Option<Refusal>,
     /// Data bytes per block (for messages).
     pub data_size: usize,
+    /// Zone size in blocks of a zoned namespace (0: not zoned).
+    pub zone_size: u64,
+    /// The largest Zone Append data buffer.
+    pub append_max: usize,
 }
 
 /// `NsInfo::shift` of a block size that is not a power of two (data + metadata).
@@ -87,6 +91,8 @@ impl NsInfo {
             steps,
             refused,
             data_size: format.data_size,
+            zone_size: 0,
+            append_max: 0,
         }
     }
 
