@@ -73,12 +73,12 @@ impl IdentifyZonedNamespace {
 
     /// Zones that may be active at once (`None`: no limit).
     pub fn max_active(&self) -> Option<u32> {
-        (self.mar != u32::MAX).then_some(self.mar + 1)
+        (self.mar != u32::MAX).then(|| self.mar + 1)
     }
 
     /// Zones that may be open at once (`None`: no limit).
     pub fn max_open(&self) -> Option<u32> {
-        (self.mor != u32::MAX).then_some(self.mor + 1)
+        (self.mor != u32::MAX).then(|| self.mor + 1)
     }
 
     /// Whether reads may cross zone boundaries (OZCS bit 0).
