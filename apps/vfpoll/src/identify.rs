@@ -4,8 +4,9 @@ use std::process::ExitCode;
 
 use clap::Args as ClapArgs;
 use serde_json::json;
+use vfpoll_nvme::format::{PiFormat, PiType};
 use vfpoll_nvme::identify::{oacs, oncs};
-use vfpoll_nvme::Controller;
+use vfpoll_nvme::{zns, Controller, Namespace};
 
 use crate::ctx::Ctx;
 use crate::nvme_open::DeviceArgs;
@@ -157,20 +158,68 @@ fn text(dev: &DeviceArgs, c: &Controller) -> String {
         },
     );
     s.push_str("namespaces:\n");
-    for n in c.namespaces() {
-        let f = n.identify.lba_format();
+    for n in c.namespaces().iter() {
         s.push_str(&format!(
-            "  nsid {:<3} {:>12} blocks x {:>4} B = {:>10}  (format {} of {}, metadata {} B)\n",
+            "  nsid {:<3} {:>12} blocks x {:>4} B = {:>10}  {}\n",
             n.nsid,
             n.blocks,
             n.lba_size,
             size(n.bytes()),
-            n.identify.format_index,
-            n.identify.lba_formats.len(),
-            f.ms
+            describe_format(n)
         ));
+        if let Some(z) = &n.zoned {
+            s.push_str(&format!("            {}\n", describe_zones(z, n.lba_size)));
+        }
     }
     s
+}
+
+/// The namespace's command set and format, as one line: what I/O through vfpoll moves.
+fn describe_format(n: &Namespace) -> String {
+    let set = match n.command_set {
+        zns::CSI_NVM => "",
+        zns::CSI_ZONED => "zoned, ",
+        _ => "unsupported command set, ",
+    };
+    let format = match &n.format {
+        Ok(f) => f.to_string().replacen(
+            &format!("LBA format {}:", f.index),
+            &format!("LBA format {} of {}:", f.index, f.count),
+            1,
+        ),
+        Err(e) => format!("format unusable: {e}"),
+    };
+    format!("({set}{format})")
+}
+
+fn describe_zones(z: &zns::ZonedInfo, lba: usize) -> String {
+    let limit = |v: Option<u32>| v.map_or("no limit".to_string(), |v| v.to_string());
+    format!(
+        "zones of {} blocks ({}), max open {}, max active {}, zone append limit {}",
+        z.identify.zone_size,
+        size(z.identify.zone_size * lba as u64),
+        limit(z.identify.max_open()),
+        limit(z.identify.max_active()),
+        z.zasl_bytes.map_or("MDTS".to_string(), |b| size(b as u64))
+    )
+}
+
+fn format_json(n: &Namespace) -> serde_json::Value {
+    match &n.format {
+        Ok(f) => json!({
+            "index": f.index,
+            "count": f.count,
+            "data_size": f.data_size,
+            "metadata_size": f.metadata_size,
+            "metadata": if f.metadata_size == 0 { "none" } else if f.extended { "extended" } else { "separate" },
+            "protection": f.protection.map(|p| json!({
+                "type": match p.ty { PiType::Type1 => 1, PiType::Type2 => 2, PiType::Type3 => 3 },
+                "guard_bits": match p.format { PiFormat::Guard16 => 16, PiFormat::Guard32 => 32, PiFormat::Guard64 => 64 },
+                "first_bytes": p.first,
+            })),
+        }),
+        Err(e) => json!({ "error": e.to_string() }),
+    }
 }
 
 fn to_json(dev: &DeviceArgs, c: &Controller) -> serde_json::Value {
@@ -202,6 +251,16 @@ fn to_json(dev: &DeviceArgs, c: &Controller) -> serde_json::Value {
             "blocks": n.blocks,
             "bytes": n.bytes(),
             "metadata_size": n.metadata_size,
+            "command_set": n.command_set,
+            "format": format_json(n),
+            "zoned": n.zoned.map(|z| json!({
+                "zone_size": z.identify.zone_size,
+                "max_open": z.identify.max_open(),
+                "max_active": z.identify.max_active(),
+                "zone_append_limit": z.zasl_bytes,
+                "zoc": z.identify.zoc,
+                "ozcs": z.identify.ozcs,
+            })),
         })).collect::<Vec<_>>(),
     })
 }
