@@ -195,6 +195,83 @@ pub fn manifest_get<'a>(m: &'a [(String, String)], key: &str) -> &'a str {
         .unwrap_or_else(|| panic!("manifest has no `{key}`"))
 }
 
+// ---- teardown checks: every DMA buffer came back ----
+//
+// A buffer handed to a queue pair comes back with its completion (or with the rejection of
+// its submission). One that does not is still in flight, quarantined by the driver (a command
+// that timed out), or leaked: memory the device may still write. These checks run at the end
+// of a test, after it has polled everything.
+
+/// Teardown check that all DMA memory a test allocated after this point was given back: when
+/// dropped (declare it right after opening the controllers, so that the test's queue pairs and
+/// buffers, declared later, are dropped before it), the IOVA allocator's free ranges must be
+/// what they were at [`DmaReturnCheck::new`], so every region, buffer piece, queue pair and
+/// peer registration made since was unmapped, guard pages included. A buffer leaked in a
+/// completion nobody dropped, or kept by a queue pair, stays mapped and fails the test. In
+/// no-IOMMU mode there is no IOVA space to account for, and the check finds nothing.
+pub struct DmaReturnCheck {
+    dma: vfpoll_dma::DmaContext,
+    before: Vec<std::ops::RangeInclusive<u64>>,
+}
+
+impl DmaReturnCheck {
+    /// Notes the IOVA space of `dma` as it is now.
+    pub fn new(dma: &vfpoll_dma::DmaContext) -> Self {
+        DmaReturnCheck {
+            dma: dma.clone(),
+            before: dma.iova_free_ranges(),
+        }
+    }
+
+    /// The check itself (also run on drop).
+    #[track_caller]
+    pub fn assert_returned(&self) {
+        let now = self.dma.iova_free_ranges();
+        let lost =
+            |r: &[std::ops::RangeInclusive<u64>]| r.iter().map(|r| r.end() - r.start() + 1).sum::<u64>();
+        assert!(
+            now == self.before,
+            "{:#x} bytes of IOVA space still mapped at teardown: a DMA buffer, region or \
+             registration the test made was never given back (kept by a queue pair, held by a \
+             completion nobody dropped, or leaked); free ranges before {:x?}, now {:x?}",
+            lost(&self.before).saturating_sub(lost(&now)),
+            self.before,
+            now
+        );
+    }
+}
+
+impl Drop for DmaReturnCheck {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            self.assert_returned();
+        }
+    }
+}
+
+/// Teardown check: the queue pair has no request in flight.
+#[track_caller]
+pub fn assert_idle<B: vfpoll_nvme::IoBuffer>(qp: &vfpoll_nvme::QueuePair<B>, what: &str) {
+    assert_eq!(
+        qp.outstanding(),
+        0,
+        "{what}: queue pair {} still holds requests ({:?})",
+        qp.qid(),
+        qp.stats()
+    );
+}
+
+/// Teardown check: every packet buffer is back in the pool (after the ports using it closed).
+#[track_caller]
+pub fn assert_pool_whole(pool: &vfpoll_nic::Mempool, what: &str) {
+    assert_eq!(
+        pool.available(),
+        pool.capacity(),
+        "{what}: {} packet buffer(s) never came back to the pool",
+        pool.capacity() - pool.available()
+    );
+}
+
 /// NVMe controller C: controller 0 of the test bed's NVM subsystem (serial `vfpoll-s`).
 pub const NVME_C: &str = "0000:00:08.0";
 /// NVMe controller D: controller 1 of the same subsystem; namespace 1 is shared by C and D.

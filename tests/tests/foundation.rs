@@ -82,6 +82,7 @@ fn guest_hugepage_dma_and_ivshmem_bar_as_dma_target() {
     assert_eq!(c.groups().len(), 2);
     nvme.enable_bus_master().unwrap();
     let dma = DmaContext::new(c.clone());
+    let dma_back = DmaReturnCheck::new(&dma);
 
     // Hugepage DMA memory: 4 MiB = two 2 MiB pages.
     let mut region = dma
@@ -144,6 +145,7 @@ fn guest_hugepage_dma_and_ivshmem_bar_as_dma_target() {
     );
     drop(peer);
     drop(region);
+    dma_back.assert_returned();
 }
 
 #[test]

@@ -335,6 +335,7 @@ fn guest_nic_errors_say_what_to_do() {
     let c = Container::open(mode()).unwrap();
     let dev = c.device(bdf(NIC_0)).unwrap();
     let dma = vfpoll_dma::DmaContext::new(c.clone());
+    let _dma_back = DmaReturnCheck::new(&dma);
     let small = Mempool::new(&dma, 256, vfpoll_dma::PageSize::Huge2M).unwrap();
     let e = Port::open(dev, &dma, &small, &PortOptions::default()).unwrap_err();
     assert!(
@@ -349,6 +350,7 @@ fn guest_nic_errors_say_what_to_do() {
         "{e}"
     );
     assert!(e.to_string().contains("make the pool larger"), "{e}");
+    assert_pool_whole(&small, "the refused bring-up");
 
     // Link down: restarting auto-negotiation drops QEMU's link for 500 ms.
     let dev = c.device(bdf(NIC_0)).unwrap();
@@ -362,6 +364,8 @@ fn guest_nic_errors_say_what_to_do() {
         .wait_link(Duration::from_secs(5))
         .expect("the link comes back");
     println!("link back: {l}");
+    drop((ctrl, _rx, _tx));
+    assert_pool_whole(&pool, "the closed port");
 }
 
 // ---- the vfpoll binary ---------------------------------------------------------------------

@@ -318,12 +318,14 @@ fn run_plan(t: usize, qp: &mut QueuePair<RegionBuf>, dma: &DmaContext, seed: u64
             );
         }
     }
+    assert_idle(qp, name);
 }
 
 #[test]
 #[ignore = "test bed"]
 fn guest_data_integrity_two_controllers_three_namespaces() {
     let (a, b, dma) = open_both();
+    let _dma_back = DmaReturnCheck::new(&dma);
     let seed = seed();
     // One thread per controller, both at once; A's thread drives its two namespaces, the first
     // with PRPs and the second with SGLs.
@@ -386,6 +388,7 @@ fn host_check_data_integrity_two_controllers_three_namespaces() {
 #[ignore = "test bed"]
 fn guest_errors_are_clear_and_leave_the_controller_usable() {
     let (a, _b, dma) = open_both();
+    let _dma_back = DmaReturnCheck::new(&dma);
     let region = Arc::new(dma.alloc_region(2 * MIB, PageSize::Huge2M).unwrap());
     let buf = |off: usize, len: usize| RegionBuf::new(region.clone(), off, len).unwrap();
     let mut qp = a
@@ -484,12 +487,14 @@ fn guest_errors_are_clear_and_leave_the_controller_usable() {
     // Leave the reserved blocks zeroed, as the data test's host oracle expects.
     qp.write_zeroes(1, 0, RESERVED_LBAS as u32, 6).unwrap();
     wait(&mut qp).result.expect("write zeroes");
+    assert_idle(&qp, "errors");
 }
 
 #[test]
 #[ignore = "test bed"]
 fn guest_submission_queue_in_the_cmb() {
     let (a, b, dma) = open_both();
+    let _dma_back = DmaReturnCheck::new(&dma);
     let cmb = a.cmb().expect("controller A's 16 MiB CMB");
     assert_eq!(cmb.len(), 16 * MIB);
     assert!(cmb.capabilities().sqs());
@@ -533,6 +538,7 @@ fn guest_submission_queue_in_the_cmb() {
     // Leave namespace 2's reserved blocks zeroed for the host oracle.
     qp.write_zeroes(2, 0, 16, 10).unwrap();
     wait(&mut qp).result.unwrap();
+    assert_idle(&qp, "CMB SQ");
 }
 
 #[test]
@@ -668,6 +674,7 @@ fn guest_two_controllers_of_one_subsystem_share_a_namespace() {
     let c = Container::open(mode()).unwrap();
     let (ctl_c, dma) = Controller::open_first(&c, bdf(NVME_C), ControllerOptions::default()).unwrap();
     let ctl_d = Controller::open(&c, bdf(NVME_D), dma.clone(), ControllerOptions::default()).unwrap();
+    let _dma_back = DmaReturnCheck::new(&dma);
     let (ic, id) = (ctl_c.identify(), ctl_d.identify());
     assert_eq!((ic.serial.as_str(), id.serial.as_str()), ("vfpoll-s", "vfpoll-s"));
     // QEMU 7.2 reports the configured NQN behind its own prefix.
@@ -719,6 +726,8 @@ fn guest_two_controllers_of_one_subsystem_share_a_namespace() {
             "LBA {lba}: written through one controller, read differently through the other"
         );
     }
+    assert_idle(&qc, "controller C");
+    assert_idle(&qd, "controller D");
     write_manifest("subsys.txt", &[("mode".into(), mode_name().into())]);
 }
 

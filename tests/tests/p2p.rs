@@ -67,6 +67,7 @@ fn guest_nvme_reads_into_and_writes_from_the_ivshmem_bar() {
     reserve_hugepages(64);
     let c = Container::open(mode()).unwrap();
     let (a, dma) = Controller::open_first(&c, bdf(NVME_A), ControllerOptions::default()).unwrap();
+    let _dma_back = DmaReturnCheck::new(&dma);
     let shm = c.device(bdf(IVSHMEM)).unwrap();
     let bar = shm.map_bar(2).unwrap();
     // SAFETY: `bar` is this process's mapping of the BAR and outlives the registration.
@@ -115,6 +116,7 @@ fn guest_nvme_reads_into_and_writes_from_the_ivshmem_bar() {
             "namespace at LBA {lba}: not what the BAR held"
         );
     }
+    assert_idle(&qp, "NVMe A");
     write_manifest("p2p.txt", &[("mode".into(), mode_name().into())]);
 }
 
@@ -156,6 +158,7 @@ fn guest_copy_through_the_cmb_of_b_into_a() {
     let c = Container::open(mode()).unwrap();
     let (a, dma) = Controller::open_first(&c, bdf(NVME_A), ControllerOptions::default()).unwrap();
     let b = Controller::open(&c, bdf(NVME_B), dma.clone(), ControllerOptions::default()).unwrap();
+    let _dma_back = DmaReturnCheck::new(&dma);
     let (src_lba, dst_lba, len) = CMB_COPY;
     let data = Pattern::new(seed(), 30).bytes(len);
     let mut qb = b.create_qpair::<AnyBuf>(&QpairOptions::default()).unwrap();
@@ -201,6 +204,8 @@ fn guest_copy_through_the_cmb_of_b_into_a() {
         read_back(&mut qa, &dma, 2, dst_lba, len) == data,
         "A's namespace 2 does not hold the copy"
     );
+    assert_idle(&qa, "NVMe A");
+    assert_idle(&qb, "NVMe B");
     write_manifest("cmb.txt", &[("mode".into(), mode_name().into())]);
 }
 
