@@ -101,10 +101,23 @@ impl DmaBuf {
         self.bus
     }
 
-    /// Size in bytes (the pool's buffer size).
+    /// Size in bytes: the pool's buffer size, or less after [`DmaBuf::truncate`]. This is what
+    /// a device may move to or from the buffer.
     #[expect(clippy::len_without_is_empty, reason = "buffers are never empty")]
     pub fn len(&self) -> usize {
         self.len as usize
+    }
+
+    /// Uses only the first `len` bytes (1..=`len()`) from now on: for transfers that are not a
+    /// power of two, such as blocks of data plus metadata (8 x 520 bytes). The pool takes the
+    /// buffer back whole. Panics if `len` is 0 or more than the buffer holds.
+    pub fn truncate(&mut self, len: usize) {
+        assert!(
+            len != 0 && len <= self.len as usize,
+            "a DmaBuf of {} bytes cannot be truncated to {len}",
+            self.len
+        );
+        self.len = len as u32;
     }
 
     /// The buffer's index in its pool (stable; useful as a tag in a descriptor).
@@ -225,11 +238,11 @@ impl DmaPool {
             });
         }
         match offset.checked_add(len) {
-            Some(end) if end <= self.layout.buf_size => Ok(self.layout.offset(buf.index as usize) + offset),
+            Some(end) if end <= buf.len() => Ok(self.layout.offset(buf.index as usize) + offset),
             _ => Err(DmaError::OutOfBounds {
                 offset,
                 len,
-                size: self.layout.buf_size,
+                size: buf.len(),
             }),
         }
     }
