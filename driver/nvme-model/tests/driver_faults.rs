@@ -131,7 +131,7 @@ fn error_status_is_an_error_with_the_spec_name_and_dnr() {
     let qid = fx.qid();
     for (i, &(injected, sct, name)) in cases.iter().enumerate() {
         let lba = 16 * i as u64;
-        let check = |r: &Result<u32, NvmeError>, op: &str| {
+        let check = |r: &Result<u64, NvmeError>, op: &str| {
             let s = status_of(r);
             assert_eq!(
                 (s.sct(), s.sc(), s.dnr(), s.name()),

@@ -56,7 +56,7 @@ fn setup() -> (Rig, Arc<DmaRegion>, DmaRegion, u64) {
     (rig, buf, neighbour, end)
 }
 
-fn read_overlong(rig: &Rig, buf: &Arc<DmaRegion>) -> Result<u32, vfpoll_nvme::NvmeError> {
+fn read_overlong(rig: &Rig, buf: &Arc<DmaRegion>) -> Result<u64, vfpoll_nvme::NvmeError> {
     let mut qp = rig.ctrl.create_qpair::<Overlong>(&qopts(8, HANG)).unwrap();
     let b = Overlong {
         region: buf.clone(),

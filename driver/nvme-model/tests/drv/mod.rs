@@ -320,7 +320,7 @@ pub fn expect_quiet<B: IoBuffer>(qp: &mut QueuePair<B>, d: Duration) {
 }
 
 /// The status name of an `NvmeError::Status`, or a panic with the error.
-pub fn status_of(r: &Result<u32, NvmeError>) -> vfpoll_nvme::Status {
+pub fn status_of<T: std::fmt::Debug>(r: &Result<T, NvmeError>) -> vfpoll_nvme::Status {
     match r {
         Err(NvmeError::Status { status, .. }) => *status,
         other => panic!("expected an NVMe status error, got {other:?}"),
