@@ -369,10 +369,14 @@ fn link_down_is_an_error_after_the_timeout() {
     let e = E1000e::new(model.bar(), "model", &dma, &pool, &o).unwrap_err();
     assert!(matches!(e, NicError::LinkDown { .. }), "{e}");
     let msg = e.to_string();
-    assert!(
-        msg.contains("link is down after waiting 5") && msg.contains(" ms: check the cable"),
-        "{msg}"
-    );
+    // At least the timeout (a loaded machine may overshoot it by any amount).
+    let waited: u128 = msg
+        .split("link is down after waiting ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no waiting time in: {msg}"));
+    assert!(waited >= 50 && msg.contains(" ms: check the cable"), "{msg}");
     assert_eq!(pool.available(), 256, "the failed bring-up gave its buffers back");
     model.set_link(true);
     o.link_timeout = HANG;
