@@ -1,7 +1,8 @@
 //! Admin commands (NVMe Base 2.0 §5).
 
-use crate::ctrl::{Controller, DbBuf, Outcome, AER_LIMIT};
+use crate::ctrl::{Controller, DbBuf, Outcome};
 use crate::dptr::{self, copy_to_host};
+use crate::nsconfig::{NamespaceFormat, PiType, Protection};
 use crate::queue::{Command, Cq, Sq, CQE_SIZE, SQE_SIZE};
 use crate::Status;
 use vfpoll_nvme::regs::off;
@@ -54,8 +55,11 @@ pub mod feature {
     pub const INTERRUPT_VECTOR_CONFIG: u8 = 0x09;
     /// Write Atomicity Normal.
     pub const WRITE_ATOMICITY: u8 = 0x0a;
-    /// Asynchronous Event Configuration.
+    /// Asynchronous Event Configuration (bit 8: Namespace Attribute Notices).
     pub const ASYNC_EVENT_CONFIG: u8 = 0x0b;
+    /// I/O Command Set Profile (index 0 of the Identify I/O Command Set data structure is the
+    /// only combination).
+    pub const IO_COMMAND_SET_PROFILE: u8 = 0x19;
 }
 
 /// Log page identifiers (§5.16.1).
@@ -66,6 +70,8 @@ pub mod log_page {
     pub const SMART: u8 = 0x02;
     /// Firmware Slot Information.
     pub const FIRMWARE_SLOT: u8 = 0x03;
+    /// Changed Namespace List (read clears it; CDW10 bit 15, RAE, keeps the notice masked).
+    pub const CHANGED_NAMESPACE_LIST: u8 = 0x04;
 }
 
 impl Controller {
@@ -86,7 +92,7 @@ impl Controller {
             opcode::ABORT => self.abort(cmd),
             opcode::SET_FEATURES => self.set_features(cmd),
             opcode::GET_FEATURES => self.get_features(cmd),
-            opcode::ASYNC_EVENT_REQUEST => self.async_event_request(),
+            opcode::ASYNC_EVENT_REQUEST => self.async_event_request(cmd),
             opcode::DOORBELL_BUFFER_CONFIG if self.cfg.doorbell_buffer_config => {
                 self.doorbell_buffer_config(cmd).into()
             }
@@ -220,7 +226,7 @@ impl Controller {
     fn abort(&mut self, cmd: &Command) -> Outcome {
         let (sqid, cid) = (cmd.cdw(10) as u16, (cmd.cdw(10) >> 16) as u16);
         let n = self.complete_outstanding(Status::ABORT_REQUESTED, |c| c.sqid == sqid && c.orig_cid == cid);
-        Outcome::Done(Status::SUCCESS, (n == 0) as u32)
+        Outcome::Done(Status::SUCCESS, (n == 0) as u64)
     }
 
     /// Set Features (§5.27). Nothing is saveable (SV = 1 fails).
@@ -241,13 +247,16 @@ impl Controller {
                 }
                 let max = self.cfg.max_io_queue_pairs as u32;
                 self.nq = ((nsqr + 1).min(max) as u16, (ncqr + 1).min(max) as u16);
-                Outcome::Done(Status::SUCCESS, self.nq_dw0())
+                Outcome::Done(Status::SUCCESS, self.nq_dw0() as u64)
             }
             feature::VOLATILE_WRITE_CACHE if !self.cfg.volatile_write_cache => Status::INVALID_FIELD.into(),
             feature::VOLATILE_WRITE_CACHE => {
                 self.features[fid as usize] = v & 1;
                 Status::SUCCESS.into()
             }
+            // One combination of command sets: index 0 (QEMU rejects any other the same way).
+            feature::IO_COMMAND_SET_PROFILE if v & 0x1ff != 0 => Status::IOCS_COMBINATION_REJECTED.into(),
+            feature::IO_COMMAND_SET_PROFILE => Status::SUCCESS.into(),
             // Only power state 0 exists (NPSS = 0).
             feature::POWER_MANAGEMENT if v & 0x1f != 0 => Status::INVALID_FIELD.into(),
             feature::ARBITRATION
@@ -274,13 +283,14 @@ impl Controller {
     /// (changeable, neither saveable nor namespace specific).
     fn get_features(&mut self, cmd: &Command) -> Outcome {
         let (fid, sel) = (cmd.cdw(10) as u8, (cmd.cdw(10) >> 8) & 0x7);
-        let known =
-            matches!(fid, 0x01 | 0x02 | 0x04..=0x0b) && (fid != 0x06 || self.cfg.volatile_write_cache);
+        let known = matches!(fid, 0x01 | 0x02 | 0x04..=0x0b | feature::IO_COMMAND_SET_PROFILE)
+            && (fid != 0x06 || self.cfg.volatile_write_cache);
         if !known || sel > 3 {
             return Status::INVALID_FIELD.into();
         }
         let current = match fid {
             feature::NUMBER_OF_QUEUES => self.nq_dw0(),
+            feature::IO_COMMAND_SET_PROFILE => 0,
             _ => self.features[fid as usize],
         };
         let dw0 = match sel {
@@ -290,18 +300,19 @@ impl Controller {
                 let max = self.cfg.max_io_queue_pairs as u32 - 1;
                 max | max << 16
             }
+            _ if fid == feature::IO_COMMAND_SET_PROFILE => 0,
             _ => feature_defaults(&self.cfg)[fid as usize],
         };
-        Outcome::Done(Status::SUCCESS, dw0)
+        Outcome::Done(Status::SUCCESS, dw0 as u64)
     }
 
-    /// Asynchronous Event Request (§5.2): up to AERL + 1 are held; the model raises no events,
-    /// so they stay outstanding until a controller reset.
-    fn async_event_request(&mut self) -> Outcome {
-        if self.aers >= AER_LIMIT {
+    /// Asynchronous Event Request (§5.2): up to AERL + 1 are held, each completed by one event
+    /// (see the `events` module), or forgotten at a controller reset.
+    fn async_event_request(&mut self, cmd: &Command) -> Outcome {
+        if !self.events.hold(cmd.cid()) {
             return Status::AER_LIMIT_EXCEEDED.into();
         }
-        self.aers += 1;
+        self.deliver_events();
         Outcome::Pending
     }
 
@@ -358,27 +369,60 @@ impl Controller {
         self.write_eventidx(qid, cq, value, size);
     }
 
-    /// Format NVM (§5.14): zeroes the namespace (or all, NSID FFFFFFFFh). Only LBA format 0
-    /// without protection information exists; Secure Erase Settings 0-2 are accepted.
+    /// Format NVM (§5.14): CDW10 LBAF (bits 3:0, upper bits 13:12), MSET (bit 4), PI (bits
+    /// 7:5), PIL (bit 8), SES (bits 11:9; 0-2 accepted, all erase alike). Formats one namespace,
+    /// or all with NSID FFFFFFFFh (each must accept the format, or none changes). A format the
+    /// namespace does not list, or one outside its MC and DPC capabilities, is Invalid Format,
+    /// as is any format of a zoned namespace (as QEMU 7.2's `nvme_format_check`); a PI value
+    /// over 3 is Invalid Field. A namespace whose format changed is reported with Namespace
+    /// Attribute Changed.
     fn format(&mut self, cmd: &Command) -> Status {
         let dw10 = cmd.cdw(10);
-        let (lbaf, pi, ses) = (
-            (dw10 & 0xf) | ((dw10 >> 12) & 0x3) << 4,
+        let index = (dw10 & 0xf) | ((dw10 >> 12) & 0x3) << 4;
+        let (mset, pi, pil, ses) = (
+            dw10 >> 4 & 1 != 0,
             (dw10 >> 5) & 0x7,
+            dw10 >> 8 & 1 != 0,
             (dw10 >> 9) & 0x7,
         );
-        if lbaf != 0 || pi != 0 {
-            return Status::INVALID_FORMAT;
-        }
         if ses > 2 {
             return Status::INVALID_FIELD;
         }
-        match cmd.nsid() {
-            u32::MAX => self.ns.iter().for_each(|n| n.format()),
+        let targets: Vec<usize> = match cmd.nsid() {
+            u32::MAX => (0..self.ns.len()).collect(),
             nsid => match self.ns_index(nsid) {
-                Some(i) => self.ns[i].format(),
+                Some(i) => vec![i],
                 None => return Status::INVALID_NAMESPACE,
             },
+        };
+        let protection = PiType::from_code(pi as u8).map(|pi_type| Protection { pi_type, first: pil });
+        let f = NamespaceFormat {
+            index: index as u8,
+            extended: mset,
+            protection,
+        };
+        for &i in &targets {
+            let ns = &self.ns[i];
+            let lbaf = ns.formats.get(index as usize);
+            if ns.cfg.zoned.is_some() || lbaf.is_none() {
+                return Status::INVALID_FORMAT;
+            }
+            if pi != 0 && lbaf.is_some_and(|l| l.metadata_size < 8) {
+                return Status::INVALID_FORMAT;
+            }
+            if pi > 3 {
+                return Status::INVALID_FIELD;
+            }
+            if let Err(why) = ns.check_format(f) {
+                log::debug!("Format NVM of namespace {}: {why}", ns.nsid);
+                return Status::INVALID_FORMAT;
+            }
+        }
+        for i in targets {
+            let ns = self.ns[i].clone();
+            if ns.format(f) {
+                self.namespace_changed(ns.nsid);
+            }
         }
         Status::SUCCESS
     }

@@ -2,37 +2,8 @@
 
 use std::time::Duration;
 
+pub use crate::nsconfig::NamespaceConfig;
 use crate::ModelError;
-
-/// One namespace of the NVM Command Set, held in memory.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NamespaceConfig {
-    /// Namespace ID (1 ..= `0xffff_fffe`).
-    pub nsid: u32,
-    /// Logical block size in bytes: a power of two from 512 to 64 KiB (512 and 4096 are usual).
-    pub lba_size: u32,
-    /// Size in logical blocks (NSZE = NCAP = NUSE).
-    pub blocks: u64,
-    /// Metadata bytes per block; only 0 is supported.
-    pub metadata_size: u16,
-}
-
-impl NamespaceConfig {
-    /// A namespace of `blocks` blocks of `lba_size` bytes, without metadata.
-    pub fn new(nsid: u32, lba_size: u32, blocks: u64) -> Self {
-        NamespaceConfig {
-            nsid,
-            lba_size,
-            blocks,
-            metadata_size: 0,
-        }
-    }
-
-    /// Size in bytes.
-    pub fn bytes(&self) -> u64 {
-        self.blocks * self.lba_size as u64
-    }
-}
 
 /// What the model writes into the EventIdx buffer once Doorbell Buffer Config (NVMe Base 2.0
 /// §5.8) is in use, each time it sees a shadow doorbell move to a new value `v`. A host rings the
@@ -86,6 +57,9 @@ pub struct ModelConfig {
     /// Largest memory page size accepted in CC.MPS, as `12 + mps_max` bits (CAP.MPSMAX; default 4,
     /// 64 KiB). CAP.MPSMIN is 0 (4 KiB).
     pub mps_max: u8,
+    /// Zone Append Size Limit (Identify Controller for the Zoned Namespace Command Set, ZASL) as
+    /// a power of two of the minimum memory page size, like `mdts`; 0 means MDTS applies.
+    pub zasl: u8,
     /// I/O submission and completion queues the controller offers (each; 1 ..= 4096; default 64).
     pub max_io_queue_pairs: u16,
     /// The namespaces; NN in Identify Controller is the largest NSID.
@@ -120,6 +94,7 @@ impl Default for ModelConfig {
             max_queue_entries: 1024,
             dstrd: 0,
             mdts: 5,
+            zasl: 0,
             mps_max: 4,
             max_io_queue_pairs: 64,
             namespaces: vec![NamespaceConfig::new(1, 512, 32768)],
@@ -133,6 +108,12 @@ impl Default for ModelConfig {
         }
     }
 }
+
+/// CAP.CSS bits (NVMe Base 2.0 §3.1.3.1): NVM command set, one or more I/O command sets, no I/O
+/// command set.
+pub(crate) const CAP_CSS_NVM: u8 = 1 << 0;
+pub(crate) const CAP_CSS_IOCS: u8 = 1 << 6;
+pub(crate) const CAP_CSS_ADMIN_ONLY: u8 = 1 << 7;
 
 /// CAP.TO: the model reacts to CC.EN within microseconds; 5 s leaves room for a loaded test host.
 const CAP_TO_500MS: u64 = 10;
@@ -164,6 +145,12 @@ impl ModelConfig {
         if self.mdts > 20 {
             return bad(format!("mdts {} is over 20", self.mdts));
         }
+        if self.zasl != 0 && (self.zasl > 20 || (self.mdts != 0 && self.zasl > self.mdts)) {
+            return bad(format!(
+                "zasl {} is over mdts {} (0: no limit)",
+                self.zasl, self.mdts
+            ));
+        }
         if self.mps_max > 15 {
             return bad(format!("mps_max {} is over 15", self.mps_max));
         }
@@ -179,26 +166,7 @@ impl ModelConfig {
                 return bad(format!("namespace ID {:#x} is reserved or used twice", ns.nsid));
             }
             seen.push(ns.nsid);
-            if !ns.lba_size.is_power_of_two() || !(512..=65536).contains(&ns.lba_size) {
-                return bad(format!(
-                    "namespace {}: LBA size {} is not a power of two in 512..=65536",
-                    ns.nsid, ns.lba_size
-                ));
-            }
-            if ns.metadata_size != 0 {
-                return bad(format!("namespace {}: metadata is not supported", ns.nsid));
-            }
-            if ns.blocks == 0
-                || ns
-                    .blocks
-                    .checked_mul(ns.lba_size as u64)
-                    .is_none_or(|b| b > isize::MAX as u64)
-            {
-                return bad(format!(
-                    "namespace {}: {} blocks do not fit in memory",
-                    ns.nsid, ns.blocks
-                ));
-            }
+            ns.validate()?;
         }
         Ok(())
     }
@@ -219,14 +187,25 @@ impl ModelConfig {
         (self.mdts != 0).then(|| 4096u64 << self.mdts)
     }
 
+    /// Maximum Zone Append data size in bytes (`None`: no limit).
+    pub fn max_append(&self) -> Option<u64> {
+        match self.zasl {
+            0 => self.max_transfer(),
+            z => Some(4096u64 << z),
+        }
+    }
+
     /// The CAP register (NVMe Base 2.0 §3.1.3.1): MQES, CQR = 1, AMS = round robin only, TO,
-    /// DSTRD, CSS = NVM command set, MPSMIN = 0, MPSMAX; no NSSR, boot partitions, PMR or CMB.
+    /// DSTRD, CSS = NVM command set (bit 0), I/O command sets (bit 6, CC.CSS = 110b) and admin
+    /// only (bit 7, CC.CSS = 111b), as QEMU reports; MPSMIN = 0, MPSMAX; no NSSR, boot
+    /// partitions, PMR or CMB.
     pub fn cap(&self) -> u64 {
         let mqes = (self.max_queue_entries - 1) as u64;
+        let css = CAP_CSS_NVM | CAP_CSS_IOCS | CAP_CSS_ADMIN_ONLY;
         mqes | 1 << 16
             | CAP_TO_500MS << 24
             | (self.dstrd as u64) << 32
-            | 1 << 37
+            | (css as u64) << 37
             | (self.mps_max as u64) << 52
     }
 }
@@ -247,7 +226,11 @@ mod tests {
         assert_eq!(cap.max_queue_entries(), 4096);
         assert!(cap.contiguous_queues_required());
         assert_eq!(cap.doorbell_stride(), 16);
-        assert_eq!(cap.command_sets(), 1);
+        assert_eq!(
+            cap.command_sets(),
+            0xc1,
+            "NVM, I/O command sets, admin only: as QEMU"
+        );
         assert_eq!(cap.mps_min(), 4096);
         assert_eq!(cap.mps_max(), 65536);
         assert_eq!(cap.timeout_ms(), 5000);
@@ -268,11 +251,16 @@ mod tests {
         assert!(c.validate().unwrap_err().to_string().contains("used twice"));
         c.namespaces[1] = NamespaceConfig::new(2, 1000, 8);
         assert!(c.validate().unwrap_err().to_string().contains("power of two"));
-        c.namespaces[1] = NamespaceConfig {
-            metadata_size: 8,
-            ..NamespaceConfig::new(2, 4096, 8)
-        };
-        assert!(c.validate().unwrap_err().to_string().contains("metadata"));
+        c.namespaces[1] =
+            NamespaceConfig::new(2, 4096, 8).with_protection(crate::Protection::last(crate::PiType::Type1));
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("namespace 2: protection"));
+        c.namespaces[1] = NamespaceConfig::new(2, 4096, 8);
+        c.zasl = 6;
+        assert!(c.validate().unwrap_err().to_string().contains("zasl"));
         let c = ModelConfig {
             serial: "x".repeat(21),
             ..Default::default()

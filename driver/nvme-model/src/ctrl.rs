@@ -14,6 +14,7 @@ use vfpoll_nvme::regs::{off, Cc};
 use vfpoll_pci::mmio::Mmio;
 
 use crate::dma::{Guest, Seg};
+use crate::events::Events;
 use crate::fault::{Fault, FaultKind, FaultTable};
 use crate::ns::Namespace;
 use crate::queue::{cqe_dwords, Command, Completion, Cq, PostMode, Sq, CQE_SIZE, SQE_SIZE};
@@ -28,15 +29,20 @@ const CSTS_CFS: u32 = 1 << 1;
 const CSTS_SHST_COMPLETE: u32 = 0b10 << 2;
 /// Number of Error Information log entries kept (Identify Controller ELPE + 1).
 pub(crate) const ERROR_LOG_ENTRIES: usize = 64;
-/// Outstanding Asynchronous Event Requests accepted (AERL + 1).
-pub(crate) const AER_LIMIT: u32 = 4;
 /// Size of the scratch buffer for admin data, DSM ranges and compares.
 const SCRATCH: usize = 64 * 1024;
+/// Asynchronous Event Configuration bit 8: Namespace Attribute Notices (§5.27.1.9).
+const AEC_NS_ATTR: u32 = 1 << 8;
 /// First sleep when idle; doubles up to `ModelConfig::max_idle_sleep`.
 const MIN_IDLE_SLEEP: Duration = Duration::from_micros(2);
 
+/// CC.CSS values (§3.1.3.5): NVM command set, all supported I/O command sets, admin only.
+pub(crate) const CSS_NVM: u32 = 0b000;
+pub(crate) const CSS_ALL_IOCS: u32 = 0b110;
+pub(crate) const CSS_ADMIN_ONLY: u32 = 0b111;
+
 /// CC fields the driver's `regs::Cc` has builders for but no getters (§3.1.3.5).
-fn cc_css(cc: Cc) -> u32 {
+pub(crate) fn cc_css(cc: Cc) -> u32 {
     (cc.0 >> 4) & 0x7
 }
 fn cc_ams(cc: Cc) -> u32 {
@@ -71,6 +77,10 @@ pub(crate) struct Shared {
     pub(crate) armed: AtomicUsize,
     pub(crate) fatal_now: AtomicBool,
     pub(crate) namespaces: Vec<Arc<Namespace>>,
+    /// Namespaces the handle changed, for the thread to report (Namespace Attribute Changed),
+    /// and a flag so the thread looks at the mutex only when there is something new.
+    pub(crate) ns_changes: Mutex<Vec<u32>>,
+    pub(crate) ns_changed: AtomicBool,
 }
 
 /// Fault changes requested through the handle.
@@ -82,8 +92,8 @@ pub(crate) struct FaultInbox {
 
 /// What an admin or I/O command handler decided.
 pub(crate) enum Outcome {
-    /// Complete with this status and dword 0.
-    Done(Status, u32),
+    /// Complete with this status and dwords 0 (low half) and 1 (high half).
+    Done(Status, u64),
     /// No completion now (an Asynchronous Event Request).
     Pending,
 }
@@ -176,13 +186,18 @@ pub(crate) struct Controller {
     pub(crate) features: [u32; 16],
     /// Allocated I/O submission and completion queues (Number of Queues), 1-based.
     pub(crate) nq: (u16, u16),
-    pub(crate) aers: u32,
+    /// CC.CSS while enabled: which I/O command sets the namespaces use.
+    pub(crate) css: u32,
+    pub(crate) events: Events,
     pub(crate) dbbuf: Option<DbBuf>,
     pub(crate) errors: [ErrorEntry; ERROR_LOG_ENTRIES],
     pub(crate) error_count: u64,
-    /// Per-command scratch, allocated once: data segments and a byte buffer.
+    /// Per-command scratch, allocated once: data and metadata segments, a byte buffer, and a
+    /// buffer of one block with its metadata (the largest any namespace lists).
     pub(crate) segs: Vec<Seg>,
+    pub(crate) msegs: Vec<Seg>,
     pub(crate) buf: Vec<u8>,
+    pub(crate) block: Vec<u8>,
     pub(crate) id_ctrl: Box<[u8; 4096]>,
 }
 
@@ -244,6 +259,13 @@ impl Controller {
             .max_transfer()
             .map_or(4096, |m| (m / 4096) as usize + 2)
             .max(4096);
+        let max_block = cfg
+            .namespaces
+            .iter()
+            .flat_map(|n| n.lba_formats())
+            .map(|f| f.block_bytes() as usize)
+            .max()
+            .unwrap_or(0);
         let mut c = Controller {
             stride: cfg.doorbell_stride(),
             ns: shared.namespaces.clone(),
@@ -265,12 +287,15 @@ impl Controller {
             fault_gen: 0,
             features: [0; 16],
             nq: (cfg.max_io_queue_pairs, cfg.max_io_queue_pairs),
-            aers: 0,
+            css: 0,
+            events: Events::default(),
             dbbuf: None,
             errors: [ErrorEntry::default(); ERROR_LOG_ENTRIES],
             error_count: 0,
             segs: Vec::with_capacity(max_segs),
+            msegs: Vec::with_capacity(max_segs),
             buf: vec![0; SCRATCH],
+            block: vec![0; max_block],
             id_ctrl: Box::new([0; 4096]),
             cfg,
         };
@@ -291,6 +316,10 @@ impl Controller {
                 && self.state == State::Running
             {
                 self.fail(format_args!("fatal error requested through the model handle"));
+            }
+            if self.shared.ns_changed.load(Ordering::Relaxed) {
+                busy = true;
+                self.take_ns_changes();
             }
             if self.state == State::Running {
                 busy |= self.poll_queues();
@@ -360,8 +389,9 @@ impl Controller {
         if page > 4096 << self.cfg.mps_max {
             return Err(format!("CC.MPS page size {page} is over CAP.MPSMAX"));
         }
-        if cc_css(cc) != 0 {
-            return Err(format!("CC.CSS {} is not the NVM command set", cc_css(cc)));
+        match cc_css(cc) {
+            CSS_NVM | CSS_ALL_IOCS | CSS_ADMIN_ONLY => {}
+            css => return Err(format!("CC.CSS {css:#05b} is reserved (000b, 110b or 111b)")),
         }
         if cc_ams(cc) != 0 {
             return Err(format!("CC.AMS {} is not round robin", cc_ams(cc)));
@@ -389,6 +419,7 @@ impl Controller {
             .check(acq, (cq_size as u64 * CQE_SIZE) as usize)
             .map_err(|e| format!("ACQ: {e}"))?;
         self.page = page;
+        self.css = cc_css(cc);
         let mut cq = Cq::new(acq, cq_size);
         cq.sqs = 1;
         self.cqs[0] = Some(cq);
@@ -408,7 +439,7 @@ impl Controller {
         self.active_cqs.clear();
         self.delayed.clear();
         self.lost.clear();
-        self.aers = 0;
+        self.events.reset();
         self.dbbuf = None;
         self.default_features();
         for at in (off::DOORBELLS..self.bar.len()).step_by(4) {
@@ -637,7 +668,7 @@ impl Controller {
             _ if qid == 0 => self.admin(&cmd),
             _ => self.io(&cmd),
         };
-        let Outcome::Done(status, dw0) = outcome else {
+        let Outcome::Done(status, result) = outcome else {
             return;
         };
         if !status.is_success() {
@@ -649,7 +680,8 @@ impl Controller {
             );
         }
         let mut c = Completion {
-            dw0,
+            dw0: result as u32,
+            dw1: (result >> 32) as u32,
             sqid: qid,
             cid: cmd.cid(),
             orig_cid: cmd.cid(),
@@ -846,6 +878,7 @@ impl Controller {
             let c = Completion {
                 status,
                 dw0: 0,
+                dw1: 0,
                 cid: c.orig_cid,
                 mode: PostMode::Normal,
                 ..c
@@ -854,6 +887,42 @@ impl Controller {
             self.post(cqid, c);
         }
         n
+    }
+
+    /// Completes held Asynchronous Event Requests for the events waiting (§5.2).
+    pub(crate) fn deliver_events(&mut self) {
+        while let Some((cid, dw0)) = self.events.next() {
+            let c = Completion {
+                dw0,
+                dw1: 0,
+                sqid: 0,
+                cid,
+                orig_cid: cid,
+                status: Status::SUCCESS,
+                mode: PostMode::Normal,
+                sq_head: 0,
+            };
+            self.post(0, c);
+        }
+    }
+
+    /// A namespace's Identify data changed: lists it in the Changed Namespace List and, if
+    /// Asynchronous Event Configuration bit 8 allows, raises Namespace Attribute Changed.
+    pub(crate) fn namespace_changed(&mut self, nsid: u32) {
+        let notify = self.features[crate::admin::feature::ASYNC_EVENT_CONFIG as usize] & AEC_NS_ATTR != 0;
+        self.events.namespace_changed(nsid, notify);
+        if self.state == State::Running {
+            self.deliver_events();
+        }
+    }
+
+    /// Reports the namespaces the handle changed.
+    fn take_ns_changes(&mut self) {
+        self.shared.ns_changed.store(false, Ordering::Relaxed);
+        let changed = std::mem::take(&mut *self.shared.ns_changes.lock().unwrap_or_else(|e| e.into_inner()));
+        for nsid in changed {
+            self.namespace_changed(nsid);
+        }
     }
 
     /// Makes room for `n` more delayed completions, so scheduling one never allocates

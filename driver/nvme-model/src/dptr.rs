@@ -195,6 +195,75 @@ fn data(mem: &Guest, d: Desc, dir: Dir, len: u64, total: &mut u64, out: &mut Vec
     Ok(())
 }
 
+/// Reads the 16-byte SGL descriptor that MPTR points to when PSDT is 10b (NVMe Base 2.0 §4.1.2:
+/// "MPTR contains the address of an SGL segment containing exactly one SGL descriptor"), and
+/// fills `out` with the segments of the `len`-byte metadata transfer it describes. A length
+/// mismatch is Metadata SGL Length Invalid.
+pub(crate) fn metadata_sgl(
+    mem: &Guest,
+    mptr: u64,
+    len: u64,
+    dir: Dir,
+    out: &mut Vec<Seg>,
+) -> Result<(), Status> {
+    let mut desc = [0u8; 16];
+    mem.read(mptr, &mut desc).map_err(transfer_error)?;
+    sgl(mem, &desc, len, dir, out).map_err(|s| match s {
+        Status::DATA_SGL_LENGTH_INVALID => Status::METADATA_SGL_LENGTH_INVALID,
+        s => s,
+    })
+}
+
+/// Host memory described by segments, read or written as one stream from its start (an
+/// extended-LBA buffer alternates block data and block metadata).
+pub(crate) struct Cursor<'a> {
+    segs: &'a [Seg],
+    seg: usize,
+    off: usize,
+}
+
+impl<'a> Cursor<'a> {
+    pub(crate) fn new(segs: &'a [Seg]) -> Self {
+        Cursor { segs, seg: 0, off: 0 }
+    }
+
+    /// Calls `f(segment, offset, bytes)` for the next `n` bytes of the stream, piece by piece.
+    ///
+    /// # Panics
+    /// If the segments end first (the caller sized the transfer wrongly: a model bug).
+    fn walk(&mut self, mut n: usize, mut f: impl FnMut(&Seg, usize, usize)) {
+        while n > 0 {
+            let s = &self.segs[self.seg];
+            let now = (s.len() - self.off).min(n);
+            f(s, self.off, now);
+            n -= now;
+            self.off += now;
+            if self.off == s.len() {
+                self.seg += 1;
+                self.off = 0;
+            }
+        }
+    }
+
+    /// Copies the next `dst.len()` bytes from the host.
+    pub(crate) fn load(&mut self, dst: &mut [u8]) {
+        let mut done = 0;
+        self.walk(dst.len(), |s, off, n| {
+            s.load(off, &mut dst[done..done + n]);
+            done += n;
+        });
+    }
+
+    /// Copies `src` to the next `src.len()` bytes of the host.
+    pub(crate) fn store(&mut self, src: &[u8]) {
+        let mut done = 0;
+        self.walk(src.len(), |s, off, n| {
+            s.store(off, &src[done..done + n]);
+            done += n;
+        });
+    }
+}
+
 /// Copies `src` to the host through `segs` (which cover exactly `src.len()` bytes).
 pub(crate) fn copy_to_host(segs: &[Seg], mut src: &[u8]) {
     for s in segs {
@@ -314,6 +383,27 @@ mod tests {
         d[8..12].copy_from_slice(&len.to_le_bytes());
         d[15] = kind << 4;
         d
+    }
+
+    #[test]
+    fn cursor_crosses_segments() {
+        let (h, g) = setup();
+        let a = h.alloc_scattered(3 * P as usize).get();
+        let mut out = Vec::new();
+        g.map(a + 100, 2 * P as usize, &mut out).unwrap();
+        assert_eq!(out.len(), 3, "scattered pages: one segment each");
+        let data: Vec<u8> = (0..2 * P as usize).map(|i| (i % 251) as u8).collect();
+        let mut c = Cursor::new(&out);
+        for chunk in data.chunks(520) {
+            c.store(chunk);
+        }
+        assert_eq!(h.read_vec(vfpoll_pci::BusAddr(a + 100), data.len()), data);
+        let mut back = vec![0u8; data.len()];
+        let mut c = Cursor::new(&out);
+        for chunk in back.chunks_mut(8) {
+            c.load(chunk);
+        }
+        assert_eq!(back, data);
     }
 
     #[test]

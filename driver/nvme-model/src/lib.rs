@@ -18,21 +18,35 @@
 //! - `ctrl`: the controller thread (registers, doorbells, arbitration, completions, faults);
 //! - `admin`, `identify`, `io`: the commands.
 //!
-//! What is modelled (NVMe Base 2.0, NVM Command Set 1.0, NVMe over PCIe Transport 1.0):
-//! - registers CAP (MQES, CQR = 1, TO, DSTRD, CSS = NVM, MPSMIN = 0, MPSMAX), VS 1.4.0, CC and
-//!   CSTS (enable with validation, CFS on invalid configuration, reset, shutdown), AQA, ASQ, ACQ;
-//!   INTMS/INTMC are accepted and ignored (interrupts are not modelled: the driver polls);
-//! - admin: Identify (CNS 00h-03h), Get/Set Features, Create/Delete I/O SQ/CQ, Get Log Page
-//!   (error information, SMART, firmware slot), Abort, Asynchronous Event Request (held, never
-//!   completed), Format NVM, Doorbell Buffer Config (shadow doorbells and EventIdx);
+//! What is modelled (NVMe Base 2.0, NVM Command Set 1.0, Zoned Namespace Command Set 1.1,
+//! NVMe over PCIe Transport 1.0):
+//! - registers CAP (MQES, CQR = 1, TO, DSTRD, CSS = NVM, I/O command sets and admin only,
+//!   MPSMIN = 0, MPSMAX), VS 1.4.0, CC and CSTS (enable with validation, CC.CSS 000b, 110b or
+//!   111b, CFS on invalid configuration, reset, shutdown), AQA, ASQ, ACQ; INTMS/INTMC are
+//!   accepted and ignored (interrupts are not modelled: the driver polls);
+//! - admin: Identify (CNS 00h-03h, 05h-07h for the NVM and Zoned Namespace command sets, 1Ch),
+//!   Get/Set Features (Asynchronous Event Configuration, I/O Command Set Profile among them),
+//!   Create/Delete I/O SQ/CQ, Get Log Page (error information, SMART, firmware slot, Changed
+//!   Namespace List), Abort, Asynchronous Event Request (completed by Namespace Attribute
+//!   Changed notices), Format NVM (any listed LBA format, metadata placement and protection
+//!   information), Doorbell Buffer Config (shadow doorbells and EventIdx);
+//! - namespaces with up to 64 LBA formats, metadata as extended LBAs or in a separate buffer
+//!   (MPTR with PSDT 00b, 01b, or an SGL with 10b), and end-to-end protection with the 16-bit
+//!   guard (PI Types 1-3, first or last bytes; PRACT insert and strip, PRCHK guard,
+//!   application and reference tag checks); see [`LbaFormat`], [`NamespaceFormat`], [`PiTuple`];
 //! - I/O: Read, Write, Flush, Write Zeroes, Dataset Management (deallocate zeroes), Compare;
+//!   on zoned namespaces also Zone Management Send (open, close, finish, reset, offline, one or
+//!   all), Zone Management Receive (Report Zones, filters, partial) and Zone Append, with the
+//!   zone state machine, write pointers and open/active limits ([`ZonedConfig`], [`ZoneState`]);
 //! - data pointers: PRP1/PRP2, PRP lists chained across pages, SGLs (Data Block, Bit Bucket,
 //!   Segment, Last Segment);
 //! - completion latency, and the faults of [`FaultKind`].
 //!
-//! Not modelled: interrupts and MSI-X, a controller memory buffer (CMBSZ reads 0), metadata and
-//! protection information, reservations, namespace management, multiple LBA formats, weighted
-//! round robin, fused commands, asynchronous events, NVM subsystem reset.
+//! Not modelled: interrupts and MSI-X, a controller memory buffer (CMBSZ reads 0), the 32- and
+//! 64-bit guard protection information formats (PIF) and storage tags, reservations, namespace
+//! management and attachment, zone descriptor extensions and zone random write areas, Host
+//! Behavior Support (the upper Format NVM index bits are always honoured), weighted round robin,
+//! fused commands, events other than Namespace Attribute Changed, NVM subsystem reset.
 //!
 //! Efficiency: one thread polls the doorbells with volatile reads while there is work, and backs
 //! off to short sleeps only after [`ModelConfig::idle_spin`] without any (see the idle policy in
@@ -46,13 +60,18 @@ mod config;
 mod ctrl;
 mod dma;
 mod dptr;
+mod events;
 mod fault;
 mod identify;
 mod io;
 mod ns;
+mod nsconfig;
+mod pi;
 mod queue;
+mod rw;
 mod stats;
 mod status;
+mod zns;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -61,12 +80,18 @@ use std::thread::JoinHandle;
 use vfpoll_pci::mmio::{self, Mmio};
 
 pub use admin::{feature, log_page, opcode as admin_opcode};
-pub use config::{EventIdxPolicy, ModelConfig, NamespaceConfig};
+pub use config::{EventIdxPolicy, ModelConfig};
 pub use dma::{DmaFault, DmaSpace, FaultLog, HeapDma};
 pub use fault::{Fault, FaultKind, QueueMatch};
 pub use io::opcode as io_opcode;
+pub use nsconfig::{
+    LbaFormat, MetadataCaps, NamespaceConfig, NamespaceFormat, PiCaps, PiType, Protection, ZonedConfig,
+    MAX_LBA_FORMATS,
+};
+pub use pi::{crc16_t10dif, PiTuple};
 pub use stats::StatsSnapshot;
 pub use status::{Status, SCT_COMMAND_SPECIFIC, SCT_GENERIC, SCT_MEDIA};
+pub use zns::{ZoneInfo, ZoneState};
 
 use ctrl::{Controller, FaultInbox, PanicGuard, Shared};
 use ns::Namespace;
@@ -99,14 +124,50 @@ pub enum ModelError {
         /// Number of blocks.
         count: u64,
     },
-    /// Data that is not a whole number of blocks.
-    #[error("{len} bytes are not a whole number of {lba_size}-byte blocks")]
+    /// Data or metadata that is not a whole number of blocks' worth.
+    #[error("{len} bytes are not a whole number of {unit}-byte units (one block's data or metadata)")]
     Unaligned {
-        /// Data length.
+        /// Length given.
         len: usize,
-        /// Block size.
-        lba_size: usize,
+        /// Bytes per block (of data, or of metadata).
+        unit: usize,
     },
+    /// Metadata asked of a namespace formatted without any.
+    #[error("namespace {0} is formatted without metadata")]
+    NoMetadata(u32),
+    /// A format the namespace does not offer.
+    #[error("namespace {nsid} cannot take that format: {why}")]
+    InvalidFormat {
+        /// Namespace.
+        nsid: u32,
+        /// What is wrong.
+        why: String,
+    },
+    /// Zones asked of a namespace that is not zoned.
+    #[error("namespace {0} is not zoned")]
+    NotZoned(u32),
+    /// An LBA that is not the start of a zone.
+    #[error("LBA {lba} is not the start of a zone of namespace {nsid}")]
+    NotZoneStart {
+        /// Namespace.
+        nsid: u32,
+        /// The LBA given.
+        lba: u64,
+    },
+    /// A zone state the handle cannot set (only read-only and offline, as media failures).
+    #[error("a zone cannot be put into state {0:?} from outside; use Zone Management Send")]
+    ZoneStateNotSettable(ZoneState),
+}
+
+/// A namespace's format as it is now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NamespaceInfo {
+    /// How it is formatted.
+    pub format: NamespaceFormat,
+    /// The LBA format in force.
+    pub lba_format: LbaFormat,
+    /// Size in blocks.
+    pub blocks: u64,
 }
 
 /// A running controller model: its thread, its BAR0 and its namespaces.
@@ -151,6 +212,8 @@ impl NvmeModel {
             armed: AtomicUsize::new(0),
             fatal_now: AtomicBool::new(false),
             namespaces,
+            ns_changes: Mutex::new(Vec::new()),
+            ns_changed: AtomicBool::new(false),
         });
         // Registers are in place before `start` returns: the host may read CAP at once.
         ctrl::init_registers(&bar0, &config);
@@ -228,29 +291,114 @@ impl NvmeModel {
             .ok_or(ModelError::UnknownNamespace(nsid))
     }
 
-    /// A copy of a whole namespace.
+    /// A copy of a whole namespace's data.
     pub fn namespace_data(&self, nsid: u32) -> Result<Vec<u8>, ModelError> {
-        Ok(self.namespace(nsid)?.data().clone())
+        Ok(self.namespace(nsid)?.lock().data().to_vec())
     }
 
-    /// A copy of `count` blocks from `lba`.
+    /// How a namespace is formatted now.
+    pub fn namespace_info(&self, nsid: u32) -> Result<NamespaceInfo, ModelError> {
+        let ns = self.namespace(nsid)?;
+        let st = ns.lock();
+        Ok(NamespaceInfo {
+            format: st.geo.format,
+            lba_format: ns.formats[st.geo.format.index as usize],
+            blocks: st.blocks,
+        })
+    }
+
+    /// A copy of the data of `count` blocks from `lba`.
     pub fn read_ns(&self, nsid: u32, lba: u64, count: u64) -> Result<Vec<u8>, ModelError> {
         let ns = self.namespace(nsid)?;
-        let range = ns.checked_range(lba, count)?;
-        Ok(ns.data()[range].to_vec())
+        let st = ns.lock();
+        ns.check_range(&st, lba, count)?;
+        Ok(st.data()[st.data_range(lba, count)].to_vec())
     }
 
-    /// Writes whole blocks from `lba` (seeding content for the driver to read).
+    /// Writes whole blocks of data from `lba` (seeding content for the driver to read); their
+    /// metadata is left as it is.
     pub fn write_ns(&self, nsid: u32, lba: u64, data: &[u8]) -> Result<(), ModelError> {
         let ns = self.namespace(nsid)?;
-        if !data.len().is_multiple_of(ns.lba_size()) {
-            return Err(ModelError::Unaligned {
-                len: data.len(),
-                lba_size: ns.lba_size(),
-            });
+        let mut st = ns.lock();
+        let unit = st.geo.lba_size();
+        let count = whole(data.len(), unit)?;
+        ns.check_range(&st, lba, count)?;
+        let range = st.data_range(lba, count);
+        st.storage_mut().0[range].copy_from_slice(data);
+        Ok(())
+    }
+
+    /// A copy of the metadata of `count` blocks from `lba` (MS bytes per block, the protection
+    /// information tuple included where the format has one).
+    pub fn read_ns_meta(&self, nsid: u32, lba: u64, count: u64) -> Result<Vec<u8>, ModelError> {
+        let ns = self.namespace(nsid)?;
+        let st = ns.lock();
+        if st.geo.ms == 0 {
+            return Err(ModelError::NoMetadata(nsid));
         }
-        let range = ns.checked_range(lba, (data.len() / ns.lba_size()) as u64)?;
-        ns.data()[range].copy_from_slice(data);
+        ns.check_range(&st, lba, count)?;
+        Ok(st.meta()[st.meta_range(lba, count)].to_vec())
+    }
+
+    /// Writes the metadata of whole blocks from `lba`, tuples included as given (seeding, or
+    /// corrupting protection information on purpose).
+    pub fn write_ns_meta(&self, nsid: u32, lba: u64, meta: &[u8]) -> Result<(), ModelError> {
+        let ns = self.namespace(nsid)?;
+        let mut st = ns.lock();
+        if st.geo.ms == 0 {
+            return Err(ModelError::NoMetadata(nsid));
+        }
+        let count = whole(meta.len(), st.geo.ms)?;
+        ns.check_range(&st, lba, count)?;
+        let range = st.meta_range(lba, count);
+        st.storage_mut().1[range].copy_from_slice(meta);
+        Ok(())
+    }
+
+    /// Changes a namespace's format from outside the controller, as another host's Format NVM
+    /// would: erases it, divides its storage into blocks of the new size, and lets the
+    /// controller report Namespace Attribute Changed (the Changed Namespace List, and an
+    /// Asynchronous Event Request if Asynchronous Event Configuration bit 8 is set), even if
+    /// the format is the one it had. I/O the controller is executing finishes first; commands
+    /// fetched after this returns see the new format.
+    pub fn change_namespace(&self, nsid: u32, format: NamespaceFormat) -> Result<(), ModelError> {
+        let ns = self.namespace(nsid)?;
+        ns.check_format(format)
+            .map_err(|why| ModelError::InvalidFormat { nsid, why })?;
+        ns.format(format);
+        self.shared
+            .ns_changes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(nsid);
+        self.shared.ns_changed.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// The zones of a zoned namespace, in LBA order.
+    pub fn zones(&self, nsid: u32) -> Result<Vec<ZoneInfo>, ModelError> {
+        let ns = self.namespace(nsid)?;
+        let st = ns.lock();
+        let z = st.zones.as_ref().ok_or(ModelError::NotZoned(nsid))?;
+        Ok((0..z.count()).map(|i| z.info(i)).collect())
+    }
+
+    /// Puts the zone starting at `zslba` into [`ZoneState::ReadOnly`] or [`ZoneState::Offline`],
+    /// as a media failure would (ZNS 1.1 §2.1.1.6, §2.1.1.7); the open and active resources it
+    /// held are freed. Commands fetched after this returns see the new state.
+    pub fn set_zone_state(&self, nsid: u32, zslba: u64, state: ZoneState) -> Result<(), ModelError> {
+        if !matches!(state, ZoneState::ReadOnly | ZoneState::Offline) {
+            return Err(ModelError::ZoneStateNotSettable(state));
+        }
+        let ns = self.namespace(nsid)?;
+        let mut st = ns.lock();
+        let blocks = st.blocks;
+        let z = st.zones.as_mut().ok_or(ModelError::NotZoned(nsid))?;
+        let i = z.index(zslba);
+        if zslba >= blocks || z.start(i) != zslba {
+            return Err(ModelError::NotZoneStart { nsid, lba: zslba });
+        }
+        z.degrade(i, state);
         Ok(())
     }
 
@@ -266,6 +414,14 @@ impl NvmeModel {
             Some(t) => t.join().map_err(|_| ModelError::Panicked),
             None => Ok(()),
         }
+    }
+}
+
+/// `len` bytes as a number of `unit`-byte blocks.
+fn whole(len: usize, unit: usize) -> Result<u64, ModelError> {
+    match len.is_multiple_of(unit) {
+        true => Ok((len / unit) as u64),
+        false => Err(ModelError::Unaligned { len, unit }),
     }
 }
 

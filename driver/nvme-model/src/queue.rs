@@ -40,6 +40,10 @@ impl Command {
     pub(crate) fn nsid(&self) -> u32 {
         self.dw[1]
     }
+    /// Metadata Pointer (dwords 4-5).
+    pub(crate) fn mptr(&self) -> u64 {
+        self.dw[4] as u64 | (self.dw[5] as u64) << 32
+    }
     /// Data Pointer, PRP Entry 1 (dwords 6-7).
     pub(crate) fn prp1(&self) -> u64 {
         self.dw[6] as u64 | (self.dw[7] as u64) << 32
@@ -78,7 +82,9 @@ pub(crate) enum PostMode {
 /// A completion on its way to a completion queue.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Completion {
+    /// Dwords 0 and 1: command specific (DW1 is the upper half of a Zone Append's LBA).
     pub(crate) dw0: u32,
+    pub(crate) dw1: u32,
     pub(crate) sqid: u16,
     /// The CID written into the entry (a `BogusCid` fault changes it).
     pub(crate) cid: u16,
@@ -195,12 +201,12 @@ impl Cq {
     }
 }
 
-/// Dwords of a completion queue entry (NVMe Base 2.0 §4.2, Figure 96): DW0 command specific,
-/// DW1 reserved, DW2 SQ head and SQ ID, DW3 CID, phase tag (bit 16) and status (31:17).
+/// Dwords of a completion queue entry (NVMe Base 2.0 §4.2, Figure 96): DW0 and DW1 command
+/// specific, DW2 SQ head and SQ ID, DW3 CID, phase tag (bit 16) and status (31:17).
 pub(crate) fn cqe_dwords(c: &Completion, sq_head: u16, phase: bool) -> [u32; 4] {
     [
         c.dw0,
-        0,
+        c.dw1,
         sq_head as u32 | (c.sqid as u32) << 16,
         c.cid as u32 | (phase as u32) << 16 | (c.status.field() as u32) << 17,
     ]

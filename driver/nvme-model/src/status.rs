@@ -54,8 +54,13 @@ impl Status {
     pub const DATA_SGL_LENGTH_INVALID: Status = Status::generic(0x0f);
     /// SGL Descriptor Type Invalid.
     pub const SGL_TYPE_INVALID: Status = Status::generic(0x11);
+    /// Metadata SGL Length Invalid (a PSDT 10b metadata SGL describing other than the
+    /// metadata length).
+    pub const METADATA_SGL_LENGTH_INVALID: Status = Status::generic(0x10);
     /// PRP Offset Invalid.
     pub const PRP_OFFSET_INVALID: Status = Status::generic(0x13);
+    /// I/O Command Set Combination Rejected (Set Features, I/O Command Set Profile).
+    pub const IOCS_COMBINATION_REJECTED: Status = Status::generic(0x2b);
     /// LBA Out of Range (NVM Command Set specific generic status 80h).
     pub const LBA_OUT_OF_RANGE: Status = Status::generic(0x80);
     /// Completion Queue Invalid (Create I/O Submission Queue).
@@ -74,6 +79,35 @@ impl Status {
     pub const INVALID_QUEUE_DELETION: Status = Status::command_specific(0x0c);
     /// Feature Identifier Not Saveable.
     pub const FEATURE_NOT_SAVEABLE: Status = Status::command_specific(0x0d);
+    /// Invalid Protection Information (NVM Command Set 1.0 §3.2.1.1: PRINFO not valid for the
+    /// namespace's format, or a Type 1 ILBRT other than the SLBA's low 32 bits).
+    pub const INVALID_PROTECTION_INFO: Status = Status::command_specific(0x81);
+    /// Invalid Zone Operation Request (Zoned Namespace Command Set 1.1 §3.3.1: a zone random
+    /// write area operation, which the model does not offer).
+    pub const INVALID_ZONE_OPERATION: Status = Status::command_specific(0xb6);
+    /// Zone Boundary Error (ZNS 1.1 §3.3.1: a write past the zone's writable capacity, or a
+    /// read across zones without RAZB).
+    pub const ZONE_BOUNDARY_ERROR: Status = Status::command_specific(0xb8);
+    /// Zone Is Full.
+    pub const ZONE_IS_FULL: Status = Status::command_specific(0xb9);
+    /// Zone Is Read Only.
+    pub const ZONE_IS_READ_ONLY: Status = Status::command_specific(0xba);
+    /// Zone Is Offline.
+    pub const ZONE_IS_OFFLINE: Status = Status::command_specific(0xbb);
+    /// Zone Invalid Write (a write that does not start at the write pointer).
+    pub const ZONE_INVALID_WRITE: Status = Status::command_specific(0xbc);
+    /// Too Many Active Zones.
+    pub const TOO_MANY_ACTIVE_ZONES: Status = Status::command_specific(0xbd);
+    /// Too Many Open Zones.
+    pub const TOO_MANY_OPEN_ZONES: Status = Status::command_specific(0xbe);
+    /// Invalid Zone State Transition.
+    pub const INVALID_ZONE_STATE_TRANSITION: Status = Status::command_specific(0xbf);
+    /// End-to-end Guard Check Error (NVM Command Set 1.0 §5.2.1.2).
+    pub const GUARD_CHECK_ERROR: Status = Status::media(0x82);
+    /// End-to-end Application Tag Check Error.
+    pub const APP_TAG_CHECK_ERROR: Status = Status::media(0x83);
+    /// End-to-end Reference Tag Check Error.
+    pub const REF_TAG_CHECK_ERROR: Status = Status::media(0x84);
     /// Compare Failure (media error).
     pub const COMPARE_FAILURE: Status = Status::media(0x85);
 
@@ -145,7 +179,9 @@ impl Status {
             (0, 0x0e) => "Invalid Number of SGL Descriptors",
             (0, 0x0f) => "Data SGL Length Invalid",
             (0, 0x11) => "SGL Descriptor Type Invalid",
+            (0, 0x10) => "Metadata SGL Length Invalid",
             (0, 0x13) => "PRP Offset Invalid",
+            (0, 0x2b) => "I/O Command Set Combination Rejected",
             (0, 0x80) => "LBA Out of Range",
             (1, 0x00) => "Completion Queue Invalid",
             (1, 0x01) => "Invalid Queue Identifier",
@@ -155,6 +191,19 @@ impl Status {
             (1, 0x0a) => "Invalid Format",
             (1, 0x0c) => "Invalid Queue Deletion",
             (1, 0x0d) => "Feature Identifier Not Saveable",
+            (1, 0x81) => "Invalid Protection Information",
+            (1, 0xb6) => "Invalid Zone Operation Request",
+            (1, 0xb8) => "Zone Boundary Error",
+            (1, 0xb9) => "Zone Is Full",
+            (1, 0xba) => "Zone Is Read Only",
+            (1, 0xbb) => "Zone Is Offline",
+            (1, 0xbc) => "Zone Invalid Write",
+            (1, 0xbd) => "Too Many Active Zones",
+            (1, 0xbe) => "Too Many Open Zones",
+            (1, 0xbf) => "Invalid Zone State Transition",
+            (2, 0x82) => "End-to-end Guard Check Error",
+            (2, 0x83) => "End-to-end Application Tag Check Error",
+            (2, 0x84) => "End-to-end Reference Tag Check Error",
             (2, 0x85) => "Compare Failure",
             _ => return None,
         })

@@ -57,7 +57,8 @@ fn identify_controller() {
     assert_eq!(le(&id, 516, 4), 3, "NN: the largest NSID");
     assert_eq!(le(&id, 520, 2), 0b1101, "ONCS: Compare, DSM, Write Zeroes");
     assert_eq!(id[525], 0x7, "VWC present, broadcast flush");
-    assert_eq!(le(&id, 536, 4), 0x1_0001, "SGLS: supported, bit bucket");
+    assert_eq!(le(&id, 536, 4), 0x9_0001, "SGLS: supported, bit bucket, MPTR SGL");
+    assert_eq!(le(&id, 92, 4), 1 << 8, "OAES: namespace attribute notices");
     assert!(
         std::str::from_utf8(&id[768..1024]).unwrap().starts_with("nqn."),
         "SUBNQN"

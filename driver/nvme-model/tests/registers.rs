@@ -17,7 +17,11 @@ fn cap_and_vs_after_start() {
     assert_eq!(cap.max_queue_entries(), 256);
     assert!(cap.contiguous_queues_required());
     assert_eq!(cap.doorbell_stride(), 8);
-    assert_eq!(cap.command_sets(), 1, "NVM command set only");
+    assert_eq!(
+        cap.command_sets(),
+        0xc1,
+        "NVM, I/O command sets, admin only (as QEMU)"
+    );
     assert_eq!((cap.mps_min(), cap.mps_max()), (4096, 65536));
     assert!(cap.timeout_ms() > 0);
     assert_eq!(Version(h.bar.read32(off::VS)).to_string(), "1.4.0");
@@ -47,7 +51,7 @@ fn invalid_configurations_set_cfs_until_reset() {
         ("page size over MPSMAX", good_cc().with_page_size(128 * 1024), 16),
         ("IOSQES 7", good_cc().with_entry_sizes(7, 4), 16),
         ("IOCQES 3", good_cc().with_entry_sizes(6, 3), 16),
-        ("CSS admin only", good_cc().with_command_set(7), 16),
+        ("CSS 001b (reserved)", good_cc().with_command_set(1), 16),
         ("one-entry admin queues", good_cc(), 1),
     ];
     let mut h = Host::new(ModelConfig::default());
