@@ -1,5 +1,6 @@
 //! Admin commands (NVMe Base 2.0 §5): Identify, features, queue management, log pages, Abort,
-//! Asynchronous Event Request, Format NVM, Doorbell Buffer Config.
+//! Asynchronous Event Request and Namespace Attribute Changed, Format NVM, Doorbell Buffer
+//! Config.
 
 mod common;
 
@@ -8,8 +9,8 @@ use std::time::Duration;
 use common::*;
 use vfpoll_nvme::regs;
 use vfpoll_nvme_model::{
-    admin_opcode as adm, feature, io_opcode as io, log_page, EventIdxPolicy, ModelConfig, NamespaceConfig,
-    Status,
+    admin_opcode as adm, feature, io_opcode as io, log_page, EventIdxPolicy, LbaFormat, MetadataCaps,
+    ModelConfig, NamespaceConfig, NamespaceFormat, PiCaps, PiTuple, Status,
 };
 use vfpoll_pci::BusAddr;
 
@@ -581,4 +582,341 @@ fn doorbell_buffer_config_checks_its_pages() {
     let c = h.admin(Sqe::new(adm::DOORBELL_BUFFER_CONFIG).prp(page, 0x5000));
     assert_eq!(c.status, Status::INVALID_FIELD, "EventIdx page unmapped");
     h.expect_dma_faults(&[0x5000]);
+}
+
+/// A namespace listing four formats, in 512 + 0 now.
+fn formats_ns(nsid: u32) -> NamespaceConfig {
+    NamespaceConfig::new(nsid, 512, 1040).with_formats(vec![
+        LbaFormat::new(512, 0),
+        LbaFormat::new(512, 8),
+        LbaFormat::new(4096, 0),
+        LbaFormat::new(4096, 64),
+    ])
+}
+
+/// Format NVM CDW10: LBAF (bits 3:0, 13:12), MSET, PI, PIL.
+fn format_dw10(lbaf: u32, mset: bool, pi: u32, pil: bool) -> u32 {
+    (lbaf & 0xf) | (mset as u32) << 4 | pi << 5 | (pil as u32) << 8 | (lbaf >> 4) << 12
+}
+
+#[test]
+fn format_changes_the_format_and_erases() {
+    let mut h = Host::started(ModelConfig {
+        namespaces: vec![formats_ns(1), NamespaceConfig::new(2, 4096, 16)],
+        ..Default::default()
+    });
+    h.model.write_ns(1, 7, &[0xaa; 512]).unwrap();
+    h.admin(
+        Sqe::new(adm::FORMAT_NVM)
+            .nsid(1)
+            .cdw(10, format_dw10(3, true, 1, true)),
+    )
+    .ok();
+    let (_, id) = identify(&mut h, 0, 1);
+    // The storage (1040 × 512 bytes) in 4096 + 64-byte blocks.
+    assert_eq!(le(&id, 0, 8), 1040 * 512 / 4160, "NSZE");
+    assert_eq!(
+        (id[25], id[26], id[29]),
+        (3, 0x13, 0x9),
+        "NLBAF, FLBAS (3, MSET), DPS (Type 1, first)"
+    );
+    let info = h.model.namespace_info(1).unwrap();
+    assert_eq!((info.lba_format, info.blocks), (LbaFormat::new(4096, 64), 128));
+    assert!(
+        h.model.namespace_data(1).unwrap().iter().all(|&b| b == 0),
+        "erased"
+    );
+    let tuple = PiTuple::read(&h.model.read_ns_meta(1, 0, 1).unwrap());
+    assert_eq!(tuple, PiTuple::UNWRITTEN, "unwritten tuples turn checks off");
+
+    let format = |h: &mut Host, nsid: u32, dw10: u32| {
+        h.admin(Sqe::new(adm::FORMAT_NVM).nsid(nsid).cdw(10, dw10)).status
+    };
+    assert_eq!(
+        format(&mut h, 1, format_dw10(4, false, 0, false)),
+        Status::INVALID_FORMAT,
+        "no LBAF4"
+    );
+    assert_eq!(
+        format(&mut h, 1, format_dw10(2, false, 1, false)),
+        Status::INVALID_FORMAT,
+        "PI without metadata"
+    );
+    assert_eq!(
+        format(&mut h, 1, format_dw10(1, false, 5, false)),
+        Status::INVALID_FIELD,
+        "PI type 5"
+    );
+    assert_eq!(
+        format(&mut h, u32::MAX, format_dw10(1, false, 0, false)),
+        Status::INVALID_FORMAT,
+        "namespace 2 lists no LBAF1: none is formatted"
+    );
+    assert_eq!(
+        h.model.namespace_info(1).unwrap().lba_format,
+        LbaFormat::new(4096, 64)
+    );
+    assert_eq!(format(&mut h, 1, 3 << 9), Status::INVALID_FIELD, "SES 3");
+    format(&mut h, 1, format_dw10(1, false, 0, false));
+    let (_, id) = identify(&mut h, 0, 1);
+    assert_eq!((le(&id, 0, 8), id[26], id[29]), (1040 * 512 / 520, 0x1, 0));
+
+    // Placement and protection outside MC and DPC are refused.
+    let restricted = NamespaceConfig {
+        metadata_caps: MetadataCaps {
+            extended: false,
+            separate: true,
+        },
+        pi_caps: PiCaps {
+            type2: false,
+            first: false,
+            ..PiCaps::ALL
+        },
+        ..formats_ns(1)
+    };
+    let mut h = Host::started(ModelConfig {
+        namespaces: vec![restricted],
+        ..Default::default()
+    });
+    let format = |h: &mut Host, dw10: u32| h.admin(Sqe::new(adm::FORMAT_NVM).nsid(1).cdw(10, dw10)).status;
+    assert_eq!(
+        format(&mut h, format_dw10(1, true, 0, false)),
+        Status::INVALID_FORMAT,
+        "MSET"
+    );
+    assert_eq!(
+        format(&mut h, format_dw10(1, false, 2, false)),
+        Status::INVALID_FORMAT,
+        "Type 2"
+    );
+    assert_eq!(
+        format(&mut h, format_dw10(1, false, 1, true)),
+        Status::INVALID_FORMAT,
+        "PI first"
+    );
+    assert_eq!(format(&mut h, format_dw10(1, false, 1, false)), Status::SUCCESS);
+    let (_, id) = identify(&mut h, 0, 1);
+    assert_eq!(
+        (id[27], id[28], id[29]),
+        (0x2, 0x15, 0x1),
+        "MC, DPC (Types 1 and 3, last), DPS"
+    );
+}
+
+#[test]
+fn format_index_upper_bits() {
+    let many: Vec<LbaFormat> = (0..20).map(|i| LbaFormat::new(512, i * 8)).collect();
+    let ns = NamespaceConfig::new(1, 512, 64).with_formats(many);
+    let mut h = Host::started(ModelConfig {
+        namespaces: vec![ns],
+        ..Default::default()
+    });
+    h.admin(
+        Sqe::new(adm::FORMAT_NVM)
+            .nsid(1)
+            .cdw(10, format_dw10(18, true, 0, false)),
+    )
+    .ok();
+    let (_, id) = identify(&mut h, 0, 1);
+    assert_eq!(id[26], 0x2 | 0x10 | 0x1 << 5, "FLBAS: index 18 = 0x12");
+    assert_eq!(
+        h.model.namespace_info(1).unwrap().lba_format,
+        LbaFormat::new(512, 144)
+    );
+    assert_eq!(
+        h.admin(
+            Sqe::new(adm::FORMAT_NVM)
+                .nsid(1)
+                .cdw(10, format_dw10(20, false, 0, false))
+        )
+        .status,
+        Status::INVALID_FORMAT
+    );
+}
+
+/// Submits an admin command whose completion may come after asynchronous event completions:
+/// returns its own completion and the others in order.
+fn admin_with_events(h: &mut Host, sqe: Sqe) -> (Cqe, Vec<Cqe>) {
+    let cid = h.submit(0, sqe);
+    let mut events = Vec::new();
+    loop {
+        let c = h.reap(0, TIMEOUT).expect("a completion");
+        if c.cid == cid {
+            return (c, events);
+        }
+        events.push(c);
+    }
+}
+
+fn changed_list(h: &mut Host, rae: bool) -> Vec<u32> {
+    let log = h.mem.alloc(PAGE);
+    h.admin(Sqe::new(adm::GET_LOG_PAGE).prp(log.get(), 0).cdw(
+        10,
+        1023 << 16 | (rae as u32) << 15 | log_page::CHANGED_NAMESPACE_LIST as u32,
+    ))
+    .ok();
+    let b = h.mem.read_vec(log, PAGE);
+    b.chunks(4)
+        .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+        .take_while(|&n| n != 0)
+        .collect()
+}
+
+/// Namespace Attribute Changed: Async Event Type Notice (2h), information 00h, log page 04h.
+const NS_ATTR_CHANGED: u32 = 0x04_00_02;
+
+#[test]
+fn format_raises_namespace_attribute_changed() {
+    let mut h = Host::started(ModelConfig {
+        namespaces: vec![formats_ns(1), formats_ns(2)],
+        ..Default::default()
+    });
+    let aec = |h: &mut Host, v: u32| {
+        h.admin(
+            Sqe::new(adm::SET_FEATURES)
+                .cdw(10, feature::ASYNC_EVENT_CONFIG as u32)
+                .cdw(11, v),
+        )
+        .ok()
+    };
+    let get_aec = |h: &mut Host| h.admin(Sqe::new(adm::GET_FEATURES).cdw(10, 0x0b)).ok().dw0;
+    assert_eq!(get_aec(&mut h), 0, "notices off until the host enables them");
+    let aer1 = h.submit(0, Sqe::new(adm::ASYNC_EVENT_REQUEST));
+    let aer2 = h.submit(0, Sqe::new(adm::ASYNC_EVENT_REQUEST));
+    // Disabled: the list records the change, no event.
+    let fmt = |lbaf| {
+        Sqe::new(adm::FORMAT_NVM)
+            .nsid(1)
+            .cdw(10, format_dw10(lbaf, false, 0, false))
+    };
+    let (c, ev) = admin_with_events(&mut h, fmt(1));
+    c.ok();
+    assert!(ev.is_empty(), "AEC bit 8 clear: {ev:?}");
+    assert_eq!(changed_list(&mut h, false), [1]);
+    assert_eq!(
+        changed_list(&mut h, false),
+        Vec::<u32>::new(),
+        "read clears the list"
+    );
+
+    aec(&mut h, 1 << 8);
+    assert_eq!(get_aec(&mut h), 1 << 8);
+    let (c, ev) = admin_with_events(&mut h, fmt(2));
+    c.ok();
+    assert_eq!(ev.len(), 1);
+    assert_eq!(
+        (ev[0].cid, ev[0].dw0, ev[0].status),
+        (aer1, NS_ATTR_CHANGED, Status::SUCCESS)
+    );
+    // Masked until the log page is read with RAE clear; the list keeps collecting.
+    let (_, ev) = admin_with_events(
+        &mut h,
+        Sqe::new(adm::FORMAT_NVM)
+            .nsid(2)
+            .cdw(10, format_dw10(3, false, 0, false)),
+    );
+    assert!(ev.is_empty(), "masked: {ev:?}");
+    let (_, ev) = admin_with_events(&mut h, fmt(2));
+    assert!(ev.is_empty(), "the same format again changes nothing: {ev:?}");
+    assert_eq!(changed_list(&mut h, true), [1, 2]);
+    let (_, ev) = admin_with_events(&mut h, fmt(3));
+    assert!(ev.is_empty(), "RAE set: still masked");
+    assert_eq!(changed_list(&mut h, false), [1]);
+    // The handle's hook: as if another host had formatted namespace 2.
+    h.model.change_namespace(2, NamespaceFormat::new(1)).unwrap();
+    let c = h.reap(0, TIMEOUT).expect("the second request completes");
+    assert_eq!((c.cid, c.dw0), (aer2, NS_ATTR_CHANGED));
+    assert_eq!(
+        h.model.namespace_info(2).unwrap().lba_format,
+        LbaFormat::new(512, 8)
+    );
+    assert_eq!(changed_list(&mut h, false), [2]);
+    // No request left: the next event waits for one.
+    h.model.change_namespace(1, NamespaceFormat::new(0)).unwrap();
+    assert!(h.reap(0, Duration::from_millis(20)).is_none());
+    let (c, ev) = admin_with_events(&mut h, Sqe::new(adm::ASYNC_EVENT_REQUEST));
+    assert!(ev.is_empty());
+    assert_eq!(c.dw0, NS_ATTR_CHANGED, "completed at once by the waiting event");
+    assert!(
+        h.model.change_namespace(1, NamespaceFormat::new(9)).is_err(),
+        "not a listed format"
+    );
+}
+
+#[test]
+fn reset_forgets_requests_and_events() {
+    let mut h = Host::started(ModelConfig {
+        namespaces: vec![formats_ns(1)],
+        ..Default::default()
+    });
+    h.admin(Sqe::new(adm::SET_FEATURES).cdw(10, 0x0b).cdw(11, 1 << 8))
+        .ok();
+    for _ in 0..4 {
+        h.submit(0, Sqe::new(adm::ASYNC_EVENT_REQUEST));
+    }
+    h.disable();
+    h.enable(good_cc(), 8);
+    h.model.change_namespace(1, NamespaceFormat::new(1)).unwrap();
+    assert!(
+        h.reap(0, Duration::from_millis(20)).is_none(),
+        "no request survives a reset"
+    );
+    h.admin(Sqe::new(adm::SET_FEATURES).cdw(10, 0x0b).cdw(11, 1 << 8))
+        .ok();
+    for _ in 0..4 {
+        h.submit(0, Sqe::new(adm::ASYNC_EVENT_REQUEST));
+    }
+    let c = h.admin(Sqe::new(adm::ASYNC_EVENT_REQUEST));
+    assert_eq!(
+        c.status,
+        Status::AER_LIMIT_EXCEEDED,
+        "four outstanding again, after the reset"
+    );
+    assert_eq!(changed_list(&mut h, false), [1], "the log page survives");
+}
+
+#[test]
+fn identify_command_set_structures() {
+    let mut h = Host::started(two_namespaces());
+    let id_csi = |h: &mut Host, cns: u32, nsid: u32, csi: u32| {
+        let buf = h.mem.alloc(PAGE);
+        let c = h.admin(
+            Sqe::new(adm::IDENTIFY)
+                .nsid(nsid)
+                .prp(buf.get(), 0)
+                .cdw(10, cns)
+                .cdw(11, csi << 24),
+        );
+        (c.status, h.mem.read_vec(buf, PAGE))
+    };
+    let (s, nvm) = id_csi(&mut h, 0x05, 1, 0);
+    assert_eq!(s, Status::SUCCESS);
+    assert!(
+        nvm.iter().all(|&b| b == 0),
+        "NVM: no storage tags, 16-bit guard only"
+    );
+    assert_eq!(
+        id_csi(&mut h, 0x05, 1, 2).0,
+        Status::INVALID_FIELD,
+        "not a zoned namespace"
+    );
+    assert_eq!(id_csi(&mut h, 0x05, 4, 0).0, Status::INVALID_NAMESPACE);
+    assert_eq!(id_csi(&mut h, 0x06, 0, 0).0, Status::SUCCESS);
+    assert_eq!(
+        id_csi(&mut h, 0x06, 0, 1).0,
+        Status::INVALID_FIELD,
+        "CSI 1 is not offered"
+    );
+    let (_, sets) = id_csi(&mut h, 0x1c, 0, 0);
+    assert_eq!(le(&sets, 0, 8), 0b101, "one combination: NVM and Zoned Namespace");
+    let (_, list) = id_csi(&mut h, 0x07, 0, 0);
+    assert_eq!((le(&list, 0, 4), le(&list, 4, 4)), (1, 3));
+    let (_, list) = id_csi(&mut h, 0x07, 0, 2);
+    assert_eq!(le(&list, 0, 4), 0, "no zoned namespaces");
+    // I/O Command Set Profile: index 0 only.
+    h.admin(Sqe::new(adm::SET_FEATURES).cdw(10, feature::IO_COMMAND_SET_PROFILE as u32))
+        .ok();
+    let c = h.admin(Sqe::new(adm::SET_FEATURES).cdw(10, 0x19).cdw(11, 1));
+    assert_eq!(c.status, Status::IOCS_COMBINATION_REJECTED);
+    assert_eq!(h.admin(Sqe::new(adm::GET_FEATURES).cdw(10, 0x19)).ok().dw0, 0);
 }
