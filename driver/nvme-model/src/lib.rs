@@ -6,7 +6,10 @@
 //! BAR) with the registers and doorbells, and DMA through bus addresses, which the model
 //! translates through a [`DmaSpace`] (the simulated IOMMU). Namespaces are held in memory, so a
 //! test can check what the driver wrote and seed what it reads ([`NvmeModel::read_ns`],
-//! [`NvmeModel::write_ns`]). Faults can be injected at run time ([`NvmeModel::inject`]).
+//! [`NvmeModel::write_ns`], and [`NvmeModel::read_ns_meta`], [`NvmeModel::write_ns_meta`] for
+//! per-block metadata), reformat a namespace behind the driver's back
+//! ([`NvmeModel::change_namespace`]) and fail zones ([`NvmeModel::set_zone_state`]). Faults can
+//! be injected at run time ([`NvmeModel::inject`]).
 //!
 //! It never replaces the QEMU tests: it is one implementation of the specification, and the
 //! driver must also meet QEMU's and real controllers'.
@@ -15,8 +18,12 @@
 //! - `dma`: host memory through a [`DmaSpace`] (all `unsafe` code is there), and [`HeapDma`],
 //!   host memory for tests that do not use `vfpoll-dma`;
 //! - `queue`, `dptr`: queue entries and ring state; PRP lists and SGLs walked into segments;
+//! - `nsconfig`, `ns`: namespace configuration, and namespaces in memory (data, metadata,
+//!   format, zones) behind one lock;
+//! - `pi`, `zns`, `events`: protection information, the zone state machine, asynchronous events
+//!   (pure logic, unit tested on their own);
 //! - `ctrl`: the controller thread (registers, doorbells, arbitration, completions, faults);
-//! - `admin`, `identify`, `io`: the commands.
+//! - `admin`, `identify`, `io`, `rw`: the commands.
 //!
 //! What is modelled (NVMe Base 2.0, NVM Command Set 1.0, Zoned Namespace Command Set 1.1,
 //! NVMe over PCIe Transport 1.0):
@@ -51,7 +58,7 @@
 //! Efficiency: one thread polls the doorbells with volatile reads while there is work, and backs
 //! off to short sleeps only after [`ModelConfig::idle_spin`] without any (see the idle policy in
 //! the `ctrl` module). Per command it translates a few bus addresses and takes one namespace
-//! lock; it allocates nothing after warm-up.
+//! lock; I/O commands allocate nothing after warm-up (Report Zones and Format NVM do).
 
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks, missing_docs)]
 
