@@ -363,7 +363,8 @@ impl NvmeModel {
     }
 
     /// Changes a namespace's format from outside the controller, as another host's Format NVM
-    /// would: erases it, divides its storage into blocks of the new size, and lets the
+    /// would: erases it (a zoned namespace's zones start empty; Format NVM itself refuses zoned
+    /// namespaces, as QEMU's does), divides its storage into blocks of the new size, and lets the
     /// controller report Namespace Attribute Changed (the Changed Namespace List, and an
     /// Asynchronous Event Request if Asynchronous Event Configuration bit 8 is set), even if
     /// the format is the one it had. I/O the controller is executing finishes first; commands
