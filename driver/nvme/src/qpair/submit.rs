@@ -109,6 +109,7 @@ impl<B: IoBuffer> QueuePair<B> {
         meta: Option<B>,
         tag: u64,
     ) -> Result<(), Refused<B>> {
+        self.sync_view();
         if self.failed.is_some() {
             return Err((self.check_usable().expect_err("failed"), buf, meta));
         }
