@@ -39,6 +39,11 @@ pub enum Found {
     },
     /// Something that is not a vfpoll pattern at all.
     Foreign,
+    /// The block's data is right, its separate metadata differs from byte `offset` on.
+    Metadata {
+        /// First differing metadata byte of the block.
+        offset: usize,
+    },
 }
 
 impl fmt::Display for Found {
@@ -52,6 +57,7 @@ impl fmt::Display for Found {
             Found::OtherRun { seed } => write!(f, "data of another run (seed {seed})"),
             Found::Corrupt { offset } => write!(f, "corrupt data from byte {offset} of the block"),
             Found::Foreign => write!(f, "data that is no vfpoll pattern"),
+            Found::Metadata { offset } => write!(f, "the right data but other metadata from byte {offset}"),
         }
     }
 }
@@ -82,13 +88,15 @@ fn stream_seed(lba: u64, nsid: u32, seed: u64) -> u64 {
 }
 
 /// Checks the blocks of `buf` against the pattern from `lba`; calls `bad(lba, found)` for each
-/// block that differs and returns how many did.
+/// block that differs and returns how many did. Bytes `skip` of each block are not compared
+/// (protection information the controller writes into extended blocks).
 pub fn check(
     buf: &[u8],
     lba_size: usize,
     lba: u64,
     nsid: u32,
     seed: u64,
+    skip: Option<std::ops::Range<usize>>,
     mut bad: impl FnMut(u64, Found),
 ) -> u64 {
     let mut want = vec![0u8; lba_size];
@@ -96,9 +104,57 @@ pub fn check(
     for (i, block) in buf.chunks_exact(lba_size).enumerate() {
         let l = lba + i as u64;
         fill_block(&mut want, l, nsid, seed);
+        if let Some(r) = &skip {
+            want[r.clone()].copy_from_slice(&block[r.clone()]);
+        }
         if block != want.as_slice() {
             n += 1;
             bad(l, classify(block, &want, l, nsid, seed));
+        }
+    }
+    n
+}
+
+/// Fills `buf`, the separate metadata of blocks from `lba` (`ms` bytes each), with their
+/// pattern: a stream seeded by (seed, NSID, LBA), other than the data's.
+pub fn fill_meta(buf: &mut [u8], ms: usize, lba: u64, nsid: u32, seed: u64) {
+    for (i, m) in buf.chunks_exact_mut(ms).enumerate() {
+        meta_block(m, lba + i as u64, nsid, seed);
+    }
+}
+
+fn meta_block(m: &mut [u8], lba: u64, nsid: u32, seed: u64) {
+    let mut s = mix64(stream_seed(lba, nsid, seed) ^ 0x6d65_7461);
+    for w in m.chunks_mut(8) {
+        s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let v = mix64(s).to_le_bytes();
+        w.copy_from_slice(&v[..w.len()]);
+    }
+}
+
+/// Checks separate metadata written by [`fill_meta`], but bytes `skip` of each block's
+/// metadata (the controller's protection information); calls `bad` for each block whose
+/// metadata differs and returns how many did.
+pub fn check_meta(
+    buf: &[u8],
+    ms: usize,
+    lba: u64,
+    nsid: u32,
+    seed: u64,
+    skip: Option<std::ops::Range<usize>>,
+    mut bad: impl FnMut(u64, Found),
+) -> u64 {
+    let mut want = vec![0u8; ms];
+    let mut n = 0;
+    for (i, m) in buf.chunks_exact(ms).enumerate() {
+        let l = lba + i as u64;
+        meta_block(&mut want, l, nsid, seed);
+        if let Some(r) = &skip {
+            want[r.clone()].copy_from_slice(&m[r.clone()]);
+        }
+        if let Some(offset) = (0..ms).find(|&k| m[k] != want[k]) {
+            n += 1;
+            bad(l, Found::Metadata { offset });
         }
     }
     n
@@ -137,12 +193,12 @@ mod tests {
     fn a_filled_buffer_checks_and_each_fault_is_named() {
         let mut buf = vec![0u8; 4 * 512];
         fill(&mut buf, 512, 100, 1, 7);
-        assert_eq!(check(&buf, 512, 100, 1, 7, |l, f| panic!("{l}: {f}")), 0);
+        assert_eq!(check(&buf, 512, 100, 1, 7, None, |l, f| panic!("{l}: {f}")), 0);
         // Blocks differ from each other (LBA-tagged).
         assert_ne!(buf[..512], buf[512..1024]);
 
         let mut found = Vec::new();
-        let n = check(&buf, 512, 101, 1, 7, |l, f| found.push((l, f)));
+        let n = check(&buf, 512, 101, 1, 7, None, |l, f| found.push((l, f)));
         assert_eq!(n, 4);
         assert_eq!(found[0], (101, Found::OtherLba(100)));
 
@@ -150,21 +206,52 @@ mod tests {
         b[512 + 300] ^= 1;
         b[1024..1536].fill(0);
         let mut found = Vec::new();
-        check(&b, 512, 100, 1, 7, |l, f| found.push((l, f)));
+        check(&b, 512, 100, 1, 7, None, |l, f| found.push((l, f)));
         assert_eq!(
             found,
             [(101, Found::Corrupt { offset: 300 }), (102, Found::Zeroes)]
         );
 
         let mut found = Vec::new();
-        check(&buf, 512, 100, 1, 8, |l, f| found.push((l, f)));
+        check(&buf, 512, 100, 1, 8, None, |l, f| found.push((l, f)));
         assert_eq!(found[0], (100, Found::OtherRun { seed: 7 }));
         let mut found = Vec::new();
-        check(&buf, 512, 100, 2, 7, |l, f| found.push((l, f)));
+        check(&buf, 512, 100, 2, 7, None, |l, f| found.push((l, f)));
         assert_eq!(found[0], (100, Found::OtherNamespace { nsid: 1, lba: 100 }));
         assert_eq!(
             Found::OtherLba(5).to_string(),
             "the data of LBA 5 (misplaced block)"
         );
+    }
+
+    #[test]
+    fn extended_blocks_and_separate_metadata() {
+        // 520-byte blocks (data and metadata in one buffer) take the same pattern; bytes the
+        // controller owns (its PI) are skipped.
+        let mut buf = vec![0u8; 3 * 520];
+        fill(&mut buf, 520, 9, 1, 7);
+        assert_eq!(check(&buf, 520, 9, 1, 7, None, |l, f| panic!("{l}: {f}")), 0);
+        buf[520 + 512] ^= 0xff;
+        assert_eq!(
+            check(&buf, 520, 9, 1, 7, Some(512..520), |l, f| panic!("{l}: {f}")),
+            0
+        );
+        let mut found = Vec::new();
+        check(&buf, 520, 9, 1, 7, None, |l, f| found.push((l, f)));
+        assert_eq!(found, [(10, Found::Corrupt { offset: 512 })]);
+        // Separate metadata: per block, tagged by LBA.
+        let mut m = vec![0u8; 3 * 16];
+        fill_meta(&mut m, 16, 9, 1, 7);
+        assert_ne!(m[..16], m[16..32]);
+        assert_eq!(check_meta(&m, 16, 9, 1, 7, None, |l, f| panic!("{l}: {f}")), 0);
+        m[16 + 3] ^= 1;
+        assert_eq!(
+            check_meta(&m, 16, 9, 1, 7, Some(0..8), |l, f| panic!("{l}: {f}")),
+            0
+        );
+        let mut found = Vec::new();
+        assert_eq!(check_meta(&m, 16, 9, 1, 7, None, |l, f| found.push((l, f))), 1);
+        assert_eq!(found, [(10, Found::Metadata { offset: 3 })]);
+        assert_eq!(check_meta(&m, 16, 10, 1, 7, None, |_, _| {}), 3);
     }
 }

@@ -3,11 +3,11 @@
 //! A slot's buffer goes into the queue pair with its command and comes back with the completion
 //! (the slot index is the request tag), so the hot path neither allocates nor touches a free
 //! list. Buffers that fit in one DMA page come from a [`DmaPool`]; larger ones are one
-//! [`DmaRegion`] per slot, handed out as [`RegionBuf`]s.
+//! [`vfpoll_dma::DmaRegion`] per slot, moved into a [`RegionBuf`]. Either way the slot holds
+//! the one handle to its buffer while it is in hand, and the queue pair holds it while a command
+//! runs, so the CPU cannot touch bytes the device owns.
 
-use std::sync::Arc;
-
-use vfpoll_dma::{DmaBuf, DmaContext, DmaError, DmaPool, DmaRegion, PageSize};
+use vfpoll_dma::{DmaBuf, DmaContext, DmaError, DmaPool, PageSize};
 use vfpoll_nvme::{IoBuffer, RegionBuf};
 
 /// Per-slot buffers of one queue pair.
@@ -26,7 +26,7 @@ pub(crate) trait Slots: Send + Sized + 'static {
     fn load(&self, i: usize, out: &mut [u8]) -> Result<(), DmaError>;
 }
 
-/// Buffers from one pool (size up to the page size).
+/// Buffers from one pool (any size up to the page size).
 pub(crate) struct PoolSlots {
     bufs: Vec<Option<DmaBuf>>,
     pool: DmaPool,
@@ -36,9 +36,15 @@ impl Slots for PoolSlots {
     type Buf = DmaBuf;
 
     fn new(dma: &DmaContext, size: usize, count: usize, page: PageSize) -> Result<Self, DmaError> {
-        let mut pool = dma.pool(size, count, page)?;
+        // Pool buffers are powers of two; an I/O that is not one (blocks of data plus
+        // metadata, a metadata buffer) uses the first `size` bytes of its buffer.
+        let mut pool = dma.pool(size.next_power_of_two().max(512), count, page)?;
         let bufs = (0..count)
-            .map(|_| Some(pool.alloc().expect("a fresh pool has `count` buffers")))
+            .map(|_| {
+                let mut b = pool.alloc().expect("a fresh pool has `count` buffers");
+                b.truncate(size);
+                Some(b)
+            })
             .collect();
         Ok(PoolSlots { bufs, pool })
     }
@@ -75,40 +81,38 @@ impl Drop for PoolSlots {
     }
 }
 
-/// One region per slot (buffers larger than a page).
+/// One region per slot (buffers larger than a page), each a [`RegionBuf`] of the I/O size.
 pub(crate) struct RegionSlots {
-    regions: Vec<Arc<DmaRegion>>,
-    /// Bytes per I/O (a region may be longer: it is rounded up to whole pages).
-    size: usize,
+    bufs: Vec<Option<RegionBuf>>,
 }
 
 impl Slots for RegionSlots {
     type Buf = RegionBuf;
 
     fn new(dma: &DmaContext, size: usize, count: usize, page: PageSize) -> Result<Self, DmaError> {
-        let regions = (0..count)
-            .map(|_| dma.alloc_region(size, page).map(Arc::new))
+        // A region is rounded up to whole pages; the buffer is the `size` bytes an I/O moves.
+        let bufs = (0..count)
+            .map(|_| RegionBuf::new(dma.alloc_region(size, page)?, 0, size).map(Some))
             .collect::<Result<_, _>>()?;
-        Ok(RegionSlots { regions, size })
+        Ok(RegionSlots { bufs })
     }
 
     #[inline]
     fn take(&mut self, i: usize) -> RegionBuf {
-        RegionBuf::new(Arc::clone(&self.regions[i]), 0, self.size).expect("the region holds `size` bytes")
+        self.bufs[i].take().expect("slot buffer in hand")
     }
 
     #[inline]
-    fn put(&mut self, _i: usize, buf: RegionBuf) {
-        drop(buf);
+    fn put(&mut self, i: usize, buf: RegionBuf) {
+        debug_assert!(self.bufs[i].is_none());
+        self.bufs[i] = Some(buf);
     }
 
     fn store(&mut self, i: usize, data: &[u8]) -> Result<(), DmaError> {
-        Arc::get_mut(&mut self.regions[i])
-            .expect("slot buffer in hand (no command holds it)")
-            .write(0, data)
+        self.bufs[i].as_mut().expect("slot buffer in hand").write(0, data)
     }
 
     fn load(&self, i: usize, out: &mut [u8]) -> Result<(), DmaError> {
-        self.regions[i].read(0, out)
+        self.bufs[i].as_ref().expect("slot buffer in hand").read(0, out)
     }
 }

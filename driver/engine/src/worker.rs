@@ -11,7 +11,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
-use vfpoll_nvme::{Controller, QpairOptions, QueuePair};
+use std::ops::Range;
+
+use vfpoll_nvme::format::{Access, PiMode};
+use vfpoll_nvme::{Controller, Namespace, QpairOptions, QueuePair};
 
 use crate::affinity::pin_current;
 use crate::clock::Clock;
@@ -74,7 +77,14 @@ pub(crate) fn main(s: Setup) {
     let events = s.events.clone();
     let index = s.index;
     let page = s.job.buffer_page.bytes() as usize;
-    let buffer_fits_page = s.job.io_size <= page && s.job.io_size.is_power_of_two();
+    let largest = match largest_buffer(&s) {
+        Ok(b) => b,
+        Err(error) => {
+            let _ = events.send(Event::Failed { worker: index, error });
+            return;
+        }
+    };
+    let buffer_fits_page = largest <= page;
     let r = catch_unwind(AssertUnwindSafe(move || {
         if buffer_fits_page {
             run::<PoolSlots>(s)
@@ -152,7 +162,6 @@ struct State {
     errors: u64,
     error_samples: Vec<String>,
     verify: Option<VerifyReport>,
-    scratch: Vec<u8>,
 }
 
 impl State {
@@ -169,7 +178,6 @@ impl State {
             errors: 0,
             error_samples: Vec::new(),
             verify: j.verify.then(VerifyReport::default),
-            scratch: if j.verify { vec![0; j.io_size] } else { Vec::new() },
         }
     }
 
@@ -248,7 +256,14 @@ struct SlotMeta {
 /// One namespace range on a queue pair.
 struct NsState {
     nsid: u32,
-    lba_size: usize,
+    /// Bytes per block in the data buffer (data, plus metadata for an extended LBA).
+    block_bytes: usize,
+    /// Bytes per block in the separate metadata buffer (0: none).
+    meta_bytes: usize,
+    /// Bytes of each block (data buffer) and of each block's metadata (separate buffer) that
+    /// the controller writes itself (its protection information), not checked by verify.
+    data_skip: Option<Range<usize>>,
+    meta_skip: Option<Range<usize>>,
     io_blocks: u64,
     first_lba: u64,
     units: u64,
@@ -273,6 +288,11 @@ struct Queue<S: Slots> {
     // Declared first: dropped (queues deleted on the controller) before the buffers.
     qp: QueuePair<S::Buf>,
     slots: S,
+    /// Separate metadata buffers, when the namespaces' format has them.
+    mslots: Option<S>,
+    /// Verify: one I/O's data and metadata, copied out or to be copied in.
+    scratch: Vec<u8>,
+    mscratch: Vec<u8>,
     meta: Box<[SlotMeta]>,
     /// Slots whose completions came in this poll.
     ready: Vec<u32>,
@@ -315,21 +335,31 @@ fn build<S: Slots>(s: &Setup) -> Result<Vec<Queue<S>>, EngineError> {
             ..job.qpair.clone()
         };
         let qp = ctrl.create_qpair::<S::Buf>(&opts).map_err(nvme)?;
-        let slots =
-            S::new(ctrl.dma(), job.io_size, qd, job.buffer_page).map_err(|source| EngineError::Dma {
-                device: device.clone(),
-                source,
-            })?;
         let mut ns = Vec::new();
+        let mut lens: Option<(usize, usize)> = None;
         for (k, &(ti, t)) in g.iter().enumerate() {
             let n = ctrl.namespace(t.nsid).map_err(nvme)?;
+            let io = IoLayout::of(job, &device, &n)?;
+            match lens {
+                None => lens = Some((io.data_len, io.meta_len)),
+                Some(l) if l != (io.data_len, io.meta_len) => {
+                    return Err(EngineError::Invalid(format!(
+                        "{device}: namespaces {} move {} + {} bytes per I/O of {} bytes, but namespace {} moves {} + {}: their formats differ; run them in separate runs",
+                        g[0].1.nsid, l.0, l.1, job.io_size, t.nsid, io.data_len, io.meta_len
+                    )))
+                }
+                Some(_) => {}
+            }
             let io_blocks = (job.io_size / n.lba_size) as u64;
             let units = (t.lbas.end - t.lbas.start) / io_blocks;
             let seed = mix64(job.seed ^ ((s.index as u64) << 40) ^ ((gi as u64) << 20) ^ k as u64);
             let left = if job.verify { units } else { s.quotas[ti] };
             ns.push(NsState {
                 nsid: t.nsid,
-                lba_size: n.lba_size,
+                block_bytes: io.block_bytes,
+                meta_bytes: io.meta_bytes,
+                data_skip: io.data_skip,
+                meta_skip: io.meta_skip,
                 io_blocks,
                 first_lba: t.lbas.start,
                 units,
@@ -338,9 +368,22 @@ fn build<S: Slots>(s: &Setup) -> Result<Vec<Queue<S>>, EngineError> {
                 seed,
             });
         }
+        let (data_len, meta_len) = lens.expect("a group has a target");
+        let dma_err = |source| EngineError::Dma {
+            device: device.clone(),
+            source,
+        };
+        let slots = S::new(ctrl.dma(), data_len, qd, job.buffer_page).map_err(dma_err)?;
+        let mslots = match meta_len {
+            0 => None,
+            m => Some(S::new(ctrl.dma(), m, qd, job.buffer_page).map_err(dma_err)?),
+        };
         queues.push(Queue {
             qp,
             slots,
+            mslots,
+            scratch: if job.verify { vec![0; data_len] } else { Vec::new() },
+            mscratch: if job.verify { vec![0; meta_len] } else { Vec::new() },
             meta: vec![SlotMeta::default(); qd].into_boxed_slice(),
             ready: Vec::with_capacity(qd),
             free: (0..qd as u32).rev().collect(),
@@ -360,6 +403,78 @@ fn build<S: Slots>(s: &Setup) -> Result<Vec<Queue<S>>, EngineError> {
         });
     }
     Ok(queues)
+}
+
+/// How one I/O of the job moves bytes on a namespace, by its format.
+struct IoLayout {
+    block_bytes: usize,
+    meta_bytes: usize,
+    data_len: usize,
+    meta_len: usize,
+    data_skip: Option<Range<usize>>,
+    meta_skip: Option<Range<usize>>,
+}
+
+impl IoLayout {
+    fn of(job: &JobSpec, device: &str, n: &Namespace) -> Result<Self, EngineError> {
+        let bad = |why: String| {
+            Err(EngineError::Invalid(format!(
+                "{device} namespace {}: {why}",
+                n.nsid
+            )))
+        };
+        let format = match n.format {
+            Ok(f) => f,
+            Err(e) => return bad(format!("its format is unusable ({e})")),
+        };
+        let access = match Access::new(&format, job.qpair.protection) {
+            Ok(a) => a,
+            Err(why) => return bad(format!("({format}) cannot be used for I/O: {why}")),
+        };
+        if format.protection.is_some() && job.qpair.protection != PiMode::Controller {
+            return bad(format!(
+                "({format}) has protection information and the run does not generate it: use PiMode::Controller"
+            ));
+        }
+        if n.zoned.is_some() && (job.verify || job.workload.read_percent(job.rwmix_read) < 100) {
+            return bad(
+                "it is zoned: writes must go to each zone's write pointer in order, which vfpoll perf does not do yet; use a read workload (randread, read)".into(),
+            );
+        }
+        // The controller's PI inside metadata that moves (PRACT with more metadata than PI).
+        let pi = format.protection.and_then(|p| {
+            let size = p.format.size();
+            let moves = access.block_bytes > format.data_size || access.meta_bytes != 0;
+            let at = if p.first { 0 } else { format.metadata_size - size };
+            moves.then_some(at..at + size)
+        });
+        let ds = format.data_size;
+        let blocks = (job.io_size / n.lba_size) as u64;
+        let (data_len, meta_len) = access.transfer(blocks);
+        let extended = access.block_bytes > ds;
+        Ok(IoLayout {
+            block_bytes: access.block_bytes,
+            meta_bytes: access.meta_bytes,
+            data_len: data_len as usize,
+            meta_len: meta_len as usize,
+            data_skip: pi.clone().filter(|_| extended).map(|r| ds + r.start..ds + r.end),
+            meta_skip: pi.filter(|_| access.meta_bytes != 0),
+        })
+    }
+}
+
+/// The largest data or metadata buffer any queue of the worker needs.
+fn largest_buffer(s: &Setup) -> Result<usize, EngineError> {
+    let mut most = 0;
+    for t in &s.spec.targets {
+        let n = t.ctrl.namespace(t.nsid).map_err(|source| EngineError::Nvme {
+            device: t.device.clone(),
+            source,
+        })?;
+        let io = IoLayout::of(&s.job, &t.device, &n)?;
+        most = most.max(io.data_len).max(io.meta_len);
+    }
+    Ok(most)
 }
 
 /// Queue entries for the job on `ctrl`: at least every slot's command (split into parts if the
@@ -447,8 +562,13 @@ impl<S: Slots> Queue<S> {
         let lba = ns.first_lba + ns.cursor.next_unit(&mut st.rng) * ns.io_blocks;
         let nsid = ns.nsid;
         if let (true, Some(seed)) = (write, st.verify_seed) {
-            pattern::fill(&mut st.scratch, ns.lba_size, lba, nsid, seed);
-            if let Err(e) = self.slots.store(slot, &st.scratch) {
+            pattern::fill(&mut self.scratch, ns.block_bytes, lba, nsid, seed);
+            let mut r = self.slots.store(slot, &self.scratch);
+            if let (Some(m), true) = (self.mslots.as_mut(), r.is_ok()) {
+                pattern::fill_meta(&mut self.mscratch, ns.meta_bytes, lba, nsid, seed);
+                r = m.store(slot, &self.mscratch);
+            }
+            if let Err(e) = r {
                 let dev = &self.device;
                 st.error(|| format!("{dev}: filling a buffer: {e}"));
                 self.broken = true;
@@ -464,20 +584,36 @@ impl<S: Slots> Queue<S> {
             lost: false,
         };
         let buf = self.slots.take(slot);
-        let r = if write {
-            self.qp.write(nsid, lba, buf, slot as u64)
-        } else {
-            self.qp.read(nsid, lba, buf, slot as u64)
+        let r = match self.mslots.as_mut() {
+            None => {
+                let r = if write {
+                    self.qp.write(nsid, lba, buf, slot as u64)
+                } else {
+                    self.qp.read(nsid, lba, buf, slot as u64)
+                };
+                r.map_err(|rej| (rej.error, rej.buf, None))
+            }
+            Some(m) => {
+                let mb = m.take(slot);
+                let r = if write {
+                    self.qp.write_with_metadata(nsid, lba, buf, mb, slot as u64)
+                } else {
+                    self.qp.read_with_metadata(nsid, lba, buf, mb, slot as u64)
+                };
+                r.map_err(|rej| (rej.error, rej.buf.0, Some(rej.buf.1)))
+            }
         };
         match r {
             Ok(()) => {
                 self.inflight += 1;
                 true
             }
-            Err(rej) => {
-                self.slots.put(slot, rej.buf);
+            Err((e, buf, mb)) => {
+                self.slots.put(slot, buf);
+                if let (Some(m), Some(mb)) = (self.mslots.as_mut(), mb) {
+                    m.put(slot, mb);
+                }
                 let dev = &self.device;
-                let e = rej.error;
                 st.error(|| format!("{dev}: submitting to namespace {nsid} LBA {lba}: {e}"));
                 self.broken = true;
                 false
@@ -492,6 +628,7 @@ impl<S: Slots> Queue<S> {
         let Queue {
             qp,
             slots,
+            mslots,
             meta,
             ready,
             device,
@@ -514,6 +651,11 @@ impl<S: Slots> Queue<S> {
             match d.buf {
                 Some(b) => slots.put(slot, b),
                 None => m.lost = true,
+            }
+            match (mslots.as_mut(), d.meta) {
+                (Some(ms), Some(b)) => ms.put(slot, b),
+                (Some(_), None) => m.lost = true,
+                _ => {}
             }
             ready.push(slot as u32);
         });
@@ -570,7 +712,11 @@ impl<S: Slots> Queue<S> {
             v.blocks_written += ns.io_blocks;
             return;
         }
-        if let Err(e) = self.slots.load(slot, &mut st.scratch) {
+        let mut r = self.slots.load(slot, &mut self.scratch);
+        if let (Some(m), true) = (self.mslots.as_ref(), r.is_ok()) {
+            r = m.load(slot, &mut self.mscratch);
+        }
+        if let Err(e) = r {
             st.errors += 1;
             if st.error_samples.len() < MAX_ERROR_SAMPLES {
                 st.error_samples
@@ -581,7 +727,7 @@ impl<S: Slots> Queue<S> {
         v.blocks_checked += ns.io_blocks;
         let device = &self.device;
         let nsid = ns.nsid;
-        v.mismatches += pattern::check(&st.scratch, ns.lba_size, m.lba, nsid, seed, |lba, found| {
+        let mut bad = |lba, found| {
             if v.samples.len() < VerifyReport::MAX_SAMPLES {
                 v.samples.push(Mismatch {
                     device: device.clone(),
@@ -590,7 +736,28 @@ impl<S: Slots> Queue<S> {
                     found,
                 });
             }
-        });
+        };
+        let mut wrong = pattern::check(
+            &self.scratch,
+            ns.block_bytes,
+            m.lba,
+            nsid,
+            seed,
+            ns.data_skip.clone(),
+            &mut bad,
+        );
+        if ns.meta_bytes != 0 {
+            wrong += pattern::check_meta(
+                &self.mscratch,
+                ns.meta_bytes,
+                m.lba,
+                nsid,
+                seed,
+                ns.meta_skip.clone(),
+                &mut bad,
+            );
+        }
+        v.mismatches += wrong;
     }
 
     /// All done in this phase: start the next one (verify: read back) or finish. Returns
