@@ -79,10 +79,17 @@ pub enum DmaError {
         size: usize,
     },
 
-    /// A pool buffer was used with a pool it does not come from.
-    #[error("DMA buffer {index} was used with a pool it does not come from: keep each buffer with the pool that made it")]
+    /// A pool buffer was used with a pool it does not come from (or a slot buffer with slots).
+    #[error("DMA buffer {index} was used with a pool or slot set it does not come from: keep each buffer with the pool or slots that made it")]
     ForeignBuffer {
         /// The buffer's index in its own pool.
+        index: usize,
+    },
+
+    /// The CPU asked for a buffer that a device command holds.
+    #[error("DMA buffer {index} is lent to a device command: touch it only after the completion has given it back")]
+    InUse {
+        /// The buffer's index (a slot number).
         index: usize,
     },
 

@@ -13,6 +13,8 @@
 //! - [`pool`]: [`DmaPool`], fixed-size buffers for the hot path, no allocation after set-up;
 //! - [`register`]: caller-owned memory ([`UserRegistration`]) and a peer device's BAR
 //!   ([`PeerRegion`], for peer-to-peer DMA);
+//! - [`piece`]: [`RegionBuf`] and [`DeviceBuf`], a region or a peer's BAR cut into owned,
+//!   disjoint buffers that only their owner can read or write;
 //! - [`DmaContext`] (here): the facade that ties a mapper to its IOVA allocator.
 //!
 //! ## The rule about references
@@ -28,8 +30,9 @@
 //! copy out.
 //!
 //! `unsafe` lives in [`hugepage`] (mmap, mlock, madvise), the private `rawmem` module (all
-//! accesses to DMA memory), `mapping` (calling [`DmaMapper::map`]) and [`register`] (whose
-//! functions are `unsafe` because the caller vouches for memory it owns).
+//! accesses to DMA memory, and the pieces that split it among owners), `mapping` (calling
+//! [`DmaMapper::map`]), [`region`] (handing its memory to its accessors) and [`register`]
+//! (whose functions are `unsafe` because the caller vouches for memory it owns).
 //!
 //! ## Modes
 //!
@@ -46,6 +49,7 @@ pub mod iova;
 pub mod mapper;
 mod mapping;
 pub mod pagemap;
+pub mod piece;
 pub mod pool;
 mod rawmem;
 pub mod region;
@@ -61,6 +65,7 @@ pub use error::DmaError;
 pub use hugepage::{HugeMem, PageSize};
 pub use iova::IovaAllocator;
 pub use mapper::{DmaMapper, FakeMapper, MapCall, MapKind};
+pub use piece::{DeviceBuf, RegionBuf, RegionHold};
 pub use pool::{DmaBuf, DmaPool, PoolLayout};
 pub use rawmem::VolatileWord;
 pub use region::DmaRegion;

@@ -9,9 +9,11 @@
 //!
 //! Exclusive access is expressed by `&mut self` on every writing method; the types that own a
 //! `RawMem` keep that (writes take `&mut self` there too), so two threads can never race on the
-//! same bytes through this API.
+//! same bytes through this API. [`Piece`] carries that rule over to memory shared by several
+//! owners: a region cut into disjoint pieces, each the one accessor of its bytes.
 
 use std::ptr::{self, NonNull};
+use std::sync::Arc;
 
 use crate::error::DmaError;
 
@@ -159,6 +161,112 @@ impl RawMem {
             }
         }
         Ok(())
+    }
+}
+
+/// An exclusive piece of memory that `T` owns: the one accessor of a range of `T`'s memory,
+/// split from and joined with the other pieces of the same `T`. The `Arc` keeps the memory
+/// alive; the pieces use it only to ask `T` for addresses, never to reach the memory, so while
+/// any piece lives the pieces are the only accessors of `T`'s memory and no two share a byte.
+pub(crate) struct Piece<T> {
+    owner: Arc<T>,
+    /// Where `mem` starts in `T`'s memory.
+    offset: usize,
+    mem: RawMem,
+}
+
+// SAFETY: a piece is the only accessor of its range (the contract of `Piece::new`, kept by
+// `split_off` and `join`) and holds no reference into it, so moving it to another thread moves
+// that sole access; `Arc<T>` is Send for `T: Send + Sync`.
+unsafe impl<T: Send + Sync> Send for Piece<T> {}
+
+impl<T> std::fmt::Debug for Piece<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Piece")
+            .field("offset", &self.offset)
+            .field("ptr", &self.mem.ptr)
+            .field("len", &self.mem.len)
+            .finish()
+    }
+}
+
+impl<T> Piece<T> {
+    /// All of `T`'s memory, `base..base+len`, as one piece.
+    ///
+    /// # Safety
+    /// `base..base+len` is valid for reads and writes (host memory, or MMIO that tolerates the
+    /// access widths used) for as long as `owner` lives. From now on nothing reaches it except
+    /// through this piece and the pieces split from it (whoever holds `T`'s own accessors keeps
+    /// them unused while `owner` is shared), and no Rust reference points into it.
+    pub(crate) unsafe fn new(owner: Arc<T>, base: NonNull<u8>, len: usize) -> Self {
+        Piece {
+            owner,
+            offset: 0,
+            mem: RawMem { ptr: base, len },
+        }
+    }
+
+    /// The owner, for addresses (never for access to the memory).
+    pub(crate) fn owner(&self) -> &Arc<T> {
+        &self.owner
+    }
+
+    /// Where the piece starts in its owner's memory.
+    pub(crate) fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// The piece's memory (reads).
+    pub(crate) fn mem(&self) -> &RawMem {
+        &self.mem
+    }
+
+    /// The piece's memory (writes).
+    pub(crate) fn mem_mut(&mut self) -> &mut RawMem {
+        &mut self.mem
+    }
+
+    /// Splits off bytes `at..` as a new piece; `self` keeps `..at`.
+    ///
+    /// # Panics
+    /// If `at > len`.
+    pub(crate) fn split_off(&mut self, at: usize) -> Self {
+        let len = self.mem.len;
+        assert!(at <= len, "cannot split a {len}-byte buffer at {at}");
+        // SAFETY: `at <= len`, so the result is inside our range or one past its end.
+        let ptr = unsafe { self.mem.ptr.add(at) };
+        self.mem.len = at;
+        // Built directly, not with `RawMem::new`: the range `at..len` was ours and `self` gave it
+        // up just above, so it keeps exactly one accessor and the same validity (the owner).
+        Piece {
+            owner: Arc::clone(&self.owner),
+            offset: self.offset + at,
+            mem: RawMem { ptr, len: len - at },
+        }
+    }
+
+    /// One piece from `self` and `next`, which must be pieces of the same owner with `next`
+    /// starting where `self` ends; both back unchanged otherwise.
+    pub(crate) fn join(self, next: Self) -> Result<Self, (Self, Self)> {
+        if !Arc::ptr_eq(&self.owner, &next.owner) || self.offset + self.mem.len != next.offset {
+            return Err((self, next));
+        }
+        // Same owner and adjacent in its memory: the union is one range of it, whose two
+        // accessors become one.
+        Ok(Piece {
+            mem: RawMem {
+                ptr: self.mem.ptr,
+                len: self.mem.len + next.mem.len,
+            },
+            ..self
+        })
+    }
+
+    /// The owner back, if no other piece (and no other holder of the `Arc`) is left; the
+    /// piece back otherwise.
+    pub(crate) fn into_owner(self) -> Result<T, Self> {
+        let Piece { owner, offset, mem } = self;
+        Arc::try_unwrap(owner).map_err(|owner| Piece { owner, offset, mem })
     }
 }
 

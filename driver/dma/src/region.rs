@@ -7,7 +7,7 @@ use crate::error::DmaError;
 use crate::hugepage::{HugeMem, PageSize};
 use crate::mapper::MapKind;
 use crate::mapping::{BusMap, IommuMapping};
-use crate::rawmem::{RawMem, VolatileWord};
+use crate::rawmem::{Piece, RawMem, VolatileWord};
 use crate::Shared;
 use vfpoll_pci::{BusAddr, Iova};
 
@@ -84,6 +84,18 @@ impl DmaRegion {
         // accessor inside this crate.
         let mem = unsafe { RawMem::new(ptr, backing.len()) };
         Ok(DmaRegion { mem, bus, backing })
+    }
+
+    /// The region as one [`Piece`], the first of the pieces that share it from now on.
+    pub(crate) fn into_piece(self) -> Piece<DmaRegion> {
+        let (ptr, len) = (self.mem.ptr(), self.len());
+        let base = NonNull::new(ptr).expect("region memory is non-null");
+        // SAFETY: `base..base+len` is this region's memory, valid while the region lives, which
+        // the `Arc` in every piece keeps. The region's own accessors (`read`, `write`, ...) stay
+        // unused: the `Arc` is private to the pieces, which ask it for addresses only, and the
+        // region comes back out (`Piece::into_owner`) only when no piece is left. This crate
+        // forms no reference into the memory.
+        unsafe { Piece::new(Arc::new(self), base, len) }
     }
 
     /// Start of the memory, aligned to the page size. Never make a reference from it: the

@@ -8,7 +8,7 @@ use crate::error::DmaError;
 use crate::hugepage::base_page_size;
 use crate::mapper::MapKind;
 use crate::mapping::{BusMap, IommuMapping};
-use crate::rawmem::{RawMem, VolatileWord};
+use crate::rawmem::{Piece, RawMem, VolatileWord};
 use crate::DmaContext;
 use vfpoll_pci::{BusAddr, Iova};
 
@@ -217,6 +217,18 @@ pub unsafe fn register_peer_bar(
 }
 
 impl PeerRegion {
+    /// The registration as one [`Piece`], the first of the pieces that share it from now on.
+    pub(crate) fn into_piece(self) -> Piece<PeerRegion> {
+        let (ptr, len) = (self.mmio.ptr(), self.len());
+        let base = NonNull::new(ptr).expect("registered BARs are non-null");
+        // SAFETY: `base..base+len` is the BAR mapping that the caller of `register_peer_bar`
+        // keeps mapped, tolerant of these accesses and free of references while the region
+        // lives, which the `Arc` in every piece keeps. The region's own accessors stay unused:
+        // the `Arc` is private to the pieces (addresses only), and the region comes back out
+        // only when no piece is left.
+        unsafe { Piece::new(std::sync::Arc::new(self), base, len) }
+    }
+
     /// The CPU mapping of the BAR (MMIO: volatile access only).
     pub fn as_ptr(&self) -> *mut u8 {
         self.mmio.ptr()
