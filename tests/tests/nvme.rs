@@ -3,7 +3,6 @@
 //! several namespaces and controllers at once, admin commands, and errors that leave the
 //! controller usable.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use vfpoll_dma::{DmaContext, PageSize};
@@ -263,7 +262,7 @@ fn run_plan(t: usize, qp: &mut QueuePair<RegionBuf>, dma: &DmaContext, seed: u64
                     region
                         .write(buf_off, &Pattern::new(seed, stream).bytes(len))
                         .unwrap();
-                    let buf = RegionBuf::new(Arc::new(region), buf_off, len).unwrap();
+                    let buf = RegionBuf::new(region, buf_off, len).unwrap();
                     qp.write(nsid, at, buf, tag)
                         .map_err(|r| r.error)
                         .expect("submit write");
@@ -292,22 +291,20 @@ fn run_plan(t: usize, qp: &mut QueuePair<RegionBuf>, dma: &DmaContext, seed: u64
     let want = expected_image(seed, t);
     let total = lba * blocks as usize;
     let chunk = 8 * MIB;
-    let region = Arc::new(dma.alloc_region(chunk, PageSize::Huge2M).unwrap());
+    let mut back = RegionBuf::new(dma.alloc_region(chunk, PageSize::Huge2M).unwrap(), 0, chunk).unwrap();
     let mut got = vec![0u8; chunk];
     for off in (0..total).step_by(chunk) {
         let n = chunk.min(total - off);
-        qp.read(
-            nsid,
-            (off / lba) as u64,
-            RegionBuf::new(region.clone(), 0, n).unwrap(),
-            0,
-        )
-        .map_err(|r| r.error)
-        .unwrap();
+        // The first `n` bytes go to the device; the rest (none but for the last chunk) stays.
+        let (head, rest) = back.split_at(n);
+        qp.read(nsid, (off / lba) as u64, head, 0)
+            .map_err(|r| r.error)
+            .unwrap();
         let d = wait(qp);
         d.result.expect("read back");
-        drop(d.buf);
-        region.read(0, &mut got[..n]).unwrap();
+        let head = d.buf.expect("the read's buffer comes back");
+        head.read(0, &mut got[..n]).unwrap();
+        back = head.join(rest).expect("the two pieces of one region");
         if got[..n] != want[off..off + n] {
             let first = (0..n).find(|&i| got[i] != want[off + i]).unwrap();
             panic!(
@@ -389,8 +386,10 @@ fn host_check_data_integrity_two_controllers_three_namespaces() {
 fn guest_errors_are_clear_and_leave_the_controller_usable() {
     let (a, _b, dma) = open_both();
     let _dma_back = DmaReturnCheck::new(&dma);
-    let region = Arc::new(dma.alloc_region(2 * MIB, PageSize::Huge2M).unwrap());
-    let buf = |off: usize, len: usize| RegionBuf::new(region.clone(), off, len).unwrap();
+    // A fresh buffer each time: one region's bytes cannot be in two buffers.
+    let buf = |off: usize, len: usize| {
+        RegionBuf::new(dma.alloc_region(off + len, PageSize::Huge2M).unwrap(), off, len).unwrap()
+    };
     let mut qp = a
         .create_qpair::<RegionBuf>(&QpairOptions {
             entries: 4,
@@ -466,20 +465,17 @@ fn guest_errors_are_clear_and_leave_the_controller_usable() {
         assert!(e.to_string().contains(name), "nsid {nsid}: {e}");
     }
     // Compare: equal data succeeds, different data is a Compare Failure.
-    let mut r2 = dma.alloc_region(4096, PageSize::Huge2M).unwrap();
+    let mut r2 = buf(0, 4096);
     r2.write(0, &[0x5a; 4096]).unwrap();
-    let r2 = Arc::new(r2);
-    qp.write(1, 100, RegionBuf::new(r2.clone(), 0, 4096).unwrap(), 3)
-        .map_err(|r| r.error)
-        .unwrap();
-    wait(&mut qp).result.unwrap();
-    qp.compare(1, 100, RegionBuf::new(r2.clone(), 0, 4096).unwrap(), 4)
-        .map_err(|r| r.error)
-        .unwrap();
-    wait(&mut qp).result.expect("compare equal");
-    qp.compare(1, 108, RegionBuf::new(r2.clone(), 0, 4096).unwrap(), 5)
-        .map_err(|r| r.error)
-        .unwrap();
+    qp.write(1, 100, r2, 3).map_err(|r| r.error).unwrap();
+    let d = wait(&mut qp);
+    d.result.unwrap();
+    let r2 = d.buf.expect("the write's buffer comes back");
+    qp.compare(1, 100, r2, 4).map_err(|r| r.error).unwrap();
+    let d = wait(&mut qp);
+    d.result.expect("compare equal");
+    let r2 = d.buf.expect("the compare's buffer comes back");
+    qp.compare(1, 108, r2, 5).map_err(|r| r.error).unwrap();
     let e = wait(&mut qp).result.unwrap_err();
     assert!(e.to_string().contains("Compare Failure"), "{e}");
     works(&mut qp);
@@ -505,30 +501,35 @@ fn guest_submission_queue_in_the_cmb() {
             ..Default::default()
         })
         .expect("CMB qpair");
-    let mut r = dma.alloc_region(64 * 1024, PageSize::Huge2M).unwrap();
+    let mut r = RegionBuf::new(
+        dma.alloc_region(64 * 1024, PageSize::Huge2M).unwrap(),
+        0,
+        64 * 1024,
+    )
+    .unwrap();
     let data = Pattern::new(seed(), 7).bytes(64 * 1024);
     r.write(0, &data).unwrap();
-    let r = Arc::new(r);
-    // Several commands in flight at once, through the CMB queue.
+    // Several commands in flight at once, through the CMB queue, each with its own 8 KiB piece.
     for i in 0..8u64 {
-        qp.write(
-            2,
-            i * 2,
-            RegionBuf::new(r.clone(), i as usize * 8192, 8192).unwrap(),
-            i,
-        )
-        .map_err(|r| r.error)
-        .unwrap();
+        let rest = r.split_off(8192);
+        qp.write(2, i * 2, std::mem::replace(&mut r, rest), i)
+            .map_err(|r| r.error)
+            .unwrap();
     }
     qp.drain(Duration::from_secs(30), |d| {
         d.result.expect("write via CMB SQ");
     })
     .unwrap();
-    let back = Arc::new(dma.alloc_region(64 * 1024, PageSize::Huge2M).unwrap());
-    qp.read(2, 0, RegionBuf::new(back.clone(), 0, 64 * 1024).unwrap(), 9)
-        .map_err(|r| r.error)
-        .unwrap();
-    wait(&mut qp).result.expect("read via CMB SQ");
+    let back = RegionBuf::new(
+        dma.alloc_region(64 * 1024, PageSize::Huge2M).unwrap(),
+        0,
+        64 * 1024,
+    )
+    .unwrap();
+    qp.read(2, 0, back, 9).map_err(|r| r.error).unwrap();
+    let d = wait(&mut qp);
+    d.result.expect("read via CMB SQ");
+    let back = d.buf.expect("the read's buffer comes back");
     let mut got = vec![0u8; 64 * 1024];
     back.read(0, &mut got).unwrap();
     assert!(
@@ -703,22 +704,20 @@ fn guest_two_controllers_of_one_subsystem_share_a_namespace() {
     let mut qd = ctl_d.create_qpair::<RegionBuf>(&QpairOptions::default()).unwrap();
     for &(lba, len, stream, by_c) in &SUBSYS_WRITES {
         let data = Pattern::new(seed(), stream).bytes(len);
-        let mut r = dma.alloc_region(len, PageSize::Huge2M).unwrap();
+        let mut r = RegionBuf::new(dma.alloc_region(len, PageSize::Huge2M).unwrap(), 0, len).unwrap();
         r.write(0, &data).unwrap();
-        let back = Arc::new(dma.alloc_region(len, PageSize::Huge2M).unwrap());
+        let back = RegionBuf::new(dma.alloc_region(len, PageSize::Huge2M).unwrap(), 0, len).unwrap();
         let (w, rd) = if by_c {
             (&mut qc, &mut qd)
         } else {
             (&mut qd, &mut qc)
         };
-        w.write(1, lba, RegionBuf::new(Arc::new(r), 0, len).unwrap(), 0)
-            .map_err(|r| r.error)
-            .unwrap();
+        w.write(1, lba, r, 0).map_err(|r| r.error).unwrap();
         wait(w).result.expect("write on one controller");
-        rd.read(1, lba, RegionBuf::new(back.clone(), 0, len).unwrap(), 1)
-            .map_err(|r| r.error)
-            .unwrap();
-        wait(rd).result.expect("read on the other");
+        rd.read(1, lba, back, 1).map_err(|r| r.error).unwrap();
+        let d = wait(rd);
+        d.result.expect("read on the other");
+        let back = d.buf.expect("the read's buffer comes back");
         let mut got = vec![0u8; len];
         back.read(0, &mut got).unwrap();
         assert!(

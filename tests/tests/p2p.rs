@@ -3,7 +3,6 @@
 //! B's CMB into a namespace of controller A. After the guest exits, the host compares the
 //! ivshmem backing file and the namespace images.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use vfpoll_dma::{DmaContext, PageSize};
@@ -28,36 +27,53 @@ const WRITES: [(usize, u64, usize); 2] = [(16 * MIB, 65536, 2 * MIB + 512), (20 
 /// CMB copy: B's namespace 1 at this LBA → B's CMB → A's namespace 2 at this LBA, this long.
 const CMB_COPY: (u64, u64, usize) = (4096, 1024, 3 * MIB);
 
-fn wait<B: vfpoll_nvme::IoBuffer>(qp: &mut QueuePair<B>, what: &str) {
-    let mut n = 0;
+/// Waits for everything in flight to succeed; returns each completion's tag and buffer (back
+/// from the queue pair: only then may the CPU look at it), in tag order.
+fn wait<B: vfpoll_nvme::IoBuffer>(qp: &mut QueuePair<B>, what: &str) -> Vec<(u64, B)> {
+    let mut back = Vec::new();
     qp.drain(Duration::from_secs(60), |d| {
         d.result.unwrap_or_else(|e| panic!("{what}: {e}"));
-        n += 1;
+        let buf = d
+            .buf
+            .unwrap_or_else(|| panic!("{what}: tag {} did not give its buffer back", d.tag));
+        back.push((d.tag, buf));
     })
     .unwrap_or_else(|e| panic!("{what}: {e}"));
-    assert!(n > 0, "{what}: nothing completed");
+    assert!(!back.is_empty(), "{what}: nothing completed");
+    back.sort_by_key(|(tag, _)| *tag);
+    back
 }
 
 fn host_buf(dma: &DmaContext, data: &[u8]) -> RegionBuf {
-    let mut r = dma.alloc_region(data.len(), PageSize::Huge2M).unwrap();
-    r.write(0, data).unwrap();
-    RegionBuf::new(Arc::new(r), 0, data.len()).unwrap()
+    let r = dma.alloc_region(data.len(), PageSize::Huge2M).unwrap();
+    let mut b = RegionBuf::new(r, 0, data.len()).unwrap();
+    b.write(0, data).unwrap();
+    b
 }
 
 fn read_back(qp: &mut QueuePair<AnyBuf>, dma: &DmaContext, nsid: u32, lba: u64, len: usize) -> Vec<u8> {
-    let r = Arc::new(dma.alloc_region(len, PageSize::Huge2M).unwrap());
-    qp.read(
-        nsid,
-        lba,
-        AnyBuf::Host(RegionBuf::new(r.clone(), 0, len).unwrap()),
-        0,
-    )
-    .map_err(|r| r.error)
-    .unwrap();
-    wait(qp, "read back");
+    let r = dma.alloc_region(len, PageSize::Huge2M).unwrap();
+    qp.read(nsid, lba, AnyBuf::Host(RegionBuf::new(r, 0, len).unwrap()), 0)
+        .map_err(|r| r.error)
+        .unwrap();
+    let Some((_, AnyBuf::Host(b))) = wait(qp, "read back").pop() else {
+        panic!("read back: a host buffer comes back")
+    };
     let mut v = vec![0u8; len];
-    r.read(0, &mut v).unwrap();
+    b.read(0, &mut v).unwrap();
     v
+}
+
+/// Cuts the `(offset, len)` ranges (in order, disjoint, offsets in the BAR) out of `rest`,
+/// which keeps what follows the last one; the gaps between them are dropped.
+fn carve(rest: &mut DeviceBuf, ranges: impl Iterator<Item = (usize, usize)>) -> Vec<DeviceBuf> {
+    ranges
+        .map(|(off, len)| {
+            let mut piece = rest.split_off(off - rest.offset());
+            *rest = piece.split_off(len);
+            piece
+        })
+        .collect()
 }
 
 #[test]
@@ -70,11 +86,11 @@ fn guest_nvme_reads_into_and_writes_from_the_ivshmem_bar() {
     let _dma_back = DmaReturnCheck::new(&dma);
     let shm = c.device(bdf(IVSHMEM)).unwrap();
     let bar = shm.map_bar(2).unwrap();
-    // SAFETY: `bar` is this process's mapping of the BAR and outlives the registration.
-    let peer = Arc::new(
-        unsafe { dma.register_peer_bar(bar.as_ptr(), bar.len() as u64, shm.bar_bus_addr(2).unwrap()) }
-            .unwrap(),
-    );
+    // SAFETY: `bar` is this process's mapping of the BAR and outlives the registration (and
+    // every piece of it below); the test reaches the BAR only through those pieces.
+    let peer = unsafe { dma.register_peer_bar(bar.as_ptr(), bar.len() as u64, shm.bar_bus_addr(2).unwrap()) }
+        .unwrap();
+    let mut bar_rest = DeviceBuf::whole(peer);
     let mut qp = a.create_qpair::<AnyBuf>(&QpairOptions::default()).unwrap();
     let seed = seed();
 
@@ -86,27 +102,31 @@ fn guest_nvme_reads_into_and_writes_from_the_ivshmem_bar() {
             .unwrap();
         wait(&mut qp, "write source data");
     }
-    for &(off, lba, len) in &READS {
-        let dst = DeviceBuf::new(peer.clone(), off, len).unwrap();
-        qp.read(1, lba, AnyBuf::Device(dst), 1)
+    let dsts = carve(&mut bar_rest, READS.iter().map(|&(off, _, len)| (off, len)));
+    for (i, (dst, &(_, lba, _))) in dsts.into_iter().zip(&READS).enumerate() {
+        qp.read(1, lba, AnyBuf::Device(dst), i as u64)
             .map_err(|r| r.error)
             .unwrap();
     }
-    wait(&mut qp, "NVMe -> BAR reads");
-    for (i, &(off, _, len)) in READS.iter().enumerate() {
+    let back = wait(&mut qp, "NVMe -> BAR reads");
+    assert_eq!(back.len(), READS.len());
+    for ((i, b), &(off, _, len)) in back.into_iter().zip(&READS) {
+        let AnyBuf::Device(b) = b else {
+            panic!("a device buffer comes back")
+        };
         let mut got = vec![0u8; len];
-        bar.copy_from(off, &mut got).unwrap();
+        b.read(0, &mut got).unwrap();
         assert!(
-            got == Pattern::new(seed, 10 + i as u64).bytes(len),
+            got == Pattern::new(seed, 10 + i).bytes(len),
             "BAR at {off:#x}: not what the namespace holds"
         );
     }
 
     // BAR → NVMe: the CPU puts data in the BAR, the controller writes it to the namespace.
-    for (i, &(off, lba, len)) in WRITES.iter().enumerate() {
+    let srcs = carve(&mut bar_rest, WRITES.iter().map(|&(off, _, len)| (off, len)));
+    for (i, (mut src, &(_, lba, len))) in srcs.into_iter().zip(&WRITES).enumerate() {
         let data = Pattern::new(seed, 20 + i as u64).bytes(len);
-        bar.copy_to(off, &data).unwrap();
-        let src = DeviceBuf::new(peer.clone(), off, len).unwrap();
+        src.write(0, &data).unwrap();
         qp.write(1, lba, AnyBuf::Device(src), 2)
             .map_err(|r| r.error)
             .unwrap();
@@ -171,34 +191,26 @@ fn guest_copy_through_the_cmb_of_b_into_a() {
     // B reads its namespace into its own CMB (no host memory involved).
     let cmb = b.cmb().expect("B's CMB");
     assert!(cmb.capabilities().rds() && cmb.capabilities().wds());
-    let slice = Arc::new(cmb.alloc(len, 4096).unwrap());
-    qb.read(
-        1,
-        src_lba,
-        AnyBuf::Cmb(CmbBuf::new(slice.clone(), 0, len).unwrap()),
-        1,
-    )
-    .map_err(|r| r.error)
-    .unwrap();
-    wait(&mut qb, "B: namespace -> own CMB");
+    let slice = cmb.alloc(len, 4096).unwrap();
+    qb.read(1, src_lba, AnyBuf::Cmb(CmbBuf::whole(slice)), 1)
+        .map_err(|r| r.error)
+        .unwrap();
+    let Some((_, AnyBuf::Cmb(in_cmb))) = wait(&mut qb, "B: namespace -> own CMB").pop() else {
+        panic!("a CMB buffer comes back")
+    };
     let mut seen = vec![0u8; len];
-    slice.mmio().copy_from(0, &mut seen).unwrap();
+    in_cmb.read(0, &mut seen).unwrap();
     assert!(seen == data, "B's CMB does not hold what B read");
 
     // A writes B's CMB to A's namespace 2: A reaches B's memory peer to peer, through the IOMMU
     // when there is one.
-    // SAFETY: the CMB mapping lives in B's controller, which outlives the registration.
-    let peer = Arc::new(
-        unsafe { dma.register_peer_bar(slice.mmio().as_ptr(), len as u64, slice.bus_addr()) }.unwrap(),
-    );
-    qa.write(
-        2,
-        dst_lba,
-        AnyBuf::Device(DeviceBuf::new(peer.clone(), 0, len).unwrap()),
-        2,
-    )
-    .map_err(|r| r.error)
-    .unwrap();
+    // SAFETY: the CMB mapping lives in B's controller, which outlives the registration, and
+    // `in_cmb` (which owns these bytes) outlives it too and is not touched while A's command
+    // holds them.
+    let peer = unsafe { dma.register_peer_bar(in_cmb.as_ptr(), len as u64, in_cmb.bus_addr(0)) }.unwrap();
+    qa.write(2, dst_lba, AnyBuf::Device(DeviceBuf::whole(peer)), 2)
+        .map_err(|r| r.error)
+        .unwrap();
     wait(&mut qa, "A: B's CMB -> A's namespace 2");
     assert!(
         read_back(&mut qa, &dma, 2, dst_lba, len) == data,

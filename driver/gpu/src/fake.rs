@@ -142,7 +142,7 @@ impl BlockSource for MemSource {
 
     fn submit_write(
         &mut self,
-        _slots: &Slots,
+        _slots: &mut Slots,
         offset: u64,
         len: usize,
         slot: usize,

@@ -80,8 +80,9 @@ impl FileSource {
         let mut got = 0usize;
         while got < len {
             // SAFETY: `dst+got .. dst+len` lies inside the slot (checked by `ptr_mut`) and is
-            // writable; `&mut Slots` excludes any other CPU access during the call, and the
-            // pipeline hands a slot to one party at a time, so no device uses it either.
+            // writable; `&mut Slots` excludes any other CPU access during the call, no NVMe
+            // command holds the slot (`ptr_mut` succeeds only for a slot in hand), and the
+            // pipeline hands a slot to one party at a time, so the GPU does not use it either.
             let n = unsafe {
                 libc::pread(
                     self.file.as_raw_fd(),
@@ -193,7 +194,7 @@ impl BlockSource for FileSource {
 
     fn submit_write(
         &mut self,
-        slots: &Slots,
+        slots: &mut Slots,
         offset: u64,
         len: usize,
         slot: usize,

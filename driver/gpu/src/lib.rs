@@ -7,8 +7,9 @@
 //! read. Saving runs the other way. The CPU only submits and polls.
 //!
 //! Layers, bottom up:
-//! - [`Slots`]: the staging buffers, slices of one hugepage `DmaRegion` shared by the NVMe
-//!   controller and the GPU;
+//! - [`Slots`]: the staging buffers, owned pieces of one hugepage `DmaRegion` that the NVMe
+//!   controller and the GPU take turns with (a slot lent to an NVMe command is out of the
+//!   CPU's and the GPU's reach until it comes back);
 //! - [`BlockSource`]: submit / poll reads and writes into slots: [`NvmeSource`],
 //!   [`FileSource`], [`PatternSource`] (hugepage-resident data), [`fake::MemSource`] (tests);
 //! - [`CopyEngine`]: submit / poll copies between slots and device memory: `cuda::CudaEngine`
@@ -24,8 +25,9 @@
 //! ABI is the driver API's stable one (CUDA 12 and 13 alike). Without the feature, or without
 //! the driver, the GPU side reports what is missing; the rest of the crate works as is.
 //!
-//! `unsafe` lives in `slots` (CPU copies into slot memory), `file` (`pread`/`pwrite` on slot
-//! memory) and `cuda` (the driver calls); every block says why it is sound. No Rust reference
+//! `unsafe` lives in `file` (`pread`/`pwrite` on slot memory), `cuda` (the driver calls) and
+//! the `IoBuffer` impl of `slots`; every block says why it is sound. CPU copies into slot
+//! memory go through vfpoll-dma's owned buffers. No Rust reference
 //! is ever formed into slot memory or device memory.
 //!
 //! ```

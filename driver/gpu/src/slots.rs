@@ -2,17 +2,16 @@
 //! [`DmaRegion`] that an NVMe controller writes into (and reads from) by DMA and the GPU copies
 //! from (and into) by DMA, with no CPU copy in between.
 //!
-//! The region is shared with the devices: the NVMe queue pair holds [`SlotBuf`]s (device access
-//! only: a `SlotBuf` offers bus addresses, never the memory), and the GPU engine keeps it
-//! registered. The CPU reaches the bytes only through `&Slots` (reads) and `&mut Slots` (writes),
-//! so two threads can never race on them; which slot a device may touch at a time is the
-//! pipeline's state machine.
-//!
-//! This module holds the crate's raw accesses to slot memory.
+//! The region is moved into one [`RegionBuf`] per slot, so each slot's bytes have exactly one
+//! owner. While a slot is in hand, `Slots` owns it: the CPU reaches it through `&Slots` (reads)
+//! and `&mut Slots` (writes), and device engines get its address ([`Slots::ptr`]). An NVMe queue
+//! pair takes the slot itself ([`Slots::io_buf`] hands out the slot's buffer as a [`SlotBuf`]),
+//! and until the completion gives it back ([`Slots::give_back`]) every CPU access and every
+//! address request for that slot fails with [`DmaError::InUse`]. The GPU engine keeps the whole
+//! region registered through a [`RegionHold`], which gives no access to the bytes; which slot
+//! the GPU copies at a time is the pipeline's state machine.
 
-use std::sync::Arc;
-
-use vfpoll_dma::{DmaContext, DmaError, DmaRegion, MapKind, PageSize};
+use vfpoll_dma::{DmaContext, DmaError, DmaRegion, MapKind, PageSize, RegionBuf, RegionHold};
 use vfpoll_nvme::IoBuffer;
 use vfpoll_pci::BusAddr;
 
@@ -23,18 +22,23 @@ pub const SLOT_ALIGN: usize = 4096;
 
 /// `count` slots of `slot_size` bytes in one DMA region. See the module docs.
 pub struct Slots {
-    region: Arc<DmaRegion>,
-    count: usize,
+    /// Each slot's buffer while in hand; `None` while a device command holds it.
+    bufs: Vec<Option<RegionBuf>>,
+    /// Keeps the region for the GPU's registration, and leaks it on request.
+    hold: RegionHold,
     slot_size: usize,
+    page_size: PageSize,
+    map_kind: MapKind,
     leak: bool,
 }
 
 impl std::fmt::Debug for Slots {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Slots")
-            .field("count", &self.count)
+            .field("count", &self.count())
             .field("slot_size", &self.slot_size)
-            .field("region", &*self.region)
+            .field("lent", &self.bufs.iter().filter(|b| b.is_none()).count())
+            .field("region", &self.hold)
             .finish()
     }
 }
@@ -64,17 +68,29 @@ impl Slots {
                 region.len()
             )));
         }
+        let (page_size, map_kind) = (region.page_size(), region.map_kind());
+        let mut rest = RegionBuf::whole(region);
+        let hold = rest.hold();
+        let bufs = (0..count)
+            .map(|_| {
+                let next = rest.split_off(slot_size);
+                Some(std::mem::replace(&mut rest, next))
+            })
+            .collect();
+        // `rest` is the region's tail past the last slot (whole pages rounded up), unused.
         Ok(Slots {
-            region: Arc::new(region),
-            count,
+            bufs,
+            hold,
             slot_size,
+            page_size,
+            map_kind,
             leak: false,
         })
     }
 
     /// Number of slots.
     pub fn count(&self) -> usize {
-        self.count
+        self.bufs.len()
     }
 
     /// Bytes per slot.
@@ -84,36 +100,35 @@ impl Slots {
 
     /// Bytes of all slots together.
     pub fn total_len(&self) -> usize {
-        self.count * self.slot_size
+        self.count() * self.slot_size
     }
 
     /// The page size backing the slots.
     pub fn page_size(&self) -> PageSize {
-        self.region.page_size()
+        self.page_size
     }
 
     /// Whether the NVMe side reaches the slots through an IOMMU.
     pub fn map_kind(&self) -> MapKind {
-        self.region.map_kind()
+        self.map_kind
     }
 
     /// Start of the slots in the CPU's address space (identity and diagnostics; never make a
     /// reference from it).
     pub fn as_ptr(&self) -> *mut u8 {
-        self.region.as_ptr()
+        self.hold.as_ptr()
     }
 
-    /// The region, for registering it with a device (crate-internal: a clone must never be used
-    /// for CPU access, see the module docs).
+    /// What keeps the region for registering it with a device (crate-internal).
     #[cfg_attr(not(feature = "cuda"), expect(dead_code, reason = "used by the CUDA engine"))]
-    pub(crate) fn region(&self) -> &Arc<DmaRegion> {
-        &self.region
+    pub(crate) fn hold(&self) -> &RegionHold {
+        &self.hold
     }
 
-    /// Checks `off..off+len` of `slot`; returns its offset in the region.
-    fn at(&self, slot: usize, off: usize, len: usize) -> Result<usize, DmaError> {
+    /// Checks `off..off+len` of `slot`; its error when out of range.
+    fn check(&self, slot: usize, off: usize, len: usize) -> Result<(), DmaError> {
         match off.checked_add(len) {
-            Some(end) if slot < self.count && end <= self.slot_size => Ok(slot * self.slot_size + off),
+            Some(end) if slot < self.count() && end <= self.slot_size => Ok(()),
             _ => Err(DmaError::OutOfBounds {
                 offset: slot.saturating_mul(self.slot_size).saturating_add(off),
                 len,
@@ -122,45 +137,66 @@ impl Slots {
         }
     }
 
-    /// The CPU address of `off..off+len` in `slot`, bounds-checked: for device engines (the
-    /// GPU's copy source or destination). Never make a reference from it.
+    /// Slot `slot`'s buffer, in hand, with `off..off+len` checked.
+    fn buf(&self, slot: usize, off: usize, len: usize) -> Result<&RegionBuf, DmaError> {
+        self.check(slot, off, len)?;
+        self.bufs[slot].as_ref().ok_or(DmaError::InUse { index: slot })
+    }
+
+    /// Like [`Slots::buf`], for writes.
+    fn buf_mut(&mut self, slot: usize, off: usize, len: usize) -> Result<&mut RegionBuf, DmaError> {
+        self.check(slot, off, len)?;
+        self.bufs[slot].as_mut().ok_or(DmaError::InUse { index: slot })
+    }
+
+    /// The CPU address of `off..off+len` in `slot`, bounds-checked, while the slot is in hand:
+    /// for device engines (the GPU's copy source or destination). Never make a reference from
+    /// it.
     pub fn ptr(&self, slot: usize, off: usize, len: usize) -> Result<*mut u8, DmaError> {
-        let at = self.at(slot, off, len)?;
-        Ok(self.region.as_ptr().wrapping_add(at))
+        Ok(self.buf(slot, off, len)?.as_ptr().wrapping_add(off))
     }
 
     /// Like [`Slots::ptr`], for CPU writes by this crate (a file read into the slot): `&mut self`
     /// proves no other CPU access runs meanwhile.
     pub(crate) fn ptr_mut(&mut self, slot: usize, off: usize, len: usize) -> Result<*mut u8, DmaError> {
-        self.ptr(slot, off, len)
+        Ok(self.buf_mut(slot, off, len)?.as_ptr().wrapping_add(off))
     }
 
-    /// The first `len` bytes of `slot` as an NVMe I/O buffer.
-    pub fn io_buf(&self, slot: usize, len: usize) -> Result<SlotBuf, DmaError> {
-        let offset = self.at(slot, 0, len)?;
-        Ok(SlotBuf {
-            region: self.region.clone(),
-            offset,
-            len,
-        })
+    /// The first `len` bytes of `slot` as an NVMe I/O buffer. The slot is the buffer's until
+    /// [`Slots::give_back`]: meanwhile the CPU cannot reach it, nor can it be lent twice.
+    pub fn io_buf(&mut self, slot: usize, len: usize) -> Result<SlotBuf, DmaError> {
+        self.buf(slot, 0, len)?;
+        let buf = self.bufs[slot].take().expect("in hand: checked just above");
+        Ok(SlotBuf { slot, len, buf })
+    }
+
+    /// Takes back a buffer that [`Slots::io_buf`] lent (its command completed). A buffer of
+    /// other slots is refused, and dropped: its own slots never see it again.
+    pub fn give_back(&mut self, buf: SlotBuf) -> Result<(), DmaError> {
+        let slot = buf.slot;
+        let home = self.as_ptr().wrapping_add(slot * self.slot_size);
+        match self.bufs.get_mut(slot) {
+            Some(b @ None) if buf.buf.as_ptr() == home => {
+                *b = Some(buf.buf);
+                Ok(())
+            }
+            _ => Err(DmaError::ForeignBuffer { index: slot }),
+        }
+    }
+
+    /// Whether `slot` is in hand (not lent to a device command).
+    pub fn in_hand(&self, slot: usize) -> bool {
+        self.bufs.get(slot).is_some_and(Option::is_some)
     }
 
     /// Copies from `slot` at `off` into `dst`. Order it after the device's completion.
     pub fn read(&self, slot: usize, off: usize, dst: &mut [u8]) -> Result<(), DmaError> {
-        let at = self.at(slot, off, dst.len())?;
-        self.region.read(at, dst)
+        self.buf(slot, off, dst.len())?.read(off, dst)
     }
 
     /// Copies `src` into `slot` at `off`. The slot must not be in a device's hands.
     pub fn write(&mut self, slot: usize, off: usize, src: &[u8]) -> Result<(), DmaError> {
-        let dst = self.ptr_mut(slot, off, src.len())?;
-        // SAFETY: `dst..dst+len` lies inside the region (checked by `at`), which is alive (we
-        // hold an `Arc`) and writable. No Rust reference points into it: the crate hands out
-        // only raw pointers and `SlotBuf`s (bus addresses), and every CPU access goes through
-        // `&self`/`&mut self` of this unique owner, so `&mut self` excludes a concurrent CPU
-        // access. `src` is a Rust slice, so it cannot overlap DMA memory.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
-        Ok(())
+        self.buf_mut(slot, off, src.len())?.write(off, src)
     }
 
     /// Writes the [`pattern`] bytes of transfer offsets `stream_off..stream_off+len` into `slot`
@@ -172,7 +208,7 @@ impl Slots {
         stream_off: u64,
         seed: u64,
     ) -> Result<(), DmaError> {
-        self.at(slot, 0, len)?;
+        self.buf(slot, 0, len)?;
         let mut buf = [0u8; 64 << 10];
         let mut done = 0;
         while done < len {
@@ -198,7 +234,7 @@ impl Drop for Slots {
                 "leaking {} bytes of slot memory a device may still write into",
                 self.total_len()
             );
-            std::mem::forget(self.region.clone());
+            std::mem::forget(self.hold.clone());
         }
     }
 }
@@ -214,27 +250,36 @@ fn check_geometry(count: usize, slot_size: usize) -> Result<usize, PipelineError
         .ok_or_else(|| PipelineError::Invalid(format!("{count} slots of {slot_size} bytes overflow")))
 }
 
-/// A byte range of one slot, handed to an NVMe queue pair. It carries bus addresses only (no
-/// CPU access), and its `Arc` keeps the region mapped while the command runs.
+/// The first `len` bytes of one slot, lent to an NVMe queue pair by [`Slots::io_buf`]: it owns
+/// the whole slot (bus addresses for the device, no CPU access) until
+/// [`Slots::give_back`] takes it home.
 #[derive(Debug)]
 pub struct SlotBuf {
-    region: Arc<DmaRegion>,
-    offset: usize,
+    slot: usize,
     len: usize,
+    buf: RegionBuf,
 }
 
-// SAFETY: the `Arc` keeps the region, and so its DMA mapping, alive as long as this value; the
-// range lies inside the region (checked by `Slots::at`), and `contiguous_len` is the region's
-// own, clipped to the range.
+impl SlotBuf {
+    /// The slot it belongs to.
+    pub fn slot(&self) -> usize {
+        self.slot
+    }
+}
+
+// SAFETY: the `RegionBuf` keeps the region, and so its DMA mapping, alive as long as this value
+// and upholds the contract for the whole slot; `len` is at most the slot (checked by
+// `Slots::io_buf`), and `contiguous_len` is clipped to it.
 unsafe impl IoBuffer for SlotBuf {
     fn len(&self) -> usize {
         self.len
     }
     fn bus_addr(&self, off: usize) -> BusAddr {
-        self.region.bus_addr(self.offset + off)
+        debug_assert!(off < self.len);
+        self.buf.bus_addr(off)
     }
     fn contiguous_len(&self, off: usize) -> usize {
-        self.region.contiguous_len(self.offset + off).min(self.len - off)
+        self.buf.contiguous_len(off).min(self.len.saturating_sub(off))
     }
 }
 
@@ -281,6 +326,35 @@ mod tests {
     }
 
     #[test]
+    fn a_lent_slot_is_out_of_the_cpus_reach_until_it_comes_back() {
+        let dma = DmaContext::for_testing();
+        let mut s = Slots::alloc(&dma, 2, 4096, PageSize::Base4K).unwrap();
+        s.write(0, 0, b"before").unwrap();
+        let b = s.io_buf(0, 4096).unwrap();
+        assert!(!s.in_hand(0) && s.in_hand(1));
+        let in_use = |r: Result<(), DmaError>| matches!(r, Err(DmaError::InUse { index: 0 }));
+        assert!(in_use(s.read(0, 0, &mut [0; 6])), "no CPU read while lent");
+        assert!(in_use(s.write(0, 0, b"x")), "no CPU write while lent");
+        assert!(in_use(s.ptr(0, 0, 1).map(drop)), "no device address while lent");
+        assert!(in_use(s.io_buf(0, 512).map(drop)), "not lent twice");
+        s.write(1, 0, b"slot 1 is still ours").unwrap();
+
+        let mut other = Slots::alloc(&dma, 2, 4096, PageSize::Base4K).unwrap();
+        let theirs = other.io_buf(0, 4096).unwrap();
+        assert!(
+            matches!(s.give_back(theirs), Err(DmaError::ForeignBuffer { index: 0 })),
+            "a buffer of other slots is refused"
+        );
+        assert!(!other.in_hand(0), "and never goes home");
+        s.give_back(b).unwrap();
+        let mut got = [0u8; 6];
+        s.read(0, 0, &mut got).unwrap();
+        assert_eq!(&got, b"before");
+        let again = s.io_buf(0, 512).unwrap();
+        s.give_back(again).unwrap();
+    }
+
+    #[test]
     fn slots_check_bounds_and_geometry() {
         let dma = DmaContext::for_testing();
         assert!(Slots::alloc(&dma, 0, 4096, PageSize::Base4K).is_err());
@@ -292,8 +366,13 @@ mod tests {
         assert!(s.write(3, 0, &[1]).is_err());
         assert!(s.io_buf(0, 8193).is_err());
         let b = s.io_buf(1, 8192).unwrap();
-        assert_eq!(b.len(), 8192);
-        assert_eq!(b.bus_addr(0), s.region.bus_addr(8192));
+        assert_eq!((b.len(), b.slot()), (8192, 1));
+        let b0 = s.io_buf(0, 4096).unwrap();
+        assert_eq!(b.bus_addr(0), b0.bus_addr(0).add(8192));
+        assert_eq!(b0.contiguous_len(100), 4096 - 100, "clipped to the length lent");
+        s.give_back(b0).unwrap();
+        s.fill_pattern(1, 8192, 4096, 3).unwrap_err();
+        s.give_back(b).unwrap();
         s.fill_pattern(1, 8192, 4096, 3).unwrap();
         let (mut got, mut want) = (vec![0u8; 8192], vec![0u8; 8192]);
         s.read(1, 0, &mut got).unwrap();

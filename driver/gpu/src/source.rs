@@ -21,7 +21,9 @@ pub type Completion = (usize, Result<(), SourceError>);
 /// Where a load reads from and a save writes to. Driven by one thread: submit, then poll.
 ///
 /// A slot given to `submit_read` or `submit_write` belongs to the source until `poll` reports
-/// it (with success or an error); the source must not touch it after that.
+/// it (with success or an error); the source must not touch it after that. A source whose
+/// device takes the slot itself ([`Slots::io_buf`]) gives it back ([`Slots::give_back`])
+/// before reporting it.
 pub trait BlockSource {
     /// What it is, for reports ("NVMe 0000:00:03.0 namespace 1").
     fn describe(&self) -> String;
@@ -40,7 +42,7 @@ pub trait BlockSource {
     /// Starts writing the first `len` bytes of `slot` to byte `offset`.
     fn submit_write(
         &mut self,
-        slots: &Slots,
+        slots: &mut Slots,
         offset: u64,
         len: usize,
         slot: usize,
@@ -162,7 +164,7 @@ impl NvmeSource {
     fn submit(
         &mut self,
         op: Op,
-        slots: &Slots,
+        slots: &mut Slots,
         offset: u64,
         len: usize,
         slot: usize,
@@ -196,15 +198,19 @@ impl NvmeSource {
                 self.pending.push_back(p);
                 Ok(())
             }
-            Err(e) => {
+            Err((e, buf)) => {
                 self.inflight[slot] = None;
+                if let Err(back) = slots.give_back(buf) {
+                    log::error!("slot {slot}: {back}");
+                }
                 Err(err(e))
             }
         }
     }
 
-    /// Submits `p`; gives it back if the queue is full.
-    fn start(&mut self, p: Pending) -> Result<Option<Pending>, NvmeError> {
+    /// Submits `p`; gives it back if the queue is full, and its buffer with the error if the
+    /// queue pair refused it.
+    fn start(&mut self, p: Pending) -> Result<Option<Pending>, (NvmeError, SlotBuf)> {
         let tag = p.slot as u64;
         let r = match p.op {
             Op::Read => self.qp.read(self.nsid, p.lba, p.buf, tag),
@@ -216,7 +222,7 @@ impl NvmeSource {
                 error: NvmeError::QueueFull { .. },
                 buf,
             }) => Ok(Some(Pending { buf, ..p })),
-            Err(Rejected { error, .. }) => Err(error),
+            Err(Rejected { error, buf }) => Err((error, buf)),
         }
     }
 }
@@ -246,7 +252,7 @@ impl BlockSource for NvmeSource {
 
     fn submit_write(
         &mut self,
-        slots: &Slots,
+        slots: &mut Slots,
         offset: u64,
         len: usize,
         slot: usize,
@@ -254,7 +260,7 @@ impl BlockSource for NvmeSource {
         self.submit(Op::Write, slots, offset, len, slot)
     }
 
-    fn poll(&mut self, _slots: &mut Slots, done: &mut Vec<Completion>) {
+    fn poll(&mut self, slots: &mut Slots, done: &mut Vec<Completion>) {
         let inflight = &mut self.inflight;
         self.qp.poll(usize::MAX, |d| {
             let slot = d.tag as usize;
@@ -262,14 +268,19 @@ impl BlockSource for NvmeSource {
                 log::error!("NVMe completion for slot {slot}, which has nothing in flight");
                 return;
             };
-            let result = d.result.map(drop).map_err(|source| SourceError::Nvme {
+            let mut result = d.result.map(drop).map_err(|source| SourceError::Nvme {
                 op: op.name(),
                 offset,
                 len,
                 source,
             });
-            // A buffer the queue pair kept (`None`) was leaked by it; the slot's memory stays
-            // allocated because the leaked `SlotBuf` holds the region.
+            // A buffer the queue pair kept (`None`) was leaked by it: the slot stays lent for
+            // good (the CPU never touches it again), and the leaked `SlotBuf` keeps the region.
+            if let Some(buf) = d.buf {
+                if let Err(e) = slots.give_back(buf) {
+                    result = result.and(Err(e.into()));
+                }
+            }
             done.push((slot, result));
         });
         while let Some(p) = self.pending.pop_front() {
@@ -280,8 +291,12 @@ impl BlockSource for NvmeSource {
                     self.pending.push_front(p);
                     break;
                 }
-                Err(source) => {
+                Err((source, buf)) => {
                     let (op, offset, len) = self.inflight[slot].take().expect("pending slots are in flight");
+                    let back = slots.give_back(buf);
+                    if let Err(e) = &back {
+                        log::error!("slot {slot}: {e}");
+                    }
                     done.push((
                         slot,
                         Err(SourceError::Nvme {
@@ -420,7 +435,7 @@ impl BlockSource for PatternSource {
 
     fn submit_write(
         &mut self,
-        _slots: &Slots,
+        _slots: &mut Slots,
         _offset: u64,
         _len: usize,
         slot: usize,

@@ -77,7 +77,7 @@ fn an_unmapped_buffer_is_a_data_transfer_error() {
         .unwrap();
     // The IOMMU mapping goes away behind the driver's back (the region will fail to unmap).
     mapper.unmap(iova, 4096).unwrap();
-    qp.read(1, 0, RegionBuf::whole(Arc::new(region)), 9)
+    qp.read(1, 0, RegionBuf::whole(region), 9)
         .map_err(|r| r.error)
         .unwrap();
     let mut result = None;

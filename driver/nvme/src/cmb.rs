@@ -21,7 +21,8 @@ pub struct Cmb {
     used: Mutex<Vec<(usize, usize)>>,
 }
 
-/// A piece of the CMB, freed on drop.
+/// A piece of the CMB, freed on drop. To use it as a data buffer, move it into a
+/// [`crate::CmbBuf`].
 #[derive(Debug)]
 pub struct CmbSlice {
     cmb: Arc<Cmb>,
@@ -30,11 +31,6 @@ pub struct CmbSlice {
 }
 
 impl Cmb {
-    /// The CPU mapping of the whole CMB (write-through MMIO: access it with the `Mmio` methods).
-    pub fn mmio(&self) -> &Mmio {
-        &self.mmio
-    }
-
     /// The CMB's bus address as its own controller sees it (CMBMSC.CBA): what commands to this
     /// controller use to name CMB memory.
     pub fn bus_addr(&self) -> BusAddr {
@@ -95,8 +91,10 @@ impl CmbSlice {
         self.cmb.bus.add(self.off as u64)
     }
 
-    /// A CPU accessor for the slice.
-    pub fn mmio(&self) -> Mmio {
+    /// A CPU accessor for the slice, for the driver's own uses (a submission queue in the CMB).
+    /// Others reach CMB bytes only through the owner of a [`crate::CmbBuf`], so that bytes a
+    /// command holds cannot be read or written meanwhile.
+    pub(crate) fn mmio(&self) -> Mmio {
         self.cmb
             .mmio
             .window(self.off, self.len)

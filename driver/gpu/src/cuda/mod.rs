@@ -21,7 +21,7 @@ use std::ffi::{c_int, c_void};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::Arc;
 
-use vfpoll_dma::DmaRegion;
+use vfpoll_dma::RegionHold;
 
 use crate::engine::CopyEngine;
 use crate::error::CopyError;
@@ -415,17 +415,18 @@ impl Drop for Event {
 }
 
 /// Host memory registered with CUDA (`cuMemHostRegister`): page-locked for the GPU's copy
-/// engine, which then reads and writes it by DMA at full speed. Holds the region alive;
-/// unregisters on drop.
+/// engine, which then reads and writes it by DMA at full speed. Holds the region alive (a
+/// [`RegionHold`]: no access to its bytes, which stay with the slots' owners); unregisters on
+/// drop.
 pub struct HostRegistration {
     gpu: Arc<Gpu>,
     ptr: *mut u8,
     len: usize,
-    _region: Arc<DmaRegion>,
+    _region: RegionHold,
 }
 
 // SAFETY: `ptr` is only an identity for the driver (never dereferenced here); the region it
-// points into is kept alive by the `Arc`, which is Send + Sync.
+// points into is kept alive by the hold, which is Send + Sync.
 unsafe impl Send for HostRegistration {}
 
 impl std::fmt::Debug for HostRegistration {
@@ -440,11 +441,11 @@ impl std::fmt::Debug for HostRegistration {
 impl HostRegistration {
     /// Registers the memory of `slots`.
     pub fn register(gpu: &Arc<Gpu>, slots: &Slots) -> Result<Self, CopyError> {
-        let region = slots.region().clone();
+        let region = slots.hold().clone();
         let (ptr, len) = (region.as_ptr(), region.len());
         gpu.current()?;
         // SAFETY: `ptr..ptr+len` is a live, page-aligned, populated mapping of this process
-        // that stays mapped while the `Arc` below keeps the region; the driver pins it and
+        // that stays mapped while the hold below keeps the region; the driver pins it and
         // only its copy engine accesses it, when we ask for copies.
         gpu.check("cuMemHostRegister", unsafe {
             (gpu.api.mem_host_register)(ptr.cast(), len, ffi::CU_MEMHOSTREGISTER_PORTABLE)
@@ -601,7 +602,8 @@ impl CopyEngine for CudaEngine {
         let api = self.mem.gpu.api;
         // SAFETY: `src..src+len` lies in registered, live slot memory (checked: the registration
         // covers these slots and holds the region); `dst..dst+len` lies in our allocation
-        // (checked). The slot stays with the engine until its event says the copy is done.
+        // (checked), and the slot is in hand (`Slots::ptr` succeeded: no NVMe command holds
+        // it). The slot stays with the engine until its event says the copy is done.
         let r = unsafe { (api.memcpy_htod_async)(dst, src.cast_const().cast(), len, self.streams[s].raw) };
         api.check("cuMemcpyHtoDAsync", r)?;
         self.recorded(slot, s)

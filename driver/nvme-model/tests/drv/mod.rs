@@ -160,13 +160,14 @@ pub fn region(ctrl: &Controller, len: usize, fill: u8) -> DmaRegion {
 pub fn region_buf(ctrl: &Controller, offset: usize, data: &[u8]) -> RegionBuf {
     let mut r = region(ctrl, offset + data.len(), 0xee);
     r.write(offset, data).unwrap();
-    RegionBuf::new(Arc::new(r), offset, data.len()).expect("in range")
+    RegionBuf::new(r, offset, data.len()).expect("in range")
 }
 
-/// What a `RegionBuf` holds now.
+/// What a `RegionBuf` holds now (read through its owner: the buffer is back from the queue
+/// pair).
 pub fn contents(b: &RegionBuf) -> Vec<u8> {
     let mut v = vec![0; b.len()];
-    b.region().read(b.offset(), &mut v).unwrap();
+    b.read(0, &mut v).unwrap();
     v
 }
 
@@ -177,7 +178,7 @@ pub fn contents(b: &RegionBuf) -> Vec<u8> {
 pub struct ScatterBuf(Box<Scatter>);
 
 struct Scatter {
-    region: Arc<DmaRegion>,
+    region: RegionBuf,
     pages: Vec<usize>,
     start: usize,
     len: usize,
@@ -195,10 +196,11 @@ impl std::fmt::Debug for ScatterBuf {
     }
 }
 
-// SAFETY: the `Arc` keeps the region and its mapping alive as long as the buffer. Every logical
-// byte maps to a byte inside the region (a skewed page has a spare region page after it, so its
-// 4096 bytes stay inside), and `contiguous_len` never goes past the end of a page's region bytes,
-// which are bus-contiguous in the region (it is one IOVA range under the fake IOMMU).
+// SAFETY: the `RegionBuf` keeps the region and its mapping alive as long as the buffer. Every
+// logical byte maps to a byte inside the region (a skewed page has a spare region page after
+// it, so its 4096 bytes stay inside), and `contiguous_len` never goes past the end of a page's
+// region bytes, which are bus-contiguous in the region (it is one IOVA range under the fake
+// IOMMU).
 unsafe impl IoBuffer for ScatterBuf {
     fn len(&self) -> usize {
         self.0.len
@@ -224,7 +226,7 @@ impl ScatterBuf {
         }
         let r = region(ctrl, 2 * n * PAGE, 0xdd);
         let mut b = ScatterBuf(Box::new(Scatter {
-            region: Arc::new(r),
+            region: RegionBuf::whole(r),
             pages,
             start,
             len: data.len(),
@@ -233,8 +235,7 @@ impl ScatterBuf {
         let mut done = 0;
         while done < data.len() {
             let (at, piece) = (b.cpu_off(done), b.contiguous_len(done));
-            let r = Arc::get_mut(&mut b.0.region).expect("sole owner");
-            r.write(at, &data[done..done + piece]).unwrap();
+            b.0.region.write(at, &data[done..done + piece]).unwrap();
             done += piece;
         }
         b
