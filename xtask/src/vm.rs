@@ -280,6 +280,14 @@ pub const IMAGES: &[(&str, u64)] = &[
     ("nvme-a-ns2.img", 32),
     ("nvme-b-ns1.img", 64),
     ("nvme-s-ns1.img", 64),
+    // Controller F, one namespace per format (see qemu_command).
+    ("nvme-f-ns1.img", 16),
+    ("nvme-f-ns2.img", 16),
+    ("nvme-f-ns3.img", 16),
+    ("nvme-f-ns4.img", 16),
+    ("nvme-f-ns5.img", 8),
+    ("nvme-f-ns6.img", 16),
+    ("nvme-f-ns7.img", 4),
 ];
 /// The ivshmem backing file (the GPU-BAR stand-in) and its size in MiB.
 pub const GPUBAR: (&str, u64) = ("gpubar.shm", 64);
@@ -469,6 +477,32 @@ pub fn qemu_command(assets: &Assets, b: &Boot) -> Command {
     q.args(["-device", "nvme,id=nvmed,serial=vfpoll-s,subsys=subsys0,addr=9"]);
     q.args(drive("nvmes1", IMAGES[3].0));
     q.args(["-device", "nvme-ns,drive=nvmes1,nsid=1,shared=on"]);
+    // Controller F: the namespace formats the driver must handle or refuse: 1 extended LBA
+    // (512+8), 2 separate metadata (512+8), 3 PI type 1 (512+8), 4 4096+64 separate metadata
+    // with PI type 1 in the first bytes, 5 PI with a 64-bit guard, 6 zoned (4 KiB blocks,
+    // 1 MiB zones of 768 KiB capacity, 4 open / 6 active, ZASL 5), 7 plain 512 B (Format NVM).
+    q.args(["-device", "nvme,id=nvmef,serial=vfpoll-f,zoned.zasl=5,addr=0xb"]);
+    for (i, format) in [
+        "ms=8,mset=1",
+        "ms=8,mset=0",
+        "ms=8,mset=1,pi=1",
+        "logical_block_size=4096,physical_block_size=4096,ms=64,mset=0,pi=1,pil=1",
+        "ms=16,pi=1,pif=2",
+        "logical_block_size=4096,physical_block_size=4096,zoned=on,zoned.zone_size=1M,\
+         zoned.zone_capacity=768K,zoned.max_open=4,zoned.max_active=6",
+        "",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let nsid = i + 1;
+        q.args(drive(&format!("nvmef{nsid}"), IMAGES[4 + i].0));
+        let sep = if format.is_empty() { "" } else { "," };
+        q.args([
+            "-device",
+            &format!("nvme-ns,drive=nvmef{nsid},bus=nvmef,nsid={nsid}{sep}{format}"),
+        ]);
+    }
     // Two NICs on one QEMU hub: frames go from one to the other and nowhere else.
     // romfile= skips their iPXE option ROMs, which SeaBIOS would otherwise run at every boot.
     for (i, addr) in [(0, 5), (1, 6)] {

@@ -69,6 +69,17 @@ impl Bufs {
         Io { data, meta }
     }
 
+    /// Buffers to read into, poisoned first: a transfer that does not happen cannot pass for
+    /// one through the stale bytes of an earlier write.
+    fn take_for_read(&mut self) -> anyhow::Result<Io> {
+        let io = self.take();
+        self.pool.write(&io.data, 0, &vec![0xee; self.data_len])?;
+        if let Some(m) = &io.meta {
+            self.pool.write(m, 0, &vec![0xee; self.meta_len])?;
+        }
+        Ok(io)
+    }
+
     fn give(&mut self, d: Done<DmaBuf>) {
         self.pool.free(d.buf.expect("data buffer back"));
         if let Some(m) = d.meta {
@@ -176,7 +187,7 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
         let lba = *d.result.as_ref().map_err(|e| anyhow::anyhow!("appending: {e}"))?;
         bufs.give(d);
         let t = Instant::now();
-        submit(&mut qp, false, a.nsid, lba, bufs.take(), 2)?;
+        submit(&mut qp, false, a.nsid, lba, bufs.take_for_read()?, 2)?;
         let d = run_one(&mut qp, "reading back")?;
         d.result
             .as_ref()
@@ -185,7 +196,7 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
         (lba, None, t_write, t_read, bufs.contents(d)?)
     } else {
         let lba = a.lba.unwrap_or(ns.blocks.saturating_sub(blocks));
-        submit(&mut qp, false, a.nsid, lba, bufs.take(), 0)?;
+        submit(&mut qp, false, a.nsid, lba, bufs.take_for_read()?, 0)?;
         let d = run_one(&mut qp, "reading the original blocks")?;
         d.result
             .as_ref()
@@ -198,7 +209,7 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
         d.result.as_ref().map_err(|e| anyhow::anyhow!("writing: {e}"))?;
         bufs.give(d);
         let t = Instant::now();
-        submit(&mut qp, false, a.nsid, lba, bufs.take(), 2)?;
+        submit(&mut qp, false, a.nsid, lba, bufs.take_for_read()?, 2)?;
         let d = run_one(&mut qp, "reading back")?;
         let t_read = t.elapsed();
         d.result

@@ -561,6 +561,22 @@ impl<S: Slots> Queue<S> {
         }
         let lba = ns.first_lba + ns.cursor.next_unit(&mut st.rng) * ns.io_blocks;
         let nsid = ns.nsid;
+        if let (false, Some(_)) = (write, st.verify_seed) {
+            // Verify reads go into poisoned buffers: a read that moves nothing cannot pass
+            // for one through what the slot held before.
+            self.scratch.fill(0xee);
+            self.mscratch.fill(0xee);
+            let mut r = self.slots.store(slot, &self.scratch);
+            if let (Some(m), true) = (self.mslots.as_mut(), r.is_ok()) {
+                r = m.store(slot, &self.mscratch);
+            }
+            if let Err(e) = r {
+                let dev = &self.device;
+                st.error(|| format!("{dev}: poisoning a buffer: {e}"));
+                self.broken = true;
+                return false;
+            }
+        }
         if let (true, Some(seed)) = (write, st.verify_seed) {
             pattern::fill(&mut self.scratch, ns.block_bytes, lba, nsid, seed);
             let mut r = self.slots.store(slot, &self.scratch);

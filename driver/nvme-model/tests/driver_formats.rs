@@ -71,6 +71,13 @@ fn take(pool: &mut DmaPool, len: usize) -> DmaBuf {
     b
 }
 
+/// A buffer to read into, poisoned first so a DMA that does not happen cannot pass for one.
+fn take_for_read(pool: &mut DmaPool, len: usize) -> DmaBuf {
+    let b = take(pool, len);
+    pool.write(&b, 0, &vec![0xee; len]).unwrap();
+    b
+}
+
 fn bytes(n: usize, salt: u8) -> Vec<u8> {
     (0..n).map(|i| (i as u8).wrapping_mul(31) ^ salt).collect()
 }
@@ -116,7 +123,10 @@ fn extended_and_separate_metadata_land_in_the_model_as_described() {
     pool.free(d.meta.unwrap());
     assert_eq!(model.read_ns(2, 8, 8).unwrap(), dd);
     assert_eq!(model.read_ns_meta(2, 8, 8).unwrap(), mm);
-    let (b, m) = (take(&mut pool, dd.len()), take(&mut pool, mm.len()));
+    let (b, m) = (
+        take_for_read(&mut pool, dd.len()),
+        take_for_read(&mut pool, mm.len()),
+    );
     qp.read_with_metadata(2, 8, b, m, 0).map_err(|r| r.error).unwrap();
     let d = wait(&mut qp);
     d.result.unwrap();
@@ -296,7 +306,7 @@ fn zoned_namespace_report_actions_and_append() {
     assert_eq!(model.read_ns(5, 64, 1).unwrap(), bytes(4096, 10));
     qp.zone_action(5, 128, ZoneAction::Finish, false, 0).unwrap();
     wait(&mut qp).result.unwrap();
-    let b = take(&mut pool, 64 * 9);
+    let b = take_for_read(&mut pool, 64 * 9);
     qp.report_zones(5, 0, ZoneFilter::All, false, b, 0)
         .map_err(|r| r.error)
         .unwrap();

@@ -72,6 +72,9 @@ pub struct IdentifyController {
     pub subnqn: String,
 }
 
+/// The PCI vendor ID of QEMU's emulated NVMe controller (Red Hat, Inc.).
+pub const QEMU_VID: u16 = 0x1b36;
+
 /// OACS bits (Figure 275, bytes 257:256).
 pub mod oacs {
     /// Format NVM supported.

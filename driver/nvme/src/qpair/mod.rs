@@ -357,6 +357,16 @@ impl<B: IoBuffer> QueuePair<B> {
         let gen = self.ctrl.ns_gen.load(Ordering::Acquire);
         let table = self.ctrl.namespaces();
         self.namespaces = Self::ns_infos(&table, self.protection, self.max_xfer);
+        if self.ctrl.identify.vid == crate::identify::QEMU_VID {
+            // QEMU's metadata transfers (xfer::MetadataQuirk).
+            for n in &mut self.namespaces {
+                n.md_quirk = if n.meta_bytes != 0 {
+                    n.meta_bytes
+                } else {
+                    n.block_bytes - n.data_size
+                };
+            }
+        }
         self.formats = table
             .iter()
             .map(|n| n.format.unwrap_or(crate::format::NsFormat::plain(n.lba_size)))

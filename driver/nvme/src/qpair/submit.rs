@@ -130,7 +130,7 @@ impl<B: IoBuffer> QueuePair<B> {
         if let Err(e) = self.check_range(ns, slba, blocks) {
             return Err((e, buf, meta));
         }
-        if len > ns.one_command {
+        if len > ns.one_command || !ns.md_fits(blocks) {
             return self.submit_split(op, ns, slba, buf, meta, tag);
         }
         let Some(&slot) = self.free_cids.last() else {
@@ -248,7 +248,16 @@ impl<B: IoBuffer> QueuePair<B> {
         let len = buf.len();
         let aligned = buf.bus_addr(0).is_aligned(PAGE_SIZE as u64);
         let step = if aligned { ns.steps.0 } else { ns.steps.1 };
-        let parts = len.div_ceil(step);
+        let step_blocks = (step / ns.block_bytes) as u64;
+        let total = (len / ns.block_bytes) as u64;
+        let parts = {
+            let (mut left, mut n) = (total, 0usize);
+            while left > 0 {
+                left -= ns.part_blocks(left, step_blocks);
+                n += 1;
+            }
+            n
+        };
         if parts > self.slots.len() {
             let error = NvmeError::TooLarge {
                 len,
@@ -272,9 +281,9 @@ impl<B: IoBuffer> QueuePair<B> {
         let sgl = self.use_sgl;
         let mut done = 0usize;
         for part in 0..parts {
-            let plen = step.min(len - done);
             let first = (done / ns.block_bytes) as u64;
-            let nlb = (plen / ns.block_bytes) as u64;
+            let nlb = ns.part_blocks(total - first, step_blocks);
+            let plen = nlb as usize * ns.block_bytes;
             let slot = self.free_cids.pop().expect("checked above");
             let m = meta.as_ref().map(|m| (m, first as usize * ns.meta_bytes));
             let p = match xfer::describe(

@@ -41,6 +41,10 @@ pub(super) struct NsInfo {
     pub refused: Option<Refusal>,
     /// Data bytes per block (for messages).
     pub data_size: usize,
+    /// Metadata bytes per block a command moves (in the data buffer or the separate one),
+    /// when the controller needs metadata transfers cut to whole 512-byte multiples (see
+    /// [`MetadataQuirk`]); 0 otherwise.
+    pub md_quirk: usize,
     /// Zone size in blocks of a zoned namespace (0: not zoned).
     pub zone_size: u64,
     /// The largest Zone Append data buffer.
@@ -91,8 +95,26 @@ impl NsInfo {
             steps,
             refused,
             data_size: format.data_size,
+            md_quirk: 0,
             zone_size: 0,
             append_max: 0,
+        }
+    }
+
+    /// Whether a command of `nlb` blocks moves metadata the controller handles right (always,
+    /// without the quirk).
+    #[inline]
+    pub(super) fn md_fits(&self, nlb: u64) -> bool {
+        self.md_quirk == 0 || MetadataQuirk::fits(nlb as usize * self.md_quirk)
+    }
+
+    /// How many of `left` blocks the next part of a split request takes, at most `step`.
+    pub(super) fn part_blocks(&self, left: u64, step: u64) -> u64 {
+        let k = left.min(step);
+        if self.md_fits(k) {
+            k
+        } else {
+            MetadataQuirk::blocks(k as usize, self.md_quirk) as u64
         }
     }
 
@@ -105,6 +127,32 @@ impl NsInfo {
         } else {
             (len != 0 && len.is_multiple_of(self.block_bytes)).then(|| (len / self.block_bytes) as u64)
         }
+    }
+}
+
+/// QEMU's NVMe controller (up to 9.0, and 7.2 as Debian 12 ships it) loses metadata: its DMA
+/// helper, given a transfer that is not a multiple of 512 bytes, writes or reads only the
+/// remainder of the division and drops the rest (`dma_blk_cb` discards the aligned part instead
+/// of the tail; fixed upstream in 2024). Data transfers are whole blocks and safe; metadata is
+/// not: a command with 1000 blocks of 8-byte metadata moves only the first 320 bytes of it. On
+/// such a controller every command's metadata is kept below 512 bytes or to a whole multiple
+/// of 512 bytes of at most 4 KiB (few enough pieces for one DMA round), by splitting requests.
+pub(super) struct MetadataQuirk;
+
+impl MetadataQuirk {
+    /// Whether QEMU moves `bytes` of metadata of one command right.
+    pub(super) const fn fits(bytes: usize) -> bool {
+        bytes < 512 || bytes.is_multiple_of(512) && bytes <= 4096
+    }
+
+    /// The most blocks (at least 1, at most `k`) of a command whose metadata (`md` bytes per
+    /// block) [`MetadataQuirk::fits`].
+    pub(super) const fn blocks(k: usize, md: usize) -> usize {
+        let mut n = k;
+        while n > 1 && !Self::fits(n * md) {
+            n -= 1;
+        }
+        n
     }
 }
 
@@ -522,6 +570,40 @@ mod tests {
                 .mptr,
             meta.bus_addr(0)
         );
+    }
+
+    #[test]
+    fn the_metadata_quirk_cuts_parts_qemu_moves_right() {
+        // 8-byte metadata: 63 blocks (504 bytes) or 64..=512 in steps of 64.
+        assert!(MetadataQuirk::fits(504) && MetadataQuirk::fits(512) && MetadataQuirk::fits(4096));
+        assert!(!MetadataQuirk::fits(520) && !MetadataQuirk::fits(8000) && !MetadataQuirk::fits(4608));
+        assert_eq!(MetadataQuirk::blocks(1000, 8), 512);
+        assert_eq!(MetadataQuirk::blocks(100, 8), 64);
+        assert_eq!(MetadataQuirk::blocks(63, 8), 63);
+        assert_eq!(MetadataQuirk::blocks(1000, 24), 128);
+        assert_eq!(MetadataQuirk::blocks(3, 600), 1);
+        // A request of any size splits into parts that all fit and cover it exactly.
+        let f = NsFormat {
+            index: 1,
+            count: 2,
+            data_size: 512,
+            metadata_size: 8,
+            extended: true,
+            protection: None,
+        };
+        let a = Access::new(&f, crate::format::PiMode::Controller).unwrap();
+        let mut ns = NsInfo::new(1, 1 << 20, f, Ok(a), 512 << 10);
+        ns.md_quirk = 8;
+        for n in [1u64, 63, 64, 65, 100, 511, 513, 1000, 2048, 4001] {
+            let (mut left, mut parts) = (n, 0);
+            while left > 0 {
+                let k = ns.part_blocks(left, (ns.steps.1 / ns.block_bytes) as u64);
+                assert!(k > 0 && ns.md_fits(k), "{n}: part of {k}");
+                left -= k;
+                parts += 1;
+            }
+            assert!(parts <= n.div_ceil(63) + 1, "{n}: {parts} parts");
+        }
     }
 
     #[test]
