@@ -37,7 +37,9 @@
 //! ## Modes
 //!
 //! With an IOMMU ([`MapKind::Iommu`]) each region gets one contiguous IOVA range from the
-//! context's allocator and is mapped with one call. Without one ([`MapKind::NoIommu`]) the
+//! context's allocator and is mapped with one call; the IOVA page after it stays unmapped (a
+//! guard page), so a device that runs past the end of a buffer faults in the IOMMU instead of
+//! reaching the next mapping. Without one ([`MapKind::NoIommu`]) the
 //! device uses physical addresses, read per page from the pagemap; hugepages are contiguous
 //! only within one page, so ask [`DmaRegion::contiguous_len`] before handing out lengths.
 
