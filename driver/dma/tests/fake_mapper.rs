@@ -96,7 +96,10 @@ fn an_unmapped_guard_page_follows_every_mapping() {
         fake.translate(BusAddr(end - 8), 9).is_none(),
         "a DMA running one byte past the region faults"
     );
-    assert!(fake.translate(BusAddr(end), 1).is_none(), "the guard page is unmapped");
+    assert!(
+        fake.translate(BusAddr(end), 1).is_none(),
+        "the guard page is unmapped"
+    );
     // First fit puts the next region right after the guard page, never right after `a`.
     assert_eq!(b.bus_addr(0).get(), end + P as u64);
     let mapped = fake.live_mappings();
