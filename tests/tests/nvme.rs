@@ -117,8 +117,8 @@ fn guest_admin_commands() {
     assert_eq!(&page[4..12], b"vfpoll-a");
     // An unknown admin opcode is a typed, named error, and the queue stays usable.
     // SAFETY: an opcode the controller does not know moves nothing.
-    let e = unsafe { a.admin_raw(Command::new(0xfe, 0), vfpoll_nvme::admin::DataDir::None, &[]) }
-        .unwrap_err();
+    let e =
+        unsafe { a.admin_raw(Command::new(0xfe, 0), vfpoll_nvme::admin::DataDir::None, &[]) }.unwrap_err();
     assert!(e.to_string().contains("Invalid Command Opcode"), "{e}");
     a.smart_log().expect("admin queue usable after an error");
     // Format NVM only with the explicit guard; then it zeroes B's namespace (checked below by
@@ -420,7 +420,8 @@ fn guest_errors_are_clear_and_leave_the_controller_usable() {
     assert!(e.to_string().contains("not 4-byte aligned"), "{e}");
     let e = qp.read(1, 0, buf(0, 1000), 0).unwrap_err().error;
     assert!(
-        e.to_string().contains("not a non-zero multiple of the LBA size"),
+        e.to_string()
+            .contains("not a non-zero multiple of the 512 bytes per block"),
         "{e}"
     );
     works(&mut qp);
