@@ -687,3 +687,42 @@ fn guest_d_format_changes_the_geometry_queue_pairs_use() {
     );
     assert_eq!(pool.available(), pool.capacity());
 }
+
+#[test]
+#[ignore = "test bed"]
+fn guest_e_format_from_the_command_line() {
+    bind_all(&[NVME_F]);
+    reserve_hugepages(64);
+    let mut args = vec![
+        "format",
+        "--device",
+        NVME_F,
+        "--nsid",
+        "7",
+        "--lbaf",
+        "1",
+        "--metadata",
+        "extended",
+    ];
+    if mode_name() == "noiommu" {
+        args.push("--noiommu");
+    }
+    // Without --yes: refused, nothing erased.
+    let out = std::process::Command::new("vfpoll").args(&args).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("erases every block: pass --yes"), "{err}");
+    args.push("--yes");
+    let text = String::from_utf8(run("vfpoll", &args).stdout).unwrap();
+    assert!(
+        text.contains("after:  8065 blocks, LBA format 1: 512 B + 8 B metadata at the end of each block"),
+        "{text}"
+    );
+    // And back to plain 512-byte blocks.
+    args[6] = "0";
+    let text = String::from_utf8(run("vfpoll", &args).stdout).unwrap();
+    assert!(
+        text.contains("after:  8192 blocks, LBA format 0: 512 B"),
+        "{text}"
+    );
+}

@@ -1,6 +1,6 @@
 //! `vfpoll`: prepares a Linux machine for vfpoll's user-space NVMe and NIC drivers (hugepages,
 //! hugetlbfs, `vfio-pci` bindings), shows its state and checks it, and drives the devices
-//! (`identify`, `hello`, `perf`, `pktgen`, `fwd`, `responder`, `gpu`).
+//! (`identify`, `hello`, `format`, `perf`, `pktgen`, `fwd`, `responder`, `gpu`).
 //!
 //! This file only parses the command line and dispatches: each subcommand is a module with an
 //! `Args` struct and a `run(&Ctx, Args) -> anyhow::Result<ExitCode>`. Add a subcommand by adding
@@ -16,6 +16,7 @@ use clap::{Parser, Subcommand};
 mod bind;
 mod ctx;
 mod doctor;
+mod format;
 mod fwd;
 mod gpu;
 mod hello;
@@ -114,7 +115,16 @@ enum Cmd {
     /// serial, model, firmware, mdts_bytes, namespaces [{nsid, lba_size, blocks}], and more.
     Identify(identify::Args),
     /// Write a block to an NVMe namespace, read it back, compare, restore the original content.
+    ///
+    /// Any namespace format: metadata in the block or in a separate buffer, protection
+    /// information (generated and checked by the controller). On a zoned namespace the block is
+    /// appended to the first zone with room and read back.
     Hello(hello::Args),
+    /// Format NVM a namespace: LBA format, metadata placement and protection information.
+    ///
+    /// Erases every block of the namespace (--yes confirms). `vfpoll identify` lists the LBA
+    /// formats a namespace offers; the new geometry is printed after the format.
+    Format(format::Args),
     /// Transmit generated frames on a NIC as fast as possible or at --rate (like DPDK's
     /// testpmd txonly, or the kernel's pktgen).
     ///
@@ -178,6 +188,7 @@ fn main() -> ExitCode {
         Cmd::Perf(a) => perf::run(&ctx, a),
         Cmd::Identify(a) => identify::run(&ctx, a),
         Cmd::Hello(a) => hello::run(&ctx, a),
+        Cmd::Format(a) => format::run(&ctx, a),
         Cmd::Pktgen(a) => pktgen::run(&ctx, a),
         Cmd::Fwd(a) => fwd::run(&ctx, a),
         Cmd::Responder(a) => responder::run(&ctx, a),

@@ -101,7 +101,7 @@ pub enum NvmeError {
     },
     /// The namespace moves metadata in a separate buffer and the command has none (or the
     /// wrong size).
-    #[error("namespace {nsid} ({format}) moves {per_block} bytes of metadata per block in a separate buffer: {what}. Submit with `read_with_metadata`/`write_with_metadata` and a metadata buffer of blocks x {per_block} bytes, or format the namespace to an LBA format without separate metadata")]
+    #[error("namespace {nsid} ({format}) moves {per_block} bytes of metadata per block in a separate buffer: {what}. Submit with `read_with_metadata`/`write_with_metadata` and a metadata buffer of blocks x {per_block} bytes, or format the namespace to an LBA format without separate metadata (`vfpoll format --metadata extended`)")]
     Metadata {
         /// The namespace.
         nsid: u32,

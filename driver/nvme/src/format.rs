@@ -285,7 +285,7 @@ impl fmt::Display for Refusal {
         match self {
             Refusal::PiFormat(p) => write!(
                 f,
-                "protection information with a {} guard is not supported (only the 16-bit guard is); format the namespace to a 16-bit guard PI format or one without PI",
+                "protection information with a {} guard is not supported (only the 16-bit guard is); format the namespace to a 16-bit guard PI format or one without PI (`vfpoll format --lbaf N --pi 1|none`)",
                 match p {
                     PiFormat::Guard16 => "16-bit",
                     PiFormat::Guard32 => "32-bit",
