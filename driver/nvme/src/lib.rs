@@ -5,8 +5,17 @@
 //! - [`cmd`], [`status`], [`identify`]: queue entries, completion status with names, Identify
 //!   and log page structures;
 //! - [`prp`]: data pointers (PRP entries and lists);
-//! - [`Controller`]: bring-up, admin commands, namespaces, shutdown;
-//! - [`QueuePair`]: I/O submission and polled completion, one per thread.
+//! - [`format`]: namespace formats (metadata placement, protection information) and what a
+//!   command moves through each pointer; [`zns`]: zoned namespaces;
+//! - [`Controller`]: bring-up, admin commands, namespaces (re-read after a format or a
+//!   namespace event), shutdown;
+//! - [`QueuePair`]: I/O submission and polled completion, one per thread; every data and
+//!   metadata pointer is sized from the namespace's format in one place (`qpair/xfer.rs`), so
+//!   the controller never moves more bytes than a buffer holds.
+//!
+//! Nothing safe can make a controller DMA to memory the driver did not describe: raw
+//! passthrough ([`Controller::admin_raw`], [`QueuePair::submit_raw`]) is `unsafe`, and
+//! registers are read-only outside the crate ([`Registers`]).
 //!
 //! The only `unsafe` code is in the private `qmem` (queue memory access) and `signal` (clean
 //! shutdown on SIGINT/SIGTERM: [`shutdown_on_signals`]) modules.
