@@ -5,7 +5,7 @@
 //! - [`cmd`], [`status`], [`identify`]: queue entries, completion status with names, Identify
 //!   and log page structures;
 //! - [`prp`]: data pointers (PRP entries and lists);
-//! - [`format`]: namespace formats (metadata placement, protection information) and what a
+//! - [`format`](mod@format): namespace formats (metadata placement, protection information) and what a
 //!   command moves through each pointer; [`zns`]: zoned namespaces;
 //! - [`Controller`]: bring-up, admin commands, namespaces (re-read after a format or a
 //!   namespace event), shutdown;
