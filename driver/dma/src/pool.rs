@@ -274,9 +274,27 @@ impl DmaPool {
         self.layout.buf_size
     }
 
-    /// The region the buffers live in.
-    pub fn region(&self) -> &DmaRegion {
-        &self.region
+    /// Bytes of the region the buffers live in. The region itself is not handed out: a
+    /// `&DmaRegion` could read the bytes of a buffer a device owns; buffers are read and
+    /// written through the pool ([`DmaPool::read`], [`DmaPool::write`]) by their holder.
+    pub fn region_len(&self) -> usize {
+        self.region.len()
+    }
+
+    /// The bus address of byte `off` of the region.
+    pub fn region_bus_addr(&self, off: usize) -> BusAddr {
+        self.region.bus_addr(off)
+    }
+
+    /// Bus-contiguous bytes of the region from `off`.
+    pub fn region_contiguous_len(&self, off: usize) -> usize {
+        self.region.contiguous_len(off)
+    }
+
+    /// The region's start in the CPU's address space (a raw pointer: reaching the bytes
+    /// through it is the caller's own `unsafe`).
+    pub fn region_ptr(&self) -> *mut u8 {
+        self.region.as_ptr()
     }
 }
 

@@ -253,8 +253,8 @@ fn pool_exhausts_refills_and_checks_bounds() {
         (pool.capacity(), pool.available(), pool.buf_size()),
         (10, 10, 2048)
     );
-    assert_eq!(pool.region().len(), 5 * P);
-    let base = pool.region().bus_addr(0);
+    assert_eq!(pool.region_len(), 5 * P);
+    let base = pool.region_bus_addr(0);
     let mut bufs: Vec<_> = std::iter::from_fn(|| pool.alloc()).collect();
     assert_eq!(bufs.len(), 10);
     assert!(pool.alloc().is_none());
@@ -262,8 +262,8 @@ fn pool_exhausts_refills_and_checks_bounds() {
     for b in &bufs {
         assert_eq!(b.len(), 2048);
         assert_eq!(b.bus_addr(), base.add(b.index() as u64 * 2048));
-        assert_eq!(b.as_ptr(), pool.region().as_ptr().wrapping_add(b.index() * 2048));
-        assert!(pool.region().contiguous_len(b.index() * 2048) >= 2048);
+        assert_eq!(b.as_ptr(), pool.region_ptr().wrapping_add(b.index() * 2048));
+        assert!(pool.region_contiguous_len(b.index() * 2048) >= 2048);
     }
     let mut idx: Vec<_> = bufs.iter().map(|b| b.index()).collect();
     idx.sort_unstable();
@@ -514,7 +514,7 @@ fn hugepage_region_iova_is_hugepage_aligned() {
     assert!(r.iova().unwrap().is_aligned(2 << 20));
     assert_eq!(r.contiguous_len(1), (4 << 20) - 1);
     let mut pool = ctx.pool(2048, 2048, PageSize::Huge2M).unwrap();
-    assert_eq!(pool.region().len(), 4 << 20);
+    assert_eq!(pool.region_len(), 4 << 20);
     let b = pool.alloc().unwrap();
     pool.free(b);
     assert_eq!(fake.live_mappings().len(), 3);
