@@ -124,6 +124,12 @@ impl Drop for Shared {
     }
 }
 
+/// How long a register handshake (MDIC, EERD, CTRL.RST, EEC.Auto_RD) may take. The device
+/// answers in microseconds to a few milliseconds (Linux's e1000e allows ~32 ms for MDIC and
+/// ~500 ms for EERD); the generous limit only matters when the device does not answer at all,
+/// and keeps an emulated device on a loaded host (a starved emulation thread) from failing.
+const HANDSHAKE_LIMIT: Duration = Duration::from_secs(1);
+
 /// Polls `done` every 100 µs until it holds or `limit` passes.
 fn wait_for(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
     let start = Instant::now();
@@ -247,14 +253,14 @@ impl E1000e {
         // The datasheet asks for a pause before the next register access after CTRL.RST.
         std::thread::sleep(Duration::from_millis(1));
         let reset_done = || !Ctrl::from_bits_retain(bar.read32(off::CTRL)).contains(Ctrl::RST);
-        if !wait_for(Duration::from_millis(100), reset_done) {
-            return Err(timeout("device reset (CTRL.RST)", Duration::from_millis(100)));
+        if !wait_for(HANDSHAKE_LIMIT, reset_done) {
+            return Err(timeout("device reset (CTRL.RST)", HANDSHAKE_LIMIT));
         }
         let nvm_done = || bar.read32(off::EEC) & regs::EEC_AUTO_RD != 0;
-        if !wait_for(Duration::from_millis(100), nvm_done) {
+        if !wait_for(HANDSHAKE_LIMIT, nvm_done) {
             return Err(timeout(
                 "NVM auto-read after reset (EEC.Auto_RD)",
-                Duration::from_millis(100),
+                HANDSHAKE_LIMIT,
             ));
         }
         bar.write32(off::IMC, u32::MAX);
@@ -335,11 +341,11 @@ impl E1000e {
             for w in 0..3u32 {
                 bar.write32(off::EERD, regs::eerd::START | w << regs::eerd::ADDR_SHIFT);
                 let done = || bar.read32(off::EERD) & regs::eerd::DONE != 0;
-                if !wait_for(Duration::from_millis(10), done) {
+                if !wait_for(HANDSHAKE_LIMIT, done) {
                     return Err(NicError::InitTimeout {
                         port: shared.name.clone(),
                         step: "reading the MAC address from the NVM (EERD)",
-                        limit: Duration::from_millis(10),
+                        limit: HANDSHAKE_LIMIT,
                     });
                 }
                 let word = (bar.read32(off::EERD) >> regs::eerd::DATA_SHIFT) as u16;
@@ -387,7 +393,7 @@ impl E1000e {
         let reg = regs::phy::CTRL << regs::mdic::REG_SHIFT;
         let mdic_wait = || {
             let mut v = 0;
-            let ok = wait_for(Duration::from_millis(10), || {
+            let ok = wait_for(HANDSHAKE_LIMIT, || {
                 v = bar.read32(off::MDIC);
                 v & regs::mdic::READY != 0
             });
@@ -396,7 +402,7 @@ impl E1000e {
         let fail = || NicError::InitTimeout {
             port: self.shared.name.clone(),
             step: "PHY register access (MDIC)",
-            limit: Duration::from_millis(10),
+            limit: HANDSHAKE_LIMIT,
         };
         bar.write32(off::MDIC, phy | reg | regs::mdic::OP_READ);
         let ctrl = (mdic_wait().ok_or_else(fail)? & regs::mdic::DATA) as u16;
