@@ -3,22 +3,24 @@
 //! zoned namespaces, and a queue pair that follows a namespace change announced by an
 //! asynchronous event. The model's storage (data and metadata per block) is the oracle.
 
-use std::sync::Arc;
+#[allow(dead_code)]
+mod drv;
+
 use std::time::{Duration, Instant};
 
-use vfpoll_dma::{DmaBuf, DmaContext, DmaPool, FakeMapper, PageSize};
+use vfpoll_dma::{DmaBuf, DmaContext, DmaPool, PageSize};
 use vfpoll_nvme::format::{pi, PiCheck, PiMode};
 use vfpoll_nvme::zns::{self, ZoneAction, ZoneFilter, ZoneState};
-use vfpoll_nvme::{Controller, ControllerOptions, Done, NvmeError, QpairOptions, QueuePair};
+use vfpoll_nvme::{Done, NvmeError, QpairOptions, QueuePair};
 use vfpoll_nvme_model::{
-    LbaFormat, ModelConfig, NamespaceConfig, NamespaceFormat, NvmeModel, PiType, Protection, ZonedConfig,
+    LbaFormat, ModelConfig, NamespaceConfig, NamespaceFormat, PiType, Protection, ZonedConfig,
 };
 
 /// Namespaces: 1 extended 512+8, 2 separate 512+8, 3 PI type 1 extended 512+8, 4 4096+64
 /// separate with PI type 1 first, 5 zoned (4 KiB blocks, zones of 64, capacity 48), 6 plain
-/// 512 with a 4096 format to change to.
-fn bring_up() -> (NvmeModel, Controller, DmaContext) {
-    let mapper = Arc::new(FakeMapper::new());
+/// 512 with a 4096 format to change to. The model reaches memory through a fault log: a DMA
+/// outside the driver's mappings fails the test when the rig drops.
+fn bring_up() -> (drv::Rig, DmaContext) {
     let mut zoned = ZonedConfig::new(64);
     zoned.zone_capacity = 48;
     zoned.max_open = 4;
@@ -44,15 +46,9 @@ fn bring_up() -> (NvmeModel, Controller, DmaContext) {
         idle_spin: Duration::from_millis(200),
         ..Default::default()
     };
-    let model = NvmeModel::start(cfg, mapper.clone()).unwrap();
-    let dma = DmaContext::new(mapper);
-    let opts = ControllerOptions {
-        page_size: PageSize::Base4K,
-        io_queues: 8,
-        ..Default::default()
-    };
-    let ctrl = Controller::new(model.bar0(), dma.clone(), opts).unwrap();
-    (model, ctrl, dma)
+    let rig = drv::rig(cfg);
+    let dma = rig.ctrl.dma().clone();
+    (rig, dma)
 }
 
 fn wait(qp: &mut QueuePair<DmaBuf>) -> Done<DmaBuf> {
@@ -84,7 +80,8 @@ fn bytes(n: usize, salt: u8) -> Vec<u8> {
 
 #[test]
 fn extended_and_separate_metadata_land_in_the_model_as_described() {
-    let (model, ctrl, dma) = bring_up();
+    let (rig, dma) = bring_up();
+    let (model, ctrl) = (&rig.model, &rig.ctrl);
     let mut pool = dma.pool(4096, 8, PageSize::Base4K).unwrap();
     let mut qp = ctrl.create_qpair::<DmaBuf>(&QpairOptions::default()).unwrap();
     // Extended: 7 blocks of 520 bytes in one buffer.
@@ -160,7 +157,8 @@ fn extended_and_separate_metadata_land_in_the_model_as_described() {
 
 #[test]
 fn protection_information_by_the_controller_and_by_the_host() {
-    let (model, ctrl, dma) = bring_up();
+    let (rig, dma) = bring_up();
+    let (model, ctrl) = (&rig.model, &rig.ctrl);
     let mut pool = dma.pool(4096, 8, PageSize::Base4K).unwrap();
     let mut qp = ctrl.create_qpair::<DmaBuf>(&QpairOptions::default()).unwrap();
     // PRACT, PI alone in the metadata: buffers hold data only; the model stores the PI.
@@ -233,7 +231,8 @@ fn protection_information_by_the_controller_and_by_the_host() {
 
 #[test]
 fn unusable_combinations_are_refused_before_submission() {
-    let (model, ctrl, dma) = bring_up();
+    let (rig, dma) = bring_up();
+    let (model, ctrl) = (&rig.model, &rig.ctrl);
     let mut pool = dma.pool(4096, 4, PageSize::Base4K).unwrap();
     let mut qp = ctrl.create_qpair::<DmaBuf>(&QpairOptions::default()).unwrap();
     let before = model.stats().io_commands(0x01) + model.stats().io_commands(0x02);
@@ -284,7 +283,8 @@ fn unusable_combinations_are_refused_before_submission() {
 
 #[test]
 fn zoned_namespace_report_actions_and_append() {
-    let (model, ctrl, dma) = bring_up();
+    let (rig, dma) = bring_up();
+    let (model, ctrl) = (&rig.model, &rig.ctrl);
     let z = ctrl.namespace(5).unwrap().zoned.expect("zoned");
     assert_eq!(
         (z.identify.zone_size, z.identify.max_open(), z.zasl_bytes),
@@ -352,7 +352,8 @@ fn zoned_namespace_report_actions_and_append() {
 
 #[test]
 fn a_live_queue_pair_follows_a_namespace_change_announced_by_an_event() {
-    let (model, ctrl, dma) = bring_up();
+    let (rig, dma) = bring_up();
+    let (model, ctrl) = (&rig.model, &rig.ctrl);
     let mut pool = dma.pool(4096, 4, PageSize::Base4K).unwrap();
     let mut qp = ctrl.create_qpair::<DmaBuf>(&QpairOptions::default()).unwrap();
     let b = take(&mut pool, 512);
