@@ -3,7 +3,6 @@
 //! zoned namespaces, and a queue pair that follows a namespace change announced by an
 //! asynchronous event. The model's storage (data and metadata per block) is the oracle.
 
-#[allow(dead_code)]
 mod drv;
 
 use std::time::{Duration, Instant};
