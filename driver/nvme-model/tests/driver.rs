@@ -7,18 +7,22 @@ use std::time::Duration;
 
 use vfpoll_dma::{DmaContext, DmaMapper, FakeMapper, PageSize};
 use vfpoll_nvme::{Controller, ControllerOptions, NvmeError, QpairOptions, RegionBuf};
-use vfpoll_nvme_model::{ModelConfig, NamespaceConfig, NvmeModel, Status};
+use vfpoll_nvme_model::{FaultLog, ModelConfig, NamespaceConfig, NvmeModel, Status};
 
-fn bring_up(cfg: ModelConfig) -> (NvmeModel, Controller, Arc<FakeMapper>) {
+/// The model reaches memory through a fault log over the driver's mapper: each test checks at
+/// its end that the controller made no DMA outside the driver's mappings, or only the one it
+/// provoked.
+fn bring_up(cfg: ModelConfig) -> (NvmeModel, Controller, Arc<FakeMapper>, Arc<FaultLog>) {
     let mapper = Arc::new(FakeMapper::new());
-    let model = NvmeModel::start(cfg, mapper.clone()).unwrap();
+    let log = Arc::new(FaultLog::new(mapper.clone()));
+    let model = NvmeModel::start(cfg, log.clone()).unwrap();
     let opts = ControllerOptions {
         page_size: PageSize::Base4K,
         io_queues: 4,
         ..Default::default()
     };
     let ctrl = Controller::new(model.bar0(), DmaContext::new(mapper.clone()), opts).unwrap();
-    (model, ctrl, mapper)
+    (model, ctrl, mapper, log)
 }
 
 #[test]
@@ -27,7 +31,7 @@ fn driver_reads_what_it_wrote() {
         namespaces: vec![NamespaceConfig::new(1, 512, 4096)],
         ..Default::default()
     };
-    let (model, ctrl, _) = bring_up(cfg);
+    let (model, ctrl, _, log) = bring_up(cfg);
     assert_eq!((ctrl.namespaces().len(), ctrl.namespaces()[0].blocks), (1, 4096));
     // PRPs, then SGLs, each on a fresh queue pair (the second reuses queue ID 1).
     for sgl in [false, true] {
@@ -62,11 +66,12 @@ fn driver_reads_what_it_wrote() {
     }
     let st = model.stats();
     assert_eq!((st.io_commands(0x01), st.io_commands(0x02), st.errors), (2, 2, 0));
+    log.assert_none();
 }
 
 #[test]
 fn an_unmapped_buffer_is_a_data_transfer_error() {
-    let (model, ctrl, mapper) = bring_up(ModelConfig::default());
+    let (model, ctrl, mapper, log) = bring_up(ModelConfig::default());
     let region = ctrl.dma().alloc_region(4096, PageSize::Base4K).unwrap();
     let iova = region.iova().unwrap();
     let mut qp = ctrl
@@ -94,4 +99,10 @@ fn an_unmapped_buffer_is_a_data_transfer_error() {
         other => panic!("expected Data Transfer Error, got {other:?}"),
     }
     assert_eq!(model.stats().errors, 1);
+    // The one fault is the provoked one: the read into the unmapped page.
+    let faults = log.take();
+    assert!(
+        !faults.is_empty() && faults.iter().all(|f| f.bus.get() >> 12 == iova.get() >> 12),
+        "{faults:?}"
+    );
 }
