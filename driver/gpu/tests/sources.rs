@@ -7,23 +7,35 @@ use std::time::Duration;
 use vfpoll_dma::{DmaContext, FakeMapper, PageSize};
 use vfpoll_gpu::{load, pattern, save, verify, CpuEngine, FileSource, NvmeSource, Options, Slots, Transfer};
 use vfpoll_nvme::{Controller, ControllerOptions, QpairOptions};
-use vfpoll_nvme_model::{ModelConfig, NamespaceConfig, NvmeModel};
+use vfpoll_nvme_model::{FaultLog, ModelConfig, NamespaceConfig, NvmeModel};
 
-fn bring_up(lba: u32, blocks: u64, mdts: u8) -> (NvmeModel, Controller) {
+/// Fails the test when dropped if the model made a DMA outside the driver's mappings.
+struct NoStrayDma(Arc<FaultLog>);
+
+impl Drop for NoStrayDma {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            self.0.assert_none();
+        }
+    }
+}
+
+fn bring_up(lba: u32, blocks: u64, mdts: u8) -> (NoStrayDma, NvmeModel, Controller) {
     let mapper = Arc::new(FakeMapper::new());
+    let log = Arc::new(FaultLog::new(mapper.clone()));
     let cfg = ModelConfig {
         namespaces: vec![NamespaceConfig::new(1, lba, blocks)],
         mdts,
         ..Default::default()
     };
-    let model = NvmeModel::start(cfg, mapper.clone()).unwrap();
+    let model = NvmeModel::start(cfg, log.clone()).unwrap();
     let opts = ControllerOptions {
         page_size: PageSize::Base4K,
         io_queues: 2,
         ..Default::default()
     };
     let ctrl = Controller::new(model.bar0(), DmaContext::new(mapper), opts).unwrap();
-    (model, ctrl)
+    (NoStrayDma(log), model, ctrl)
 }
 
 fn t(source_offset: u64, device_offset: u64, len: u64) -> Transfer {
@@ -38,7 +50,7 @@ fn t(source_offset: u64, device_offset: u64, len: u64) -> Transfer {
 fn nvme_model_load_save_verify() {
     // 4 MiB namespace of 512-byte blocks; MDTS 64 KiB, so each 256 KiB slot is split in 4
     // commands, and a queue of 8 entries fills up (requests wait, then go).
-    let (model, ctrl) = bring_up(512, 8192, 4);
+    let (_no_stray_dma, model, ctrl) = bring_up(512, 8192, 4);
     let mut seed = vec![0u8; 4 << 20];
     pattern(21, 0, &mut seed);
     model.write_ns(1, 0, &seed).unwrap();
@@ -90,7 +102,7 @@ fn nvme_model_load_save_verify() {
 
 #[test]
 fn nvme_errors_come_back_as_source_errors() {
-    let (_model, ctrl) = bring_up(4096, 256, 0);
+    let (_no_stray_dma, _model, ctrl) = bring_up(4096, 256, 0);
     let mut slots = Slots::alloc(ctrl.dma(), 2, 64 << 10, PageSize::Base4K).unwrap();
     let mut src = NvmeSource::new(&ctrl, 1, &slots, &QpairOptions::default(), "model").unwrap();
     let mut gpu = CpuEngine::new(2 << 20);
