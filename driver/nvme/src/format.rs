@@ -714,4 +714,257 @@ mod tests {
             &mut []
         ));
     }
+
+    /// Property tests: formats from any Identify Namespace data are consistent or refused, the
+    /// sizes every pointer is built from follow from them, and host PI round trips and catches
+    /// every single flipped bit it covers. 256 cases per property (see
+    /// [`crate::proptest_support`]).
+    mod props {
+        use super::*;
+        use crate::proptest_support::{config, page};
+        use proptest::prelude::*;
+
+        fn pi_mode() -> impl Strategy<Value = PiMode> {
+            prop_oneof![
+                Just(PiMode::Controller),
+                any::<(bool, bool, bool)>().prop_map(|(guard, app_tag, ref_tag)| PiMode::Host(PiCheck {
+                    guard,
+                    app_tag,
+                    ref_tag
+                })),
+            ]
+        }
+
+        /// What holds for every format vfpoll accepts, and for the access it derives from it
+        /// under `mode`.
+        fn check_format(f: &NsFormat, id: &IdentifyNamespace, mode: PiMode) -> Result<(), TestCaseError> {
+            prop_assert!(f.data_size.is_power_of_two() && (512..=1 << 31).contains(&f.data_size));
+            prop_assert_eq!(
+                (f.index, f.count as usize),
+                (id.format_index, id.lba_formats.len())
+            );
+            prop_assert_eq!(f.metadata_size, id.lba_format().ms as usize);
+            prop_assert_eq!(f.extended, id.extended_lba && f.metadata_size != 0);
+            if let Some(p) = f.protection {
+                prop_assert!(p.format.size() <= f.metadata_size);
+                prop_assert_eq!(p.first, id.dps & 8 != 0);
+            }
+            let _ = f.to_string();
+            let Ok(a) = Access::new(f, mode) else {
+                let guard = f.protection.map(|p| p.format);
+                prop_assert!(matches!(guard, Some(PiFormat::Guard32 | PiFormat::Guard64)));
+                return Ok(());
+            };
+            let (ds, ms) = (f.data_size, f.metadata_size);
+            // Metadata moves through one pointer or none, never both.
+            prop_assert!(
+                (a.block_bytes, a.meta_bytes) == (ds, 0)
+                    || (f.extended && (a.block_bytes, a.meta_bytes) == (ds + ms, 0))
+                    || (!f.extended && (a.block_bytes, a.meta_bytes) == (ds, ms))
+            );
+            // Without PI metadata always moves; with it, only PRACT with PI-only metadata
+            // keeps it off the bus.
+            let stays = f.protection.is_some_and(|p| p.format.size() == ms) && mode == PiMode::Controller;
+            prop_assert_eq!(a.block_bytes + a.meta_bytes == ds, ms == 0 || stays);
+            prop_assert_eq!(
+                a.prinfo & prinfo::PRACT != 0,
+                f.protection.is_some() && mode == PiMode::Controller
+            );
+            prop_assert_eq!(a.transfer(3), (3 * a.block_bytes as u64, 3 * a.meta_bytes as u64));
+            Ok(())
+        }
+
+        /// The LBA format, FLBAS index and extended bit, DPS, PIF of a namespace.
+        type Picked = (Vec<(u8, u16)>, u8, bool, u8, Option<u8>);
+
+        fn picked() -> impl Strategy<Value = Picked> {
+            let lbads = prop_oneof![9u8..=12, 9u8..=31, any::<u8>()];
+            let ms = prop_oneof![Just(0u16), Just(8), Just(16), Just(64), 0u16..=128, any::<u16>()];
+            (
+                prop::collection::vec((lbads, ms), 1..=64),
+                prop_oneof![0u8..4, 0u8..64],
+                any::<bool>(),
+                prop_oneof![0u8..16, any::<u8>()],
+                prop_oneof![Just(None), (0u8..3).prop_map(Some), any::<u8>().prop_map(Some)],
+            )
+        }
+
+        proptest! {
+            #![proptest_config(config(256))]
+
+            /// Any Identify Namespace page and any PIF: an error, or a consistent format.
+            #[test]
+            fn any_namespace_page_gives_a_consistent_format_or_an_error(
+                b in page(),
+                pif in prop::option::of(any::<u8>()),
+                mode in pi_mode(),
+            ) {
+                if let Some(id) = IdentifyNamespace::parse(&b) {
+                    if let Ok(f) = NsFormat::parse(&id, pif) {
+                        check_format(&f, &id, mode)?;
+                    }
+                }
+            }
+
+            /// Identify data from random fields: the format they describe, or the error that
+            /// names what is wrong with them.
+            #[test]
+            fn namespace_fields_give_their_format(
+                (formats, index, extended, dps, pif) in picked(),
+                mode in pi_mode(),
+            ) {
+                let id = id(&formats, index, extended, dps);
+                let got = NsFormat::parse(&id, pif);
+                let count = formats.len() as u8;
+                let want = (|| {
+                    let &(lbads, ms) =
+                        formats.get(index as usize).ok_or(FormatError::NoSuchFormat { index, count })?;
+                    if !(9..=31).contains(&lbads) {
+                        return Err(FormatError::BadDataSize(lbads));
+                    }
+                    let ty = match dps & 7 {
+                        0 => None,
+                        1 => Some(PiType::Type1),
+                        2 => Some(PiType::Type2),
+                        3 => Some(PiType::Type3),
+                        t => return Err(FormatError::BadPiType(t)),
+                    };
+                    let protection = match ty {
+                        None => None,
+                        Some(ty) => {
+                            let format = match pif {
+                                None | Some(0) => PiFormat::Guard16,
+                                Some(1) => PiFormat::Guard32,
+                                Some(2) => PiFormat::Guard64,
+                                Some(p) => return Err(FormatError::BadPiFormat(p)),
+                            };
+                            if format.size() > ms as usize {
+                                let (pi, ms) = (format.size(), ms as usize);
+                                return Err(FormatError::PiLargerThanMetadata { pi, ms });
+                            }
+                            Some(Protection { ty, first: dps & 8 != 0, format })
+                        }
+                    };
+                    Ok(NsFormat {
+                        index,
+                        count,
+                        data_size: 1 << lbads,
+                        metadata_size: ms as usize,
+                        extended: extended && ms != 0,
+                        protection,
+                    })
+                })();
+                prop_assert_eq!(got, want);
+                if let Ok(f) = got {
+                    check_format(&f, &id, mode)?;
+                }
+            }
+        }
+
+        /// A 16-bit guard PI format: data 512..=4096, metadata 8..=128, either placement.
+        fn pi_format() -> impl Strategy<Value = NsFormat> {
+            (9u32..=12, 8usize..=128, any::<bool>(), any::<bool>(), 0usize..3).prop_map(
+                |(lbads, ms, extended, first, t)| NsFormat {
+                    index: 0,
+                    count: 1,
+                    data_size: 1 << lbads,
+                    metadata_size: ms,
+                    extended,
+                    protection: Some(Protection {
+                        ty: [PiType::Type1, PiType::Type2, PiType::Type3][t],
+                        first,
+                        format: PiFormat::Guard16,
+                    }),
+                },
+            )
+        }
+
+        /// Buffers for `blocks` blocks of `f` (data, separate metadata) filled from `seed`.
+        fn buffers(f: &NsFormat, blocks: usize, seed: u64) -> (Vec<u8>, Vec<u8>) {
+            let mut x = seed | 1;
+            let mut noise = |n: usize| -> Vec<u8> {
+                (0..n)
+                    .map(|_| {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        x as u8
+                    })
+                    .collect()
+            };
+            if f.extended {
+                (noise(blocks * (f.data_size + f.metadata_size)), Vec::new())
+            } else {
+                (noise(blocks * f.data_size), noise(blocks * f.metadata_size))
+            }
+        }
+
+        proptest! {
+            #![proptest_config(config(256))]
+
+            /// PI generated for any blocks verifies; any one flipped bit of a block's data,
+            /// of the metadata before its PI (covered by the guard when the PI is last) or of
+            /// its PI is caught in that block; metadata after the PI is not covered.
+            #[test]
+            fn host_pi_round_trips_and_catches_any_flipped_bit(
+                f in pi_format(),
+                slba in any::<u64>(),
+                blocks in 1usize..=4,
+                seed in any::<u64>(),
+                (block, at, bit) in (0usize..4, any::<prop::sample::Index>(), 0u8..8),
+            ) {
+                let (mut data, mut meta) = buffers(&f, blocks, seed);
+                prop_assert!(pi::generate(&f, slba, blocks as u64, &mut data, &mut meta));
+                prop_assert_eq!(pi::verify(&f, slba, blocks as u64, &mut data, &mut meta), Ok(()));
+                // Type 1 and 2 tags follow the LBA; type 3's do not.
+                let other = slba.wrapping_add(1);
+                let want = match f.protection.unwrap().ty {
+                    PiType::Type3 => Ok(()),
+                    _ => Err(0),
+                };
+                prop_assert_eq!(pi::verify(&f, other, blocks as u64, &mut data, &mut meta), want);
+                // Flip one bit of block `block`'s data or metadata.
+                let block = block % blocks;
+                let (ds, ms) = (f.data_size, f.metadata_size);
+                let pi_at = if f.protection.unwrap().first { 0 } else { ms - 8 };
+                let i = at.index(ds + ms);
+                let covered = i < ds + pi_at + 8;
+                if f.extended {
+                    data[block * (ds + ms) + i] ^= 1 << bit;
+                } else if i < ds {
+                    data[block * ds + i] ^= 1 << bit;
+                } else {
+                    meta[block * ms + i - ds] ^= 1 << bit;
+                }
+                let got = pi::verify(&f, slba, blocks as u64, &mut data, &mut meta);
+                let want = if covered { Err(block as u64) } else { Ok(()) };
+                prop_assert_eq!(got, want, "byte {} of the block", i);
+            }
+
+            /// Buffers that do not hold the blocks (or a format without 16-bit guard PI) are
+            /// refused, and nothing is written.
+            #[test]
+            fn host_pi_refuses_buffers_of_the_wrong_size(
+                f in pi_format(),
+                blocks in 1usize..=4,
+                (dd, md) in (-2isize..=2, -2isize..=2),
+                seed in any::<u64>(),
+            ) {
+                let (data, meta) = buffers(&f, blocks, seed);
+                let resize = |mut v: Vec<u8>, d: isize| {
+                    v.resize((v.len() as isize + d).max(0) as usize, 0xa5);
+                    v
+                };
+                let (mut d, mut m) = (resize(data, dd), resize(meta, if f.extended { 0 } else { md }));
+                let (d0, m0) = (d.clone(), m.clone());
+                let fits = dd == 0 && (f.extended || md == 0);
+                prop_assert_eq!(pi::generate(&f, 0, blocks as u64, &mut d, &mut m), fits);
+                if !fits {
+                    prop_assert!(d == d0 && m == m0);
+                }
+                let plain = NsFormat { protection: None, ..f };
+                prop_assert!(!pi::generate(&plain, 0, blocks as u64, &mut d, &mut m));
+            }
+        }
+    }
 }

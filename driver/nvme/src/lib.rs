@@ -49,6 +49,8 @@ mod ctrlr;
 pub mod error;
 pub mod format;
 pub mod identify;
+#[cfg(test)]
+mod proptest_support;
 pub mod prp;
 mod qmem;
 mod qpair;

@@ -187,9 +187,12 @@ impl Zone {
     }
 
     /// Blocks still writable at the write pointer (0 for a zone that cannot be written).
+    /// Saturating: the descriptor comes from the controller and may hold any values.
     pub fn remaining(&self) -> u64 {
         if self.state.writable() {
-            (self.start + self.capacity).saturating_sub(self.write_pointer)
+            self.start
+                .saturating_add(self.capacity)
+                .saturating_sub(self.write_pointer)
         } else {
             0
         }
@@ -314,5 +317,179 @@ mod tests {
         b[0..8].copy_from_slice(&1u64.to_le_bytes());
         assert_eq!(parse_report(&b, 0).1.len(), 1);
         assert_eq!(parse_report(&b[..10], 0), (0, vec![]));
+    }
+
+    /// Property tests: the zoned Identify page and zone reports from any bytes, and built from
+    /// random values. 256 cases per property (see [`crate::proptest_support`]).
+    mod props {
+        use super::*;
+        use crate::proptest_support::{config, page};
+        use proptest::prelude::*;
+
+        /// A zone descriptor's fields, and noise for its reserved bits and bytes.
+        fn zone() -> impl Strategy<Value = (Zone, [u8; 64])> {
+            (0u8..16, 0u8..16, any::<(u8, u64, u64, u64)>(), any::<[u8; 64]>()).prop_map(
+                |(zone_type, zs, (attributes, capacity, start, write_pointer), noise)| {
+                    let z = Zone {
+                        zone_type,
+                        state: ZoneState::from_bits(zs),
+                        attributes,
+                        capacity,
+                        start,
+                        write_pointer,
+                    };
+                    (z, noise)
+                },
+            )
+        }
+
+        /// The 64-byte descriptor of `z` (ZNS 1.1 Figure 37) over `noise`.
+        fn encode_zone(z: &Zone, noise: &[u8; 64]) -> [u8; 64] {
+            let mut d = *noise;
+            let zs = match z.state {
+                ZoneState::Empty => 0x1,
+                ZoneState::ImplicitlyOpened => 0x2,
+                ZoneState::ExplicitlyOpened => 0x3,
+                ZoneState::Closed => 0x4,
+                ZoneState::ReadOnly => 0xd,
+                ZoneState::Full => 0xe,
+                ZoneState::Offline => 0xf,
+                ZoneState::Reserved(v) => v,
+            };
+            // Bits 7:4 of byte 0 and 3:0 of byte 1 are reserved: left as noise.
+            d[0] = d[0] & 0xf0 | z.zone_type;
+            d[1] = d[1] & 0x0f | zs << 4;
+            d[2] = z.attributes;
+            d[8..16].copy_from_slice(&z.capacity.to_le_bytes());
+            d[16..24].copy_from_slice(&z.start.to_le_bytes());
+            d[24..32].copy_from_slice(&z.write_pointer.to_le_bytes());
+            d
+        }
+
+        /// Found by `any_zone_report_parses`: a writable zone whose start plus capacity
+        /// passes `u64::MAX` made `remaining` overflow (a panic in debug builds).
+        #[test]
+        fn remaining_of_a_garbage_descriptor_saturates() {
+            let z = Zone {
+                zone_type: 2,
+                state: ZoneState::Empty,
+                attributes: 0,
+                capacity: 1,
+                start: u64::MAX,
+                write_pointer: 0,
+            };
+            assert_eq!(z.remaining(), u64::MAX);
+        }
+
+        proptest! {
+            #![proptest_config(config(256))]
+
+            /// Any page and any format index: `None` past the 64 LBA format extensions or for
+            /// a zone size of 0, the fields of the page otherwise; the limits never overflow.
+            #[test]
+            fn any_zoned_identify_page_parses(b in page(), index in any::<u8>()) {
+                let z = IdentifyZonedNamespace::parse(&b, index);
+                prop_assert_eq!(z, IdentifyZonedNamespace::parse(&b[..4096], index));
+                if index >= 64 {
+                    prop_assert!(z.is_none());
+                }
+                if let Some(z) = z {
+                    prop_assert!(z.zone_size != 0);
+                    prop_assert!(z.zone_ext_size.is_multiple_of(64) && z.zone_ext_size <= 255 * 64);
+                    prop_assert_eq!(z.max_active(), z.mar.checked_add(1));
+                    prop_assert_eq!(z.max_open(), z.mor.checked_add(1));
+                }
+            }
+
+            /// A page built from random values for format `index` parses back to them; the
+            /// other formats (zone size 0) have none.
+            #[test]
+            fn zoned_identify_round_trips(
+                (zoc, ozcs, mar, mor) in any::<(u16, u16, u32, u32)>(),
+                index in 0u8..64,
+                other in 0u8..64,
+                zone_size in 1u64..,
+                zdes in any::<u8>(),
+                mut b in page(),
+            ) {
+                b[0..2].copy_from_slice(&zoc.to_le_bytes());
+                b[2..4].copy_from_slice(&ozcs.to_le_bytes());
+                b[4..8].copy_from_slice(&mar.to_le_bytes());
+                b[8..12].copy_from_slice(&mor.to_le_bytes());
+                let lbafe = 2816 + 16 * index as usize;
+                b[lbafe..lbafe + 8].copy_from_slice(&zone_size.to_le_bytes());
+                b[lbafe + 8] = zdes;
+                if other != index {
+                    let o = 2816 + 16 * other as usize;
+                    b[o..o + 8].fill(0);
+                    prop_assert_eq!(IdentifyZonedNamespace::parse(&b, other), None);
+                }
+                let zone_ext_size = zdes as usize * 64;
+                let want = IdentifyZonedNamespace { zoc, ozcs, mar, mor, zone_size, zone_ext_size };
+                prop_assert_eq!(IdentifyZonedNamespace::parse(&b, index), Some(want));
+                prop_assert_eq!(want.read_across_zones(), ozcs & 1 != 0);
+            }
+
+            /// A report built from random descriptors (with extensions, a header count below,
+            /// at or above what the buffer holds, the buffer cut anywhere) parses back to the
+            /// descriptors the header counts and the buffer holds whole.
+            #[test]
+            fn zone_report_round_trips(
+                zones in prop::collection::vec(zone(), 0..12),
+                zdes in 0usize..4,
+                count_delta in -3i64..4,
+                cut in 0usize..64 * 4 + 64,
+                fill in any::<u8>(),
+            ) {
+                let ext = zdes * 64;
+                let mut b = vec![fill; 64];
+                let count = (zones.len() as i64 + count_delta).max(0) as u64;
+                b[0..8].copy_from_slice(&count.to_le_bytes());
+                for (z, noise) in &zones {
+                    b.extend_from_slice(&encode_zone(z, noise));
+                    b.extend(std::iter::repeat_n(fill, ext));
+                }
+                let whole = b.len().saturating_sub(cut).max(if cut % 2 == 0 { 64 } else { 0 });
+                let b = &b[..whole.min(b.len())];
+                let (n, got) = parse_report(b, ext);
+                if b.len() < 64 {
+                    prop_assert_eq!((n, got.len()), (0, 0));
+                } else {
+                    let held = (b.len() - 64) / (64 + ext);
+                    let listed = held.min(count as usize);
+                    let want: Vec<Zone> = zones.iter().map(|(z, _)| *z).take(listed).collect();
+                    prop_assert_eq!(n, count);
+                    prop_assert_eq!(got, want);
+                }
+            }
+
+            /// Any bytes and any extension size: no panic, no more zones than the header
+            /// counts or the buffer holds, and what is left to write in a zone is asked for
+            /// safely whatever the descriptor says.
+            #[test]
+            fn any_zone_report_parses(
+                b in prop::collection::vec(any::<u8>(), 0..800),
+                ext in prop_oneof![0usize..=256, 0usize..=255 * 64],
+            ) {
+                let (n, zones) = parse_report(&b, ext);
+                prop_assert!(zones.len() as u64 <= n);
+                prop_assert!(zones.len() <= b.len().saturating_sub(64) / (64 + ext));
+                for z in &zones {
+                    let left = z.remaining();
+                    if !z.state.writable() {
+                        prop_assert_eq!(left, 0);
+                    } else if z.write_pointer >= z.start {
+                        prop_assert!(left <= z.capacity);
+                    }
+                    let _ = z.state.to_string();
+                }
+            }
+
+            /// `Zone::parse` reads the descriptor's fields and ignores its reserved bits.
+            #[test]
+            fn zone_descriptor_round_trips((z, noise) in zone()) {
+                prop_assert_eq!(Zone::parse(&encode_zone(&z, &noise)), z);
+            }
+        }
     }
 }

@@ -247,8 +247,8 @@ impl<B: IoBuffer> QueuePair<B> {
     ) -> Result<(), Refused<B>> {
         let len = buf.len();
         let aligned = buf.bus_addr(0).is_aligned(PAGE_SIZE as u64);
-        let step = if aligned { ns.steps.0 } else { ns.steps.1 };
-        let step_blocks = (step / ns.block_bytes) as u64;
+        let step_blocks = ns.step_blocks(aligned);
+        let step = step_blocks as usize * ns.block_bytes;
         let total = (len / ns.block_bytes) as u64;
         let parts = {
             let (mut left, mut n) = (total, 0usize);

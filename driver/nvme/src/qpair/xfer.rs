@@ -108,6 +108,19 @@ impl NsInfo {
         self.md_quirk == 0 || MetadataQuirk::fits(nlb as usize * self.md_quirk)
     }
 
+    /// Blocks per part of a split request whose buffer starts on a page (`aligned`) or not
+    /// (the longest part that keeps to [`part_step`]'s page rule). A part cut short for
+    /// [`MetadataQuirk`] can leave the next part starting mid-page, so with the quirk every part
+    /// takes the step for any start.
+    pub(super) fn step_blocks(&self, aligned: bool) -> u64 {
+        let step = if aligned && self.md_quirk == 0 {
+            self.steps.0
+        } else {
+            self.steps.1
+        };
+        (step / self.block_bytes) as u64
+    }
+
     /// How many of `left` blocks the next part of a split request takes, at most `step`.
     pub(super) fn part_blocks(&self, left: u64, step: u64) -> u64 {
         let k = left.min(step);
@@ -642,6 +655,232 @@ mod tests {
                         );
                     }
                 }
+            }
+        }
+    }
+
+    /// Property tests over random formats, PI modes, block counts, buffer offsets (dword
+    /// aligned or not), page layouts, SGL on or off and maximum transfers: the pointers describe
+    /// exactly what the controller moves or the command is refused, and split requests are cut
+    /// into parts that each fit one command. 256 cases per property (see
+    /// [`crate::proptest_support`]).
+    mod props {
+        use super::*;
+        use crate::proptest_support::config;
+        use proptest::prelude::*;
+
+        /// Data 512..=4096 bytes (powers of two), metadata 0..=128 (at least the 8 bytes of PI
+        /// with PI), extended or separate, PI none or type 1/2/3 (16-bit guard, first or last
+        /// bytes); the PI mode Controller or Host with any checks.
+        fn format_and_mode() -> impl Strategy<Value = (NsFormat, PiMode)> {
+            let ms = prop_oneof![Just(0usize), Just(8), Just(16), Just(64), 0usize..=128];
+            let mode = prop_oneof![
+                Just(PiMode::Controller),
+                any::<(bool, bool, bool)>().prop_map(|(guard, app_tag, ref_tag)| PiMode::Host(PiCheck {
+                    guard,
+                    app_tag,
+                    ref_tag
+                })),
+            ];
+            (9u32..=12, ms, any::<bool>(), 0usize..4, any::<bool>(), mode).prop_map(
+                |(lbads, ms, extended, pi, first, mode)| {
+                    let ty = [
+                        None,
+                        Some(PiType::Type1),
+                        Some(PiType::Type2),
+                        Some(PiType::Type3),
+                    ][pi];
+                    let ms = if ty.is_some() { ms.max(8) } else { ms };
+                    let f = NsFormat {
+                        index: 0,
+                        count: 1,
+                        data_size: 1 << lbads,
+                        metadata_size: ms,
+                        extended: extended && ms != 0,
+                        protection: ty.map(|ty| Protection {
+                            ty,
+                            first,
+                            format: PiFormat::Guard16,
+                        }),
+                    };
+                    (f, mode)
+                },
+            )
+        }
+
+        /// Where a buffer starts in its first page: on the page, dword aligned, or anywhere.
+        fn start() -> impl Strategy<Value = usize> {
+            prop_oneof![
+                Just(0usize),
+                (0usize..1024).prop_map(|d| 4 * d),
+                0usize..PAGE_SIZE
+            ]
+        }
+
+        /// The bus ranges of bytes `off..off + len` of `buf`, in order.
+        fn ranges(buf: &Scattered, off: usize, len: usize) -> Vec<(u64, usize)> {
+            let mut out = Vec::new();
+            let mut at = off;
+            while at < off + len {
+                let n = buf.contiguous_len(at).min(off + len - at);
+                push_range(&mut out, buf.bus_addr(at).get(), n);
+                at += n;
+            }
+            out
+        }
+
+        /// PRP list pages enough for `len` bytes from `start` (at least one).
+        fn lists_for(start: BusAddr, len: usize) -> Lists {
+            let entries = prp::pages_spanned(start.get(), len, PAGE_SIZE).saturating_sub(1);
+            Lists {
+                pages: vec![vec![0; PAGE_SIZE / 8]; prp::list_pages_for(entries.max(1), PAGE_SIZE)],
+            }
+        }
+
+        /// Found by `split_parts_cover_the_request_and_each_fits_one_command`: on QEMU, 25
+        /// blocks of 512 bytes with 33 bytes of separate metadata at an 8 KiB maximum transfer,
+        /// from a page-aligned buffer, were cut at the aligned step into 15 blocks (the quirk's
+        /// cut) and 10, the second 5120 bytes from byte 7680: three pages for a transfer limit
+        /// of two.
+        #[test]
+        fn parts_after_a_metadata_quirk_cut_keep_the_page_rule() {
+            let f = NsFormat {
+                index: 0,
+                count: 1,
+                data_size: 512,
+                metadata_size: 33,
+                extended: false,
+                protection: None,
+            };
+            let a = Access::new(&f, PiMode::Controller).unwrap();
+            let mut ns = NsInfo::new(1, 1 << 20, f, Ok(a), 8192);
+            ns.md_quirk = 33;
+            let step = ns.step_blocks(true);
+            let (mut done, mut left) = (0, 25u64);
+            while left > 0 {
+                let k = ns.part_blocks(left, step);
+                let pages = prp::pages_spanned(done * 512, k as usize * 512, PAGE_SIZE);
+                assert!(pages <= 2, "{k} blocks at block {done}: {pages} pages");
+                done += k;
+                left -= k;
+            }
+        }
+
+        proptest! {
+            #![proptest_config(config(256))]
+
+            /// One command of `nlb` blocks from byte `off` of a buffer with spare bytes after
+            /// (less than a block), with or without a separate metadata buffer: refused exactly
+            /// when a pointer would be misaligned, the metadata is missing, unexpected or not
+            /// bus-contiguous; otherwise the controller's walk of the data pointer is exactly
+            /// the buffer's bytes, and MPTR is the metadata's first byte. One block more is
+            /// always refused.
+            #[test]
+            fn pointers_describe_exactly_what_the_device_moves_for_any_request(
+                (f, mode) in format_and_mode(),
+                nlb in prop_oneof![1u64..=16, 1u64..=300],
+                (first, off, slack, contiguous) in
+                    (start(), 0usize..=8192, any::<prop::sample::Index>(), any::<bool>()),
+                (meta_first, moff, meta_contiguous, give_meta) in
+                    (start(), 0usize..=512, any::<bool>(), any::<bool>()),
+                sgl in any::<bool>(),
+            ) {
+                let a = Access::new(&f, mode).expect("16-bit guard formats are supported");
+                let (dlen, mlen) = a.transfer(nlb);
+                let (dlen, mlen) = (dlen as usize, mlen as usize);
+                let buf = Scattered { first, len: off + dlen + slack.index(a.block_bytes), contiguous };
+                let meta = Scattered { first: meta_first, len: moff + mlen, contiguous: meta_contiguous };
+                let m = give_meta.then_some((&meta, moff));
+                let mut lists = lists_for(buf.bus_addr(off), dlen);
+                let r = describe(a.block_bytes, a.meta_bytes, nlb, &buf, off, m, sgl, &mut lists);
+                let data_ok = buf.bus_addr(off).is_aligned(4);
+                let meta_ok = match (mlen, give_meta) {
+                    (0, given) => !given,
+                    (_, false) => false,
+                    (_, true) => meta.bus_addr(moff).is_aligned(4) && meta.contiguous_len(moff) >= mlen,
+                };
+                prop_assert_eq!(r.is_ok(), data_ok && meta_ok, "{} {:?}: {:?}", f, mode, r);
+                if let Ok(p) = r {
+                    prop_assert_eq!(device_walk(p.data, dlen, &lists), ranges(&buf, off, dlen));
+                    prop_assert_eq!(p.data.psdt == Psdt::SglBuffer, sgl && buf.contiguous_len(off) >= dlen);
+                    let mptr = if mlen == 0 { BusAddr(0) } else { meta.bus_addr(moff) };
+                    prop_assert_eq!(p.mptr, mptr);
+                }
+                let over = describe(a.block_bytes, a.meta_bytes, nlb + 1, &buf, off, m, sgl, &mut lists);
+                prop_assert!(over.is_err(), "an overrun must be refused");
+            }
+
+            /// A request of `total` blocks on a queue pair of maximum transfer `max_xfer`, on
+            /// QEMU (the metadata quirk) or not, cut as `submit` cuts it: one command when it
+            /// fits one whatever the offset, else parts of `NsInfo::part_blocks` at
+            /// `NsInfo::step_blocks`. The parts cover the request exactly; each is a whole
+            /// number of blocks (1..=65536, NLB is 16 bits) within the maximum transfer, keeps
+            /// QEMU's metadata whole (`md_fits`), and spans no more pages than the maximum
+            /// transfer allows bytes (unless it is a single block); each is described, with the
+            /// queue pair's list pages, exactly, or refused only for a misaligned start.
+            #[test]
+            fn split_parts_cover_the_request_and_each_fits_one_command(
+                (f, mode) in format_and_mode(),
+                max_shift in 12u32..=21,
+                qemu in any::<bool>(),
+                total in prop_oneof![1u64..=64, 1u64..=2048],
+                (first, contiguous, sgl) in (start(), any::<bool>(), any::<bool>()),
+                meta_first in start(),
+            ) {
+                let a = Access::new(&f, mode).expect("16-bit guard formats are supported");
+                let max_xfer = 1usize << max_shift;
+                // Such a namespace is refused (BlockTooLarge) before any command is built.
+                prop_assume!(a.block_bytes <= max_xfer);
+                let mut ns = NsInfo::new(1, u64::MAX, f, Ok(a), max_xfer);
+                if qemu {
+                    // As `QueuePair::refresh_view` sets it for QEMU.
+                    ns.md_quirk = if ns.meta_bytes != 0 {
+                        ns.meta_bytes
+                    } else {
+                        ns.block_bytes - ns.data_size
+                    };
+                }
+                let (bb, mb) = (ns.block_bytes, ns.meta_bytes);
+                let len = total as usize * bb;
+                prop_assert_eq!(ns.blocks_of(len), Some(total));
+                let buf = Scattered { first, len, contiguous };
+                let meta = Scattered { first: meta_first, len: total as usize * mb, contiguous: true };
+                // The queue pair's list pages per command (as `QueuePair::create` sizes them).
+                let mut list_pages = 1;
+                while prp::max_transfer(list_pages, PAGE_SIZE) < max_xfer {
+                    list_pages += 1;
+                }
+                let mut lists = Lists { pages: vec![vec![0; PAGE_SIZE / 8]; list_pages] };
+                let one = len <= ns.one_command && ns.md_fits(total);
+                let step = ns.step_blocks(buf.bus_addr(0).is_aligned(PAGE_SIZE as u64));
+                let (mut done, mut parts) = (0u64, 0usize);
+                while done < total {
+                    let k = if one { total } else { ns.part_blocks(total - done, step) };
+                    prop_assert!((1..=65536).contains(&k) && k <= total - done, "{} blocks at {}", k, done);
+                    prop_assert!(one || k <= step, "{} blocks over the step of {}", k, step);
+                    let (at, plen) = (done as usize * bb, k as usize * bb);
+                    prop_assert!(plen <= max_xfer, "{} bytes over the maximum transfer {}", plen, max_xfer);
+                    prop_assert!(ns.md_fits(k), "{} blocks of {} metadata bytes", k, ns.md_quirk);
+                    let pages = prp::pages_spanned(buf.bus_addr(at).get(), plen, PAGE_SIZE);
+                    prop_assert!(
+                        max_xfer == PAGE_SIZE || k == 1 || pages <= max_xfer / PAGE_SIZE,
+                        "a part of {} bytes at {} spans {} pages", plen, at, pages
+                    );
+                    let m = (mb != 0).then_some((&meta, done as usize * mb));
+                    let r = describe(bb, mb, k, &buf, at, m, sgl, &mut lists);
+                    let ok = buf.bus_addr(at).is_aligned(4)
+                        && m.is_none_or(|(mm, o)| mm.bus_addr(o).is_aligned(4));
+                    prop_assert_eq!(r.is_ok(), ok, "part at {} of {} {:?}: {:?}", at, f, mode, r);
+                    if let Ok(p) = r {
+                        prop_assert_eq!(device_walk(p.data, plen, &lists), ranges(&buf, at, plen));
+                        let mptr = m.map_or(BusAddr(0), |(mm, o)| mm.bus_addr(o));
+                        prop_assert_eq!(p.mptr, mptr);
+                    }
+                    done += k;
+                    parts += 1;
+                }
+                prop_assert_eq!(done, total);
+                prop_assert!(parts as u64 <= total);
             }
         }
     }
