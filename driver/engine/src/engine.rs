@@ -18,7 +18,7 @@ use crate::clock::Clock;
 use crate::report::{per_second, Report, WorkerReport};
 use crate::worker::{self, queue_entries, same_controller, Control, Counters, Event, Setup};
 use crate::workload::Workload;
-use crate::EngineError;
+use crate::{zoned, EngineError};
 
 /// When a run ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,6 +57,9 @@ pub struct JobSpec {
 }
 
 /// A namespace range a worker drives.
+///
+/// On a zoned namespace the range is whole zones (and no other worker's, when the job writes);
+/// its I/O units lie in each zone below the zone capacity (see [`crate::zoned`]).
 #[derive(Debug, Clone)]
 pub struct Target {
     /// The controller (targets of one controller share the worker's queue pair on it).
@@ -65,7 +68,8 @@ pub struct Target {
     pub device: String,
     /// The namespace.
     pub nsid: u32,
-    /// The LBAs it uses: `start` and `end` aligned to the I/O size.
+    /// The LBAs it uses: `start` and `end` aligned to the I/O size (to the zone size on a
+    /// zoned namespace).
     pub lbas: Range<u64>,
 }
 
@@ -95,6 +99,10 @@ pub struct Namespace {
 /// The usual layout, as fio's `numjobs` with `offset_increment`: every worker gets a queue
 /// pair on every controller and an equal, disjoint share of every namespace (in whole I/O
 /// units). Disjoint shares keep sequential streams apart and make verify runs well defined.
+///
+/// A zoned namespace is shared out in whole zones (a `size` that is not a whole number of
+/// zones is rounded down to one), so that every zone has one writer: each worker gets an equal
+/// run of zones, and there must be at least as many zones as workers. See [`crate::zoned`].
 pub fn split_evenly(
     cores: &[Option<usize>],
     namespaces: &[Namespace],
@@ -136,6 +144,28 @@ pub fn split_evenly(
             None => ns.bytes(),
         };
         let io_blocks = io_size as u64 / lba;
+        if let Some(z) = ns.zoned {
+            let zb = z.identify.zone_size;
+            let zones = bytes / lba / zb;
+            if zones < w {
+                return Err(EngineError::Invalid(format!(
+                    "{} namespace {} is zoned: {bytes} bytes hold {zones} whole zone(s) of {} bytes, fewer than the {w} workers, and each worker needs zones of its own: use fewer workers (--cores) or more of the namespace (--size)",
+                    n.device,
+                    n.nsid,
+                    zb * lba
+                )));
+            }
+            for (i, spec) in specs.iter_mut().enumerate() {
+                let (a, b) = (zones * i as u64 / w, zones * (i as u64 + 1) / w);
+                spec.targets.push(Target {
+                    ctrl: n.ctrl.clone(),
+                    device: n.device.clone(),
+                    nsid: n.nsid,
+                    lbas: a * zb..b * zb,
+                });
+            }
+            continue;
+        }
         let units = bytes / io_size as u64;
         if units < w {
             return Err(EngineError::Invalid(format!(
@@ -187,7 +217,7 @@ impl Engine {
     /// Checks the job, spawns one thread per worker, and waits until each has pinned itself
     /// and made its queue pairs and buffers. Any failure tears down the others and is returned.
     pub fn start(job: JobSpec, workers: Vec<WorkerSpec>) -> Result<Engine, EngineError> {
-        let quotas = check(&job, &workers)?;
+        let (quotas, lanes) = check(&job, &workers)?;
         let clock = Clock::calibrate(Duration::from_millis(20));
         let job = Arc::new(job);
         let (ev_tx, events) = crossbeam_channel::unbounded();
@@ -199,7 +229,7 @@ impl Engine {
             counters: Vec::new(),
             clock,
         };
-        for ((index, spec), quotas) in workers.into_iter().enumerate().zip(quotas) {
+        for (((index, spec), quotas), lanes) in workers.into_iter().enumerate().zip(quotas).zip(lanes) {
             let (tx, control) = crossbeam_channel::bounded(4);
             let counters = Arc::new(Counters::default());
             let setup = Setup {
@@ -211,6 +241,7 @@ impl Engine {
                 events: ev_tx.clone(),
                 counters: Arc::clone(&counters),
                 quotas,
+                lanes,
             };
             let t = std::thread::Builder::new()
                 .name(format!("vfpoll-worker-{index}"))
@@ -338,8 +369,12 @@ impl Drop for Engine {
     }
 }
 
-/// Checks the job against the workers' targets; returns each worker's per-target quotas.
-fn check(job: &JobSpec, workers: &[WorkerSpec]) -> Result<Vec<Vec<u64>>, EngineError> {
+/// Per worker and target: a submission quota, and zones written at once.
+type Plans = (Vec<Vec<u64>>, Vec<Vec<u32>>);
+
+/// Checks the job against the workers' targets; returns each worker's per-target quotas and
+/// zone lanes.
+fn check(job: &JobSpec, workers: &[WorkerSpec]) -> Result<Plans, EngineError> {
     let bad = |s: String| Err(EngineError::Invalid(s));
     if workers.is_empty() {
         return bad("no workers".into());
@@ -356,6 +391,7 @@ fn check(job: &JobSpec, workers: &[WorkerSpec]) -> Result<Vec<Vec<u64>>, EngineE
     if job.limit == Limit::Ios(0) || job.limit == Limit::Time(Duration::ZERO) {
         return bad("the run must have a non-zero time or I/O count".into());
     }
+    let lanes = zoned::plan(job, workers)?;
     let mut per_ctrl: Vec<(Controller, String, usize)> = Vec::new();
     for (i, w) in workers.iter().enumerate() {
         if w.targets.is_empty() {
@@ -383,7 +419,14 @@ fn check(job: &JobSpec, workers: &[WorkerSpec]) -> Result<Vec<Vec<u64>>, EngineE
             }
             if !seen.iter().any(|c| same_controller(c, &t.ctrl)) {
                 seen.push(&t.ctrl);
-                queue_entries(job, &t.ctrl)?;
+                let zone_cmds: u32 = w
+                    .targets
+                    .iter()
+                    .zip(&lanes[i])
+                    .filter(|(o, _)| same_controller(&o.ctrl, &t.ctrl))
+                    .map(|(_, &l)| l)
+                    .sum();
+                queue_entries(job, &t.ctrl, zone_cmds as usize)?;
                 match per_ctrl.iter_mut().find(|(c, _, _)| same_controller(c, &t.ctrl)) {
                     Some(e) => e.2 += 1,
                     None => per_ctrl.push((t.ctrl.clone(), t.device.clone(), 1)),
@@ -402,7 +445,7 @@ fn check(job: &JobSpec, workers: &[WorkerSpec]) -> Result<Vec<Vec<u64>>, EngineE
     // Quotas: `--ios` spread evenly over every namespace range of every worker.
     let ranges: usize = workers.iter().map(|w| w.targets.len()).sum();
     let mut k = 0u64;
-    Ok(workers
+    let quotas = workers
         .iter()
         .map(|w| {
             w.targets
@@ -420,5 +463,6 @@ fn check(job: &JobSpec, workers: &[WorkerSpec]) -> Result<Vec<Vec<u64>>, EngineE
                 })
                 .collect()
         })
-        .collect())
+        .collect();
+    Ok((quotas, lanes))
 }

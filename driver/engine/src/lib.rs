@@ -13,6 +13,8 @@
 //! - [`workload`]: access patterns, the read/write mix, generators;
 //! - [`pattern`]: the LBA-tagged verify pattern and its checker;
 //! - [`report`]: per-worker and merged results (`hdrhistogram`s, merged at the end);
+//! - [`zoned`]: zoned namespaces (whole zones per worker, one write in flight per zone,
+//!   several zones at once, resets and finishes);
 //! - [`Engine`]: spawns workers from [`WorkerSpec`]s, runs, stops, collects.
 //!
 //! ```no_run
@@ -50,10 +52,11 @@ pub mod report;
 mod slots;
 mod worker;
 pub mod workload;
+pub mod zoned;
 
 pub use engine::{split_evenly, Engine, JobSpec, Limit, Namespace, Progress, Target, WorkerSpec};
 pub use hdrhistogram::Histogram;
-pub use report::{LatencySummary, Report};
+pub use report::{LatencySummary, Report, ZoneReport};
 pub use workload::Workload;
 
 use vfpoll_dma::DmaError;

@@ -112,6 +112,27 @@ pub struct QueueReport {
     pub empty_polls: u64,
     /// The queue pair's own counters (doorbells, completions, errors).
     pub stats: QpairStats,
+    /// Its zoned namespaces: how their zones were written.
+    pub zoned: Vec<ZoneReport>,
+}
+
+/// How one worker used the zones of one zoned namespace (see [`crate::zoned`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ZoneReport {
+    /// The namespace.
+    pub nsid: u32,
+    /// Zones of the worker's range.
+    pub zones: u64,
+    /// I/Os per zone: the smallest zone capacity over the I/O size, rounded down (the rest of
+    /// each zone is not used).
+    pub ios_per_zone: u64,
+    /// Zones written at once, one write in flight each (0: the run did not write).
+    pub at_once: u32,
+    /// Zones reset (Reset Zone): before the first write, and before each zone is written again.
+    pub resets: u64,
+    /// Zones finished (Finish Zone) after their last I/O, their remainder skipped, or after a
+    /// failed write.
+    pub finishes: u64,
 }
 
 /// One block that did not read back as written.

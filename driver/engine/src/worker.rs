@@ -20,9 +20,12 @@ use crate::affinity::pin_current;
 use crate::clock::Clock;
 use crate::engine::{JobSpec, Target, WorkerSpec};
 use crate::pattern;
-use crate::report::{Mismatch, OpStats, QueueReport, VerifyReport, WorkerReport, MAX_ERROR_SAMPLES};
+use crate::report::{
+    Mismatch, OpStats, QueueReport, VerifyReport, WorkerReport, ZoneReport, MAX_ERROR_SAMPLES,
+};
 use crate::slots::{PoolSlots, RegionSlots, Slots};
 use crate::workload::{mix64, Cursor, Rng};
+use crate::zoned::{self, ZoneCmd, ZoneGeom, ZoneWriter, ZONE_TAG};
 use crate::EngineError;
 
 /// Rounds of the hot loop between two looks at the control channel.
@@ -70,6 +73,8 @@ pub(crate) struct Setup {
     pub counters: Arc<Counters>,
     /// Submission quota of each of `spec.targets` (`u64::MAX`: until stopped).
     pub quotas: Vec<u64>,
+    /// Zones each of `spec.targets` writes at once (0: not a zoned range the job writes).
+    pub lanes: Vec<u32>,
 }
 
 /// The worker thread's body.
@@ -248,6 +253,8 @@ struct SlotMeta {
     submitted: u64,
     lba: u64,
     ns: u16,
+    /// The zone lane of a write to a zoned namespace.
+    lane: u16,
     write: bool,
     failed: bool,
     lost: bool,
@@ -267,10 +274,39 @@ struct NsState {
     io_blocks: u64,
     first_lba: u64,
     units: u64,
+    /// Where units lie in a zoned range (`None`: one after the other).
+    zone: Option<ZoneGeom>,
+    /// The zones being written, while a zoned range is written.
+    writer: Option<ZoneWriter>,
+    /// What was done to the zones of a zoned range.
+    zone_report: Option<ZoneReport>,
     cursor: Cursor,
     /// Submissions left in this pass (`u64::MAX`: until stopped).
     left: u64,
     seed: u64,
+}
+
+impl NsState {
+    /// The first LBA of I/O unit `unit` of the range.
+    #[inline]
+    fn lba_of(&self, unit: u64) -> u64 {
+        self.first_lba
+            + match &self.zone {
+                None => unit * self.io_blocks,
+                Some(g) => g.offset(unit, self.io_blocks),
+            }
+    }
+
+    /// Whether an I/O can be submitted now.
+    #[inline]
+    fn ready(&self) -> bool {
+        self.left > 0 && self.writer.as_ref().is_none_or(ZoneWriter::can_write)
+    }
+
+    /// Whether I/O is still to be submitted (now, or once zone commands complete).
+    fn has_work(&self) -> bool {
+        self.left > 0 && self.writer.as_ref().is_none_or(ZoneWriter::live)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -296,6 +332,10 @@ struct Queue<S: Slots> {
     meta: Box<[SlotMeta]>,
     /// Slots whose completions came in this poll.
     ready: Vec<u32>,
+    /// Zone commands (by tag, and whether they succeeded) whose completions came in this poll.
+    zone_done: Vec<(u64, bool)>,
+    /// Zone commands in flight.
+    zone_cmds: u32,
     /// Slots in hand, not submitted.
     free: Vec<u32>,
     ns: Vec<NsState>,
@@ -330,16 +370,31 @@ fn build<S: Slots>(s: &Setup) -> Result<Vec<Queue<S>>, EngineError> {
             device: device.clone(),
             source,
         };
+        // Zones written at once in this queue pair: each may have a zone command in flight
+        // besides the slots' I/O. A queue pair that writes zones never splits a request (the
+        // parts would be writes in flight together to one zone).
+        let lanes: u32 = g.iter().map(|&(ti, _)| s.lanes[ti]).sum();
         let opts = QpairOptions {
-            entries: queue_entries(job, ctrl)?,
+            entries: queue_entries(job, ctrl, lanes as usize)?,
+            split: job.qpair.split && lanes == 0,
             ..job.qpair.clone()
         };
-        let qp = ctrl.create_qpair::<S::Buf>(&opts).map_err(nvme)?;
+        let mut qp = ctrl.create_qpair::<S::Buf>(&opts).map_err(nvme)?;
         let mut ns = Vec::new();
         let mut lens: Option<(usize, usize)> = None;
         for (k, &(ti, t)) in g.iter().enumerate() {
             let n = ctrl.namespace(t.nsid).map_err(nvme)?;
             let io = IoLayout::of(job, &device, &n)?;
+            let write_zones = s.lanes[ti] != 0;
+            if write_zones {
+                let one = zoned::one_command(qp.max_transfer(), io.block_bytes);
+                if io.data_len > one {
+                    return Err(EngineError::Invalid(format!(
+                        "{device} namespace {}: an I/O of {} bytes takes more than one command (at most {one} bytes each here): on a zoned namespace each write must be one command, so that writes reach a zone in order; use an I/O size of at most {one} bytes",
+                        t.nsid, job.io_size
+                    )));
+                }
+            }
             match lens {
                 None => lens = Some((io.data_len, io.meta_len)),
                 Some(l) if l != (io.data_len, io.meta_len) => {
@@ -351,7 +406,40 @@ fn build<S: Slots>(s: &Setup) -> Result<Vec<Queue<S>>, EngineError> {
                 Some(_) => {}
             }
             let io_blocks = (job.io_size / n.lba_size) as u64;
-            let units = (t.lbas.end - t.lbas.start) / io_blocks;
+            let mut units = (t.lbas.end - t.lbas.start) / io_blocks;
+            let (mut zone, mut writer, mut zone_report) = (None, None, None);
+            if n.zoned.is_some() {
+                let p = zoned::prepare::<S>(
+                    &mut qp,
+                    ctrl,
+                    job.buffer_page,
+                    opts.timeout,
+                    &device,
+                    &n,
+                    t.lbas.clone(),
+                    io_blocks,
+                    zoned::writes(job),
+                )?;
+                units = p.zones * p.geom.per_zone;
+                zone = Some(p.geom);
+                if write_zones {
+                    writer = Some(ZoneWriter::new(
+                        p.zones,
+                        p.geom.per_zone,
+                        p.finish,
+                        !job.verify,
+                        s.lanes[ti],
+                    ));
+                }
+                zone_report = Some(ZoneReport {
+                    nsid: t.nsid,
+                    zones: p.zones,
+                    ios_per_zone: p.geom.per_zone,
+                    at_once: s.lanes[ti],
+                    resets: p.resets,
+                    finishes: 0,
+                });
+            }
             let seed = mix64(job.seed ^ ((s.index as u64) << 40) ^ ((gi as u64) << 20) ^ k as u64);
             let left = if job.verify { units } else { s.quotas[ti] };
             ns.push(NsState {
@@ -363,6 +451,9 @@ fn build<S: Slots>(s: &Setup) -> Result<Vec<Queue<S>>, EngineError> {
                 io_blocks,
                 first_lba: t.lbas.start,
                 units,
+                zone,
+                writer,
+                zone_report,
                 cursor: Cursor::new(units, job.workload.random(), job.verify, seed),
                 left,
                 seed,
@@ -386,6 +477,8 @@ fn build<S: Slots>(s: &Setup) -> Result<Vec<Queue<S>>, EngineError> {
             mscratch: if job.verify { vec![0; meta_len] } else { Vec::new() },
             meta: vec![SlotMeta::default(); qd].into_boxed_slice(),
             ready: Vec::with_capacity(qd),
+            zone_done: Vec::with_capacity(lanes as usize),
+            zone_cmds: 0,
             free: (0..qd as u32).rev().collect(),
             ns,
             next_ns: 0,
@@ -436,11 +529,6 @@ impl IoLayout {
                 "({format}) has protection information and the run does not generate it: use PiMode::Controller"
             ));
         }
-        if n.zoned.is_some() && (job.verify || job.workload.read_percent(job.rwmix_read) < 100) {
-            return bad(
-                "it is zoned: writes must go to each zone's write pointer in order, which vfpoll perf does not do yet; use a read workload (randread, read)".into(),
-            );
-        }
         // The controller's PI inside metadata that moves (PRACT with more metadata than PI).
         let pi = format.protection.and_then(|p| {
             let size = p.format.size();
@@ -478,10 +566,11 @@ fn largest_buffer(s: &Setup) -> Result<usize, EngineError> {
 }
 
 /// Queue entries for the job on `ctrl`: at least every slot's command (split into parts if the
-/// I/O is larger than the maximum transfer) plus the one entry a full queue leaves empty; the
-/// template's `entries` when that is more (and the controller allows it), so that a completion
-/// queue larger than the queue depth lets the driver acknowledge completions in batches.
-pub(crate) fn queue_entries(job: &JobSpec, ctrl: &Controller) -> Result<u16, EngineError> {
+/// I/O is larger than the maximum transfer), `zone_cmds` zone commands, plus the one entry a
+/// full queue leaves empty; the template's `entries` when that is more (and the controller
+/// allows it), so that a completion queue larger than the queue depth lets the driver
+/// acknowledge completions in batches.
+pub(crate) fn queue_entries(job: &JobSpec, ctrl: &Controller, zone_cmds: usize) -> Result<u16, EngineError> {
     let mdts = ctrl.mdts_bytes().unwrap_or(2 << 20);
     let max = job.qpair.max_transfer.map_or(mdts, |m| m.min(mdts)).max(4096);
     // A part never spans more pages than MDTS allows bytes: unaligned buffers lose a page.
@@ -490,11 +579,15 @@ pub(crate) fn queue_entries(job: &JobSpec, ctrl: &Controller) -> Result<u16, Eng
     } else {
         job.io_size.div_ceil(max.saturating_sub(4096).max(4096))
     };
-    let want = job.queue_depth as usize * parts + 1;
+    let want = job.queue_depth as usize * parts + zone_cmds + 1;
     let mqes = ctrl.cap().max_queue_entries().min(65535) as usize;
     if want > mqes {
+        let zones = match zone_cmds {
+            0 => String::new(),
+            z => format!(" and {z} zone command(s)"),
+        };
         return Err(EngineError::Invalid(format!(
-            "queue depth {} with {} command(s) per I/O needs {want} queue entries; the controller allows {mqes} (CAP.MQES)",
+            "queue depth {} with {} command(s) per I/O{zones} needs {want} queue entries; the controller allows {mqes} (CAP.MQES)",
             job.queue_depth, parts
         )));
     }
@@ -515,17 +608,17 @@ impl<S: Slots> Queue<S> {
     }
 
     fn can_submit(&self) -> bool {
-        !self.broken && self.ns.iter().any(|n| n.left > 0)
+        !self.broken && self.ns.iter().any(NsState::has_work)
     }
 
-    /// The next namespace with submissions left (round robin).
+    /// The next namespace that can take an I/O now (round robin).
     #[inline]
     fn pick_ns(&mut self) -> Option<usize> {
         let n = self.ns.len();
         for _ in 0..n {
             let k = self.next_ns;
             self.next_ns = if k + 1 == n { 0 } else { k + 1 };
-            if self.ns[k].left > 0 {
+            if self.ns[k].ready() {
                 return Some(k);
             }
         }
@@ -550,16 +643,23 @@ impl<S: Slots> Queue<S> {
         let Some(k) = self.pick_ns() else {
             return false;
         };
-        let write = match self.phase {
-            Phase::Run => st.pick_write(),
-            Phase::VerifyWrite => true,
-            Phase::VerifyRead => false,
-        };
         let ns = &mut self.ns[k];
+        // A zoned range being written takes only writes, each the next of one of its zones.
+        let (write, lba, lane) = match ns.writer.as_mut().and_then(ZoneWriter::next_write) {
+            Some((lane, unit)) => (true, ns.lba_of(unit), lane),
+            None => {
+                let write = match self.phase {
+                    Phase::Run => st.pick_write(),
+                    Phase::VerifyWrite => true,
+                    Phase::VerifyRead => false,
+                };
+                let unit = ns.cursor.next_unit(&mut st.rng);
+                (write, ns.lba_of(unit), 0)
+            }
+        };
         if ns.left != u64::MAX {
             ns.left -= 1;
         }
-        let lba = ns.first_lba + ns.cursor.next_unit(&mut st.rng) * ns.io_blocks;
         let nsid = ns.nsid;
         if let (false, Some(_)) = (write, st.verify_seed) {
             // Verify reads go into poisoned buffers: a read that moves nothing cannot pass
@@ -595,6 +695,7 @@ impl<S: Slots> Queue<S> {
             submitted: now,
             lba,
             ns: k as u16,
+            lane,
             write,
             failed: false,
             lost: false,
@@ -647,10 +748,19 @@ impl<S: Slots> Queue<S> {
             mslots,
             meta,
             ready,
+            zone_done,
             device,
             ..
         } = self;
         let n = qp.poll(usize::MAX, |d| {
+            if d.tag & ZONE_TAG != 0 {
+                if let Err(e) = &d.result {
+                    let (k, lane) = zoned::untag(d.tag);
+                    st.error(|| format!("{device}: zone command of namespace index {k} lane {lane}: {e}"));
+                }
+                zone_done.push((d.tag, d.result.is_ok()));
+                return;
+            }
             let slot = d.tag as usize;
             let m = &mut meta[slot];
             if let Err(e) = &d.result {
@@ -681,13 +791,64 @@ impl<S: Slots> Queue<S> {
         } else {
             let now = st.clock.ticks();
             self.complete(now, st);
+            if !self.zone_done.is_empty() {
+                self.zone_complete(st);
+            }
             self.refill(now, st);
             self.qp.flush_submissions();
         }
-        if self.inflight == 0 && !self.can_submit() {
+        if self.inflight == 0 && self.zone_cmds == 0 && !self.can_submit() {
             return self.next_phase(st);
         }
         true
+    }
+
+    /// Sends a zone command for lane `lane` of namespace `k`.
+    #[cold]
+    fn zone_cmd(&mut self, k: usize, lane: u16, cmd: ZoneCmd, st: &mut State) {
+        let ns = &mut self.ns[k];
+        let g = ns.zone.expect("a zoned range");
+        let (action, zone) = cmd.action();
+        let zslba = ns.first_lba + zone * g.zone_blocks;
+        if let Some(r) = ns.zone_report.as_mut() {
+            match cmd {
+                ZoneCmd::Reset(_) => r.resets += 1,
+                ZoneCmd::Finish(_) => r.finishes += 1,
+            }
+        }
+        let nsid = ns.nsid;
+        match self
+            .qp
+            .zone_action(nsid, zslba, action, false, zoned::zone_tag(k, lane))
+        {
+            Ok(()) => self.zone_cmds += 1,
+            Err(e) => {
+                let dev = &self.device;
+                st.error(|| format!("{dev}: {} of namespace {nsid} LBA {zslba}: {e}", action.name()));
+                self.broken = true;
+            }
+        }
+    }
+
+    /// Zone commands completed: their lanes go on (a failed one ends the run).
+    #[cold]
+    fn zone_complete(&mut self, st: &mut State) {
+        for i in 0..self.zone_done.len() {
+            let (tag, ok) = self.zone_done[i];
+            self.zone_cmds -= 1;
+            if !ok {
+                self.broken = true;
+                continue;
+            }
+            let (k, lane) = zoned::untag(tag);
+            let ns = &mut self.ns[k];
+            let more = ns.left > 0;
+            let next = ns.writer.as_mut().and_then(|w| w.command_done(lane, more));
+            if let Some(cmd) = next {
+                self.zone_cmd(k, lane, cmd, st);
+            }
+        }
+        self.zone_done.clear();
     }
 
     #[inline]
@@ -704,6 +865,9 @@ impl<S: Slots> Queue<S> {
             if !m.failed {
                 op.bytes += st.io_size as u64;
             }
+            if m.write && self.ns[m.ns as usize].writer.is_some() {
+                self.zone_written(m, st);
+            }
             if m.lost {
                 // The queue pair failed and kept the buffer: this slot is gone.
                 self.broken = true;
@@ -715,6 +879,23 @@ impl<S: Slots> Queue<S> {
             self.free.push(slot as u32);
         }
         self.ready.clear();
+    }
+
+    /// A write to a zoned range completed: its lane goes on.
+    #[inline]
+    fn zone_written(&mut self, m: SlotMeta, st: &mut State) {
+        let k = m.ns as usize;
+        let ns = &mut self.ns[k];
+        let more = ns.left > 0;
+        let Some(w) = ns.writer.as_mut() else { return };
+        let after = w.write_done(m.lane, !m.failed, more);
+        if self.phase == Phase::VerifyWrite {
+            // Units of a zone given up after a failed write are not written in this pass.
+            ns.left = ns.left.saturating_sub(after.skipped);
+        }
+        if let Some(cmd) = after.cmd {
+            self.zone_cmd(k, m.lane, cmd, st);
+        }
     }
 
     /// Verify bookkeeping for a completed slot: count written blocks, check read ones.
@@ -784,6 +965,7 @@ impl<S: Slots> Queue<S> {
         }
         self.phase = Phase::VerifyRead;
         for n in &mut self.ns {
+            n.writer = None;
             n.left = n.units;
             n.seed = mix64(n.seed);
             n.cursor = Cursor::new(n.units, n.cursor.is_random(), true, n.seed);
@@ -803,6 +985,7 @@ impl<S: Slots> Queue<S> {
             polls: self.polls,
             empty_polls: self.empty_polls,
             stats: self.qp.stats(),
+            zoned: self.ns.iter().filter_map(|n| n.zone_report.clone()).collect(),
         }
     }
 }
