@@ -196,8 +196,20 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
         (lba, None, t_write, t_read, bufs.contents(d)?)
     } else {
         let lba = a.lba.unwrap_or(ns.blocks.saturating_sub(blocks));
-        submit(&mut qp, false, a.nsid, lba, bufs.take_for_read()?, 0)?;
-        let d = run_one(&mut qp, "reading the original blocks")?;
+        // The original blocks are read without PI checks: blocks never written with protection
+        // information hold none that is valid, and must still be saved and put back (with
+        // valid PI then). The message is read back with the checks.
+        let mut saver = match format.protection {
+            Some(_) => Some(ctrl.create_qpair::<DmaBuf>(&QpairOptions {
+                protection: PiMode::ControllerUnchecked,
+                ..Default::default()
+            })?),
+            None => None,
+        };
+        let sq = saver.as_mut().unwrap_or(&mut qp);
+        submit(sq, false, a.nsid, lba, bufs.take_for_read()?, 0)?;
+        let d = run_one(sq, "reading the original blocks")?;
+        drop(saver);
         d.result
             .as_ref()
             .map_err(|e| anyhow::anyhow!("reading the original blocks: {e}"))?;

@@ -229,6 +229,10 @@ pub enum PiMode {
     /// metadata than PI it still moves (the PI bytes in it are the controller's).
     #[default]
     Controller,
+    /// As [`PiMode::Controller`], but reads are not checked (PRACT = 1, PRCHK = 0): the PI is
+    /// stripped whatever it holds. For reading blocks that were never written with PI (their
+    /// PI is not valid) in order to save them; writes still get valid PI.
+    ControllerUnchecked,
     /// The host supplies PI in the metadata it writes and gets it back on reads (PRACT = 0);
     /// the controller checks what `PiCheck` says. [`pi`] generates and verifies 16-bit guard PI.
     Host(PiCheck),
@@ -347,6 +351,8 @@ impl Access {
                 // With metadata that is the PI alone, PRACT means none moves (§5.2.1.2).
                 (ms != p.format.size(), bits, checks_ref)
             }
+            // The reference tag still goes in CDW14: writes generate PI from it.
+            PiMode::ControllerUnchecked => (ms != p.format.size(), prinfo::PRACT, checks_ref),
             PiMode::Host(c) => {
                 let mut bits = 0;
                 if c.guard {
@@ -655,6 +661,15 @@ mod tests {
         assert_eq!(
             a(fmt(4096, 64, false, Some(PiType::Type1)), PiMode::Controller).transfer(2),
             (8192, 128)
+        );
+        // Unchecked: PRACT alone, same sizes.
+        let x = a(
+            fmt(512, 8, true, Some(PiType::Type1)),
+            PiMode::ControllerUnchecked,
+        );
+        assert_eq!(
+            (x.transfer(8), x.prinfo, x.ref_tag),
+            ((4096, 0), prinfo::PRACT, true)
         );
         // Type 3 checks no reference tag.
         let x = a(fmt(512, 8, true, Some(PiType::Type3)), PiMode::Controller);
