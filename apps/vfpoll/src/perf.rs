@@ -37,7 +37,10 @@ pub struct Args {
     /// namespace.
     #[arg(long, short = 'n', value_name = "LIST", default_value = "1")]
     pub nsid: String,
-    /// Access pattern: randread, randwrite, read, write, randrw, rw.
+    /// Access pattern: randread, randwrite, read, write, randrw, rw. On a zoned namespace:
+    /// write (each worker resets its zones, then writes them in order at their write pointers,
+    /// several zones at once with one write in flight each), read and randread; randwrite,
+    /// randrw and rw are refused.
     #[arg(long, short = 'w', default_value = "randread", value_parser = parse_workload)]
     pub workload: Workload,
     /// Percent of reads for randrw and rw.
@@ -60,12 +63,16 @@ pub struct Args {
     /// this process may use].
     #[arg(long, short = 'c', value_name = "LIST")]
     pub cores: Option<String>,
-    /// Use only this many bytes of each namespace, from LBA 0 [default: all of it].
+    /// Use only this many bytes of each namespace, from LBA 0 [default: all of it]. Zoned
+    /// namespaces are shared out in whole zones (the size rounded down to whole zones).
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub size: Option<u64>,
     /// Write every I/O unit of the range once with a seeded, LBA-tagged pattern (in random
     /// order for rand* workloads), then read each back and check it. Reports the LBA of each
-    /// block that differs and exits 1. Makes one pass: --time and --ios do not apply.
+    /// block that differs and exits 1. Makes one pass: --time and --ios do not apply. On a
+    /// zoned namespace the writes go zone by zone in order (below each zone's capacity; a
+    /// remainder smaller than an I/O is skipped and the zone finished), the reads in the
+    /// workload's order (-w write or randread).
     #[arg(long, conflicts_with_all = ["time", "ios"])]
     pub verify: bool,
     /// Seed of offsets, mixes and the verify pattern [default: from the clock; printed].
@@ -312,13 +319,21 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
 }
 
 fn describe(a: &Args, job: &JobSpec, cores: &[usize], spaces: &[Namespace]) -> String {
+    let zoned = spaces
+        .iter()
+        .any(|n| n.ctrl.namespace(n.nsid).is_ok_and(|ns| ns.zoned.is_some()));
     let what = if a.verify {
         format!(
-            "verify ({} order)",
+            "verify ({} order{})",
             if job.workload.random() {
                 "random"
             } else {
                 "sequential"
+            },
+            if zoned && job.workload.random() {
+                "; zoned namespaces written zone by zone, read at random"
+            } else {
+                ""
             }
         )
     } else if matches!(job.workload, Workload::RandRw | Workload::Rw) {
@@ -392,6 +407,19 @@ fn print_text(job: &JobSpec, r: &Report) {
                 100.0 * q.empty_polls as f64 / q.polls.max(1) as f64,
                 s.completions as f64 / busy.max(1) as f64
             );
+            for z in &q.zoned {
+                let written = match z.at_once {
+                    0 => "read only".to_string(),
+                    n => format!(
+                        "{n} written at once (one write in flight each), {} reset, {} finished",
+                        z.resets, z.finishes
+                    ),
+                };
+                println!(
+                    "    zoned ns {}: {} zones of {} I/Os each, {written}",
+                    z.nsid, z.zones, z.ios_per_zone
+                );
+            }
         }
     }
     if r.errors != 0 {
@@ -476,6 +504,10 @@ fn to_json(a: &Args, job: &JobSpec, cores: &[usize], devices: &Devices, r: &Repo
                         "errors": s.errors, "sq_doorbells": s.sq_doorbells, "cq_doorbells": s.cq_doorbells,
                         "shadow_only": s.shadow_only, "bogus_completions": s.bogus_completions,
                         "aborts": s.aborts,
+                        "zoned": q.zoned.iter().map(|z| json!({
+                            "nsid": z.nsid, "zones": z.zones, "ios_per_zone": z.ios_per_zone,
+                            "at_once": z.at_once, "resets": z.resets, "finishes": z.finishes,
+                        })).collect::<Vec<_>>(),
                     })
                 })
                 .collect();

@@ -43,8 +43,9 @@ pub struct JobSpec {
     /// When to stop (ignored by verify runs, which make exactly one pass).
     pub limit: Limit,
     /// Verify instead of measuring: write every I/O unit of each worker's ranges once with the
-    /// pattern of [`crate::pattern`] (in random order for random workloads), then read each
-    /// back and check it.
+    /// pattern of [`crate::pattern`] (in random order for random workloads; zoned namespaces
+    /// zone by zone, in order, see [`crate::zoned`]), then read each back (in random order for
+    /// random workloads) and check it.
     pub verify: bool,
     /// Seed of offsets, mixes and the verify pattern: the same seed gives the same run.
     pub seed: u64,
