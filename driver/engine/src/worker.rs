@@ -14,7 +14,7 @@ use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use std::ops::Range;
 
 use vfpoll_nvme::format::{Access, PiMode};
-use vfpoll_nvme::{Controller, Namespace, QpairOptions, QueuePair};
+use vfpoll_nvme::{Controller, Namespace, NvmeError, QpairOptions, QueuePair};
 
 use crate::affinity::pin_current;
 use crate::clock::Clock;
@@ -332,8 +332,9 @@ struct Queue<S: Slots> {
     meta: Box<[SlotMeta]>,
     /// Slots whose completions came in this poll.
     ready: Vec<u32>,
-    /// Zone commands (by tag, and whether they succeeded) whose completions came in this poll.
-    zone_done: Vec<(u64, bool)>,
+    /// Zone commands (by tag, with the error of a failed one) whose completions came in this
+    /// poll.
+    zone_done: Vec<(u64, Option<NvmeError>)>,
     /// Zone commands in flight.
     zone_cmds: u32,
     /// Slots in hand, not submitted.
@@ -754,11 +755,7 @@ impl<S: Slots> Queue<S> {
         } = self;
         let n = qp.poll(usize::MAX, |d| {
             if d.tag & ZONE_TAG != 0 {
-                if let Err(e) = &d.result {
-                    let (k, lane) = zoned::untag(d.tag);
-                    st.error(|| format!("{device}: zone command of namespace index {k} lane {lane}: {e}"));
-                }
-                zone_done.push((d.tag, d.result.is_ok()));
+                zone_done.push((d.tag, d.result.err()));
                 return;
             }
             let slot = d.tag as usize;
@@ -833,22 +830,33 @@ impl<S: Slots> Queue<S> {
     /// Zone commands completed: their lanes go on (a failed one ends the run).
     #[cold]
     fn zone_complete(&mut self, st: &mut State) {
-        for i in 0..self.zone_done.len() {
-            let (tag, ok) = self.zone_done[i];
+        let mut done = std::mem::take(&mut self.zone_done);
+        for (tag, error) in done.drain(..) {
             self.zone_cmds -= 1;
-            if !ok {
+            let (k, lane) = zoned::untag(tag);
+            let ns = &mut self.ns[k];
+            if let Some(e) = error {
+                let (dev, nsid) = (&self.device, ns.nsid);
+                let what = match ns.writer.as_ref().and_then(|w| w.pending(lane)) {
+                    Some(cmd) => {
+                        let (action, zone) = cmd.action();
+                        let zslba = ns.first_lba + zone * ns.zone.map_or(0, |g| g.zone_blocks);
+                        format!("{} of the zone at LBA {zslba}", action.name())
+                    }
+                    None => "a zone command".into(),
+                };
+                st.error(|| format!("{dev}: namespace {nsid}: {what}: {e}"));
                 self.broken = true;
                 continue;
             }
-            let (k, lane) = zoned::untag(tag);
-            let ns = &mut self.ns[k];
             let more = ns.left > 0;
             let next = ns.writer.as_mut().and_then(|w| w.command_done(lane, more));
             if let Some(cmd) = next {
                 self.zone_cmd(k, lane, cmd, st);
             }
         }
-        self.zone_done.clear();
+        // The (empty) vector back, its capacity kept: nothing is allocated per command.
+        self.zone_done = done;
     }
 
     #[inline]

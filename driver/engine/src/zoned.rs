@@ -374,6 +374,14 @@ impl ZoneWriter {
         }
     }
 
+    /// The zone command `lane` has in flight, if any.
+    pub(crate) fn pending(&self, lane: u16) -> Option<ZoneCmd> {
+        match self.lanes[lane as usize].state {
+            LaneState::Command(c) => Some(c),
+            _ => None,
+        }
+    }
+
     /// The zone command of `lane` completed successfully (a failed one ends the run).
     pub(crate) fn command_done(&mut self, lane: u16, more: bool) -> Option<ZoneCmd> {
         match self.lanes[lane as usize].state {

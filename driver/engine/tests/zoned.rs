@@ -400,3 +400,29 @@ fn an_offline_zone_is_named() {
         "{e}"
     );
 }
+
+#[test]
+fn a_failed_zone_command_ends_the_run_and_is_named() {
+    let (model, ctrl) = bring_up();
+    // 40 KiB I/Os leave 2 blocks of each zone: the first zone written is finished, and that
+    // Finish Zone fails.
+    model.inject(
+        Fault::new(FaultKind::Status(Status::DATA_TRANSFER_ERROR))
+            .io()
+            .opcode(0x79),
+    );
+    let workers = split_evenly(&[None], &[ns(&ctrl, 1)], 40960).unwrap();
+    let r = run(job(Workload::Write, 40960, 4, true, 9), workers);
+    assert!(!r.passed());
+    assert_eq!(r.errors, 1, "{:?}", r.error_samples);
+    assert!(
+        r.error_samples[0]
+            .contains("model: namespace 1: Zone Management Send (Finish Zone) of the zone at LBA 0: ")
+            && r.error_samples[0].contains("Data Transfer Error"),
+        "{:?}",
+        r.error_samples
+    );
+    // The run stopped writing at the failure: no read pass, fewer zones written than owned.
+    let v = r.verify.unwrap();
+    assert!(v.blocks_written < ZONES * 190 && v.blocks_checked == 0, "{v:?}");
+}
