@@ -898,7 +898,11 @@ fn zasl_of(
     ) {
         Ok(p) => {
             let z = zns::parse_zasl(&p);
-            Ok((z != 0).then(|| cap.mps_min() << z))
+            // A limit too large for a usize is no limit (as MDTS).
+            Ok((z != 0)
+                .then(|| cap.mps_min().checked_shl(z as u32))
+                .flatten()
+                .filter(|&b| b != 0))
         }
         // No zoned command set: the CSI is refused.
         Err(NvmeError::Status { .. }) => Ok(None),

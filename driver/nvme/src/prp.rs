@@ -16,6 +16,18 @@ pub trait PrpListMem {
     fn write(&mut self, page: usize, idx: usize, entry: u64);
 }
 
+impl<T: PrpListMem + ?Sized> PrpListMem for &mut T {
+    fn pages(&self) -> usize {
+        (**self).pages()
+    }
+    fn page_bus(&self, page: usize) -> u64 {
+        (**self).page_bus(page)
+    }
+    fn write(&mut self, page: usize, idx: usize, entry: u64) {
+        (**self).write(page, idx, entry)
+    }
+}
+
 /// Why a transfer cannot be described with PRPs.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PrpError {

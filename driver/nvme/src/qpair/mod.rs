@@ -183,7 +183,7 @@ impl<B: IoBuffer> std::fmt::Debug for QueuePair<B> {
 }
 
 /// The list pages of one tracker.
-struct TrackerLists<'a> {
+pub(super) struct TrackerLists<'a> {
     mem: &'a mut QueueMem,
     off: usize,
     pages: usize,
@@ -469,7 +469,7 @@ impl<B: IoBuffer> QueuePair<B> {
     }
 
     #[inline]
-    fn check_range(&self, ns: NsInfo, slba: u64, blocks: u64) -> Result<()> {
+    fn check_range(&self, ns: &NsInfo, slba: u64, blocks: u64) -> Result<()> {
         match slba.checked_add(blocks) {
             Some(end) if end <= ns.blocks && blocks > 0 => Ok(()),
             _ => Err(NvmeError::LbaOutOfRange {

@@ -113,21 +113,91 @@ impl<B: IoBuffer> QueuePair<B> {
         if self.failed.is_some() {
             return Err((self.check_usable().expect_err("failed"), buf, meta));
         }
-        let Some(ns) = self.namespaces.iter().find(|n| n.nsid == nsid).copied() else {
+        let Some(i) = self.namespaces.iter().position(|n| n.nsid == nsid) else {
             return Err((self.ns(nsid).expect_err("no such namespace"), buf, meta));
         };
+        let ns = &self.namespaces[i];
+        if !ns.plain || meta.is_some() {
+            return self.submit_general(op, i, slba, buf, meta, tag);
+        }
+        // The fast path: a format that moves data only. The namespace by reference, its few
+        // hot fields copied out.
         let len = buf.len();
+        let Some(blocks) = ns.blocks_of(len) else {
+            let ns = *ns;
+            return Err((self.refusal(&ns, len, None), buf, meta));
+        };
+        let (prinfo, ref_tag) = (ns.prinfo, ns.ref_tag);
+        match slba.checked_add(blocks) {
+            Some(end) if end <= ns.blocks => {}
+            _ => {
+                let ns = *ns;
+                return Err((self.range_error(&ns, slba, blocks), buf, meta));
+            }
+        }
+        if len > ns.one_command {
+            let ns = *ns;
+            return self.submit_split(op, ns, slba, buf, meta, tag);
+        }
+        let Some(&slot) = self.free_cids.last() else {
+            return Err((self.full(), buf, meta));
+        };
+        let sgl = self.use_sgl;
+        // `blocks_of` made `len` exactly `blocks x block_bytes`: the data pointer describes
+        // exactly what moves.
+        let dp = match xfer::data_ptr_with(&buf, 0, len, sgl, || self.lists(slot)) {
+            Ok(dp) => dp,
+            Err(e) => return Err((e, buf, meta)),
+        };
+        self.free_cids.pop();
+        let s = &mut self.slots[slot as usize];
+        let cid = s.claim(slot, slot);
+        s.req = Request::new(tag, 1, op);
+        s.buf = Some(buf);
+        let (opcode, fua) = op.io_opcode();
+        self.ring.push(
+            &mut self.mem,
+            &rw_words(Rw {
+                op: opcode,
+                nsid,
+                cid,
+                slba,
+                blocks: blocks as u32,
+                dw12_flags: (fua as u32) << 30 | prinfo,
+                ref_tag: if ref_tag { slba as u32 } else { 0 },
+                dp,
+                mptr: BusAddr(0),
+            }),
+        );
+        self.stats.requests += 1;
+        self.live += 1;
+        Ok(())
+    }
+
+    /// A submission with metadata (in the blocks, or a separate buffer), or one to refuse.
+    #[inline(never)]
+    fn submit_general(
+        &mut self,
+        op: Op,
+        i: usize,
+        slba: u64,
+        buf: B,
+        meta: Option<B>,
+        tag: u64,
+    ) -> Result<(), Refused<B>> {
+        let ns = self.namespaces[i];
+        let len = buf.len();
+        let usable = ns.refused.is_none() && (ns.meta_bytes == 0) == meta.is_none();
         let blocks = match ns.blocks_of(len) {
-            Some(b) if ns.refused.is_none() && (ns.meta_bytes == 0) == meta.is_none() => b,
+            Some(b) if usable => b,
             _ => return Err((self.refusal(&ns, len, meta.as_ref().map(|m| m.len())), buf, meta)),
         };
         if let Some(m) = &meta {
             if m.len() as u64 != blocks * ns.meta_bytes as u64 {
-                let e = self.meta_error(&ns, format!("the command has {blocks} blocks, so {} bytes of metadata, but the metadata buffer holds {}", blocks * ns.meta_bytes as u64, m.len()));
-                return Err((e, buf, meta));
+                return Err((self.meta_size_error(&ns, blocks, m.len()), buf, meta));
             }
         }
-        if let Err(e) = self.check_range(ns, slba, blocks) {
+        if let Err(e) = self.check_range(&ns, slba, blocks) {
             return Err((e, buf, meta));
         }
         if len > ns.one_command || !ns.md_fits(blocks) {
@@ -162,7 +232,7 @@ impl<B: IoBuffer> QueuePair<B> {
             &mut self.mem,
             &rw_words(Rw {
                 op: opcode,
-                nsid,
+                nsid: ns.nsid,
                 cid,
                 slba,
                 blocks: blocks as u32,
@@ -175,6 +245,24 @@ impl<B: IoBuffer> QueuePair<B> {
         self.stats.requests += 1;
         self.live += 1;
         Ok(())
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn range_error(&self, ns: &NsInfo, slba: u64, blocks: u64) -> NvmeError {
+        self.check_range(ns, slba, blocks).expect_err("out of range")
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn meta_size_error(&self, ns: &NsInfo, blocks: u64, have: usize) -> NvmeError {
+        self.meta_error(
+            ns,
+            format!(
+                "the command has {blocks} blocks, so {} bytes of metadata, but the metadata buffer holds {have}",
+                blocks * ns.meta_bytes as u64
+            ),
+        )
     }
 
     /// Why a submission with a data buffer of `len` bytes (and a metadata buffer of `meta`
@@ -416,7 +504,7 @@ impl<B: IoBuffer> QueuePair<B> {
                 "write zeroes of {blocks} blocks: must be 1..=65536"
             )));
         }
-        self.check_range(ns, slba, blocks as u64)?;
+        self.check_range(&ns, slba, blocks as u64)?;
         let mut cmd = Command::rw(io_op::WRITE_ZEROES, nsid, slba, blocks);
         // PRACT makes the controller write PI for the zeroed blocks (NVM Command Set 1.0
         // §3.2.8.1); a host-PI queue pair writes none and reads must not check it.
@@ -438,7 +526,7 @@ impl<B: IoBuffer> QueuePair<B> {
             )));
         }
         for &(slba, n) in ranges {
-            self.check_range(ns, slba, n as u64)?;
+            self.check_range(&ns, slba, n as u64)?;
         }
         self.check_usable()?;
         let Some(&slot) = self.free_cids.last() else {

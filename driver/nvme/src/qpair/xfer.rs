@@ -39,6 +39,9 @@ pub(super) struct NsInfo {
     pub steps: (usize, usize),
     /// Why I/O to this namespace is refused, if it is.
     pub refused: Option<Refusal>,
+    /// Usable, and no metadata moves (no metadata, or PI alone stripped by PRACT): the data
+    /// buffer is the data, and the submission fast path applies.
+    pub plain: bool,
     /// Data bytes per block (for messages).
     pub data_size: usize,
     /// Metadata bytes per block a command moves (in the data buffer or the separate one),
@@ -93,6 +96,7 @@ impl NsInfo {
             ref_tag: a.ref_tag,
             one_command: steps.1,
             steps,
+            plain: refused.is_none() && a.meta_bytes == 0 && bb == format.data_size,
             refused,
             data_size: format.data_size,
             md_quirk: 0,
@@ -271,6 +275,19 @@ pub(super) fn data_ptr<B: IoBuffer>(
     sgl: bool,
     lists: &mut impl PrpListMem,
 ) -> Result<DataPtr> {
+    data_ptr_with(buf, off, len, sgl, || lists)
+}
+
+/// [`data_ptr`] with the list pages made only when a list is needed (the I/O hot path: most
+/// transfers need PRP1 or PRP1 + PRP2 alone).
+#[inline]
+pub(super) fn data_ptr_with<B: IoBuffer, L: PrpListMem>(
+    buf: &B,
+    off: usize,
+    len: usize,
+    sgl: bool,
+    lists: impl FnOnce() -> L,
+) -> Result<DataPtr> {
     let start = buf.bus_addr(off);
     if !start.is_aligned(4) {
         return Err(NvmeError::Buffer(PrpError::Misaligned(start.get())));
@@ -288,7 +305,7 @@ pub(super) fn data_ptr<B: IoBuffer>(
             return Ok(DataPtr::prp(start, second));
         }
     }
-    prp_list(buf, off, len, start, lists)
+    prp_list(buf, off, len, start, &mut lists())
 }
 
 /// PRPs through `prp::build`, with a list in `lists`.
