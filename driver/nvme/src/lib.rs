@@ -49,6 +49,7 @@ mod ctrlr;
 pub mod error;
 pub mod format;
 pub mod identify;
+mod namespace;
 #[cfg(test)]
 mod proptest_support;
 pub mod prp;
