@@ -47,6 +47,7 @@
 pub mod affinity;
 pub mod clock;
 mod engine;
+mod layout;
 pub mod pattern;
 pub mod report;
 mod slots;
