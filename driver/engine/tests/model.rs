@@ -11,8 +11,20 @@ use vfpoll_nvme::{Controller, ControllerOptions};
 use vfpoll_nvme_model::{Fault, FaultKind, ModelConfig, NamespaceConfig, NvmeModel, Status};
 
 /// A model with namespace 1 (512 B blocks, 4 MiB) and 2 (4 KiB blocks, 8 MiB), and the driver.
-fn bring_up() -> (NvmeModel, Controller) {
+/// Fails the test when dropped if the model made a DMA outside the driver's mappings.
+struct NoStrayDma(Arc<vfpoll_nvme_model::FaultLog>);
+
+impl Drop for NoStrayDma {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            self.0.assert_none();
+        }
+    }
+}
+
+fn bring_up() -> (NoStrayDma, NvmeModel, Controller) {
     let mapper = Arc::new(FakeMapper::new());
+    let log = Arc::new(vfpoll_nvme_model::FaultLog::new(mapper.clone()));
     let cfg = ModelConfig {
         namespaces: vec![
             NamespaceConfig::new(1, 512, 8192),
@@ -21,14 +33,14 @@ fn bring_up() -> (NvmeModel, Controller) {
         idle_spin: Duration::from_millis(200),
         ..Default::default()
     };
-    let model = NvmeModel::start(cfg, mapper.clone()).unwrap();
+    let model = NvmeModel::start(cfg, log.clone()).unwrap();
     let opts = ControllerOptions {
         page_size: PageSize::Base4K,
         io_queues: 8,
         ..Default::default()
     };
     let ctrl = Controller::new(model.bar0(), DmaContext::new(mapper), opts).unwrap();
-    (model, ctrl)
+    (NoStrayDma(log), model, ctrl)
 }
 
 fn job(workload: Workload, io_size: usize, qd: u16, limit: Limit) -> JobSpec {
@@ -56,7 +68,7 @@ fn ns(ctrl: &Controller, nsid: u32, size: Option<u64>) -> Namespace {
 
 #[test]
 fn an_io_count_is_exact_and_every_io_is_timed() {
-    let (model, ctrl) = bring_up();
+    let (_no_stray_dma, model, ctrl) = bring_up();
     let workers = split_evenly(&[None], &[ns(&ctrl, 1, None)], 4096).unwrap();
     let r = Engine::start(job(Workload::RandRead, 4096, 8, Limit::Ios(5000)), workers)
         .unwrap()
@@ -73,7 +85,7 @@ fn an_io_count_is_exact_and_every_io_is_timed() {
 
 #[test]
 fn two_workers_two_namespaces_mixed_for_a_time() {
-    let (model, ctrl) = bring_up();
+    let (_no_stray_dma, model, ctrl) = bring_up();
     let spaces = [ns(&ctrl, 1, None), ns(&ctrl, 2, None)];
     let workers = split_evenly(&[None, None], &spaces, 8192).unwrap();
     // Disjoint halves of each namespace.
@@ -109,7 +121,7 @@ fn two_workers_two_namespaces_mixed_for_a_time() {
 
 #[test]
 fn verify_writes_then_reads_every_block_once() {
-    let (model, ctrl) = bring_up();
+    let (_no_stray_dma, model, ctrl) = bring_up();
     for (workload, io) in [(Workload::RandWrite, 4096), (Workload::Write, 16384)] {
         let spaces = [ns(&ctrl, 1, Some(1 << 20)), ns(&ctrl, 2, Some(2 << 20))];
         let workers = split_evenly(&[None, None], &spaces, io).unwrap();
@@ -140,7 +152,7 @@ fn verify_writes_then_reads_every_block_once() {
 
 #[test]
 fn verify_reports_a_lost_write_with_its_lba() {
-    let (model, ctrl) = bring_up();
+    let (_no_stray_dma, model, ctrl) = bring_up();
     // The first write fails without touching the medium: its blocks read back as zeroes.
     model.inject(
         Fault::new(FaultKind::Status(Status::DATA_TRANSFER_ERROR))
@@ -169,7 +181,7 @@ fn verify_reports_a_lost_write_with_its_lba() {
 
 #[test]
 fn bad_jobs_are_refused_with_reasons() {
-    let (_model, ctrl) = bring_up();
+    let (_no_stray_dma, _model, ctrl) = bring_up();
     let e = split_evenly(&[None], &[ns(&ctrl, 2, None)], 512)
         .unwrap_err()
         .to_string();

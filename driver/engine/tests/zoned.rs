@@ -24,8 +24,20 @@ const ZONES: u64 = 16;
 
 /// A model with namespace 1 zoned (16 zones, at most 4 open and 6 active) and namespace 2
 /// plain (4 KiB blocks, 8 MiB), and the driver.
-fn bring_up() -> (NvmeModel, Controller) {
+/// Fails the test when dropped if the model made a DMA outside the driver's mappings.
+struct NoStrayDma(Arc<vfpoll_nvme_model::FaultLog>);
+
+impl Drop for NoStrayDma {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            self.0.assert_none();
+        }
+    }
+}
+
+fn bring_up() -> (NoStrayDma, NvmeModel, Controller) {
     let mapper = Arc::new(FakeMapper::new());
+    let log = Arc::new(vfpoll_nvme_model::FaultLog::new(mapper.clone()));
     let mut z = ZonedConfig::new(ZONE);
     z.zone_capacity = CAP;
     z.max_open = 4;
@@ -38,14 +50,14 @@ fn bring_up() -> (NvmeModel, Controller) {
         idle_spin: Duration::from_millis(200),
         ..Default::default()
     };
-    let model = NvmeModel::start(cfg, mapper.clone()).unwrap();
+    let model = NvmeModel::start(cfg, log.clone()).unwrap();
     let opts = ControllerOptions {
         page_size: PageSize::Base4K,
         io_queues: 8,
         ..Default::default()
     };
     let ctrl = Controller::new(model.bar0(), DmaContext::new(mapper), opts).unwrap();
-    (model, ctrl)
+    (NoStrayDma(log), model, ctrl)
 }
 
 fn job(workload: Workload, io_size: usize, qd: u16, verify: bool, seed: u64) -> JobSpec {
@@ -110,7 +122,7 @@ fn tag(model: &NvmeModel, lba: u64) -> (u64, u64) {
 
 #[test]
 fn verify_on_zones_with_two_workers_at_qd16_then_again_with_resets_and_finishes() {
-    let (model, ctrl) = bring_up();
+    let (_no_stray_dma, model, ctrl) = bring_up();
     // 16 KiB I/Os divide the 192-block capacity: 48 per zone, every zone ends full by its last
     // write. Each worker owns 8 zones and writes 2 at once (4 open zones between 2 writers).
     let workers = split_evenly(&[None, None], &[ns(&ctrl, 1)], 16384).unwrap();
@@ -182,7 +194,7 @@ fn verify_on_zones_with_two_workers_at_qd16_then_again_with_resets_and_finishes(
 
 #[test]
 fn a_counted_write_run_wraps_resetting_each_zone_before_writing_it_again() {
-    let (model, ctrl) = bring_up();
+    let (_no_stray_dma, model, ctrl) = bring_up();
     let workers = split_evenly(&[None], &[ns(&ctrl, 1)], 16384).unwrap();
     let writes = 2 * ZONES * 48 + 5;
     let mut j = job(Workload::Write, 16384, 32, false, 3);
@@ -223,7 +235,7 @@ fn a_counted_write_run_wraps_resetting_each_zone_before_writing_it_again() {
 
 #[test]
 fn reads_stay_below_zone_capacity_and_need_no_reset() {
-    let (model, ctrl) = bring_up();
+    let (_no_stray_dma, model, ctrl) = bring_up();
     let workers = split_evenly(&[None, None], &[ns(&ctrl, 1)], 16384).unwrap();
     run(job(Workload::Write, 16384, 8, true, 5), workers);
     let before = model.stats();
@@ -252,7 +264,7 @@ fn reads_stay_below_zone_capacity_and_need_no_reset() {
 
 #[test]
 fn a_zoned_and_a_plain_namespace_in_one_verify_at_queue_depth_one() {
-    let (model, ctrl) = bring_up();
+    let (_no_stray_dma, model, ctrl) = bring_up();
     let spaces = [ns(&ctrl, 1), ns(&ctrl, 2)];
     let workers = split_evenly(&[None, None], &spaces, 4096).unwrap();
     let r = run(job(Workload::Write, 4096, 1, true, 7), workers);
@@ -267,7 +279,7 @@ fn a_zoned_and_a_plain_namespace_in_one_verify_at_queue_depth_one() {
 
 #[test]
 fn a_failed_write_gives_its_zone_up_and_verify_names_the_blocks() {
-    let (model, ctrl) = bring_up();
+    let (_no_stray_dma, model, ctrl) = bring_up();
     // The first write (zone 0, LBA 0) fails without touching the medium.
     model.inject(
         Fault::new(FaultKind::Status(Status::DATA_TRANSFER_ERROR))
@@ -298,7 +310,7 @@ fn a_failed_write_gives_its_zone_up_and_verify_names_the_blocks() {
 
 #[test]
 fn what_zones_cannot_take_is_refused_with_the_reason() {
-    let (_model, ctrl) = bring_up();
+    let (_no_stray_dma, _model, ctrl) = bring_up();
     let one = |io| split_evenly(&[None], &[ns(&ctrl, 1)], io).unwrap();
     for (w, verify) in [
         (Workload::RandWrite, false),
@@ -384,7 +396,7 @@ fn what_zones_cannot_take_is_refused_with_the_reason() {
 
 #[test]
 fn an_offline_zone_is_named() {
-    let (model, ctrl) = bring_up();
+    let (_no_stray_dma, model, ctrl) = bring_up();
     model.set_zone_state(1, 3 * ZONE, ZoneState::Offline).unwrap();
     let one = || split_evenly(&[None], &[ns(&ctrl, 1)], 4096).unwrap();
     let e = refused(job(Workload::Write, 4096, 4, true, 1), one());
@@ -403,7 +415,7 @@ fn an_offline_zone_is_named() {
 
 #[test]
 fn a_failed_zone_command_ends_the_run_and_is_named() {
-    let (model, ctrl) = bring_up();
+    let (_no_stray_dma, model, ctrl) = bring_up();
     // 40 KiB I/Os leave 2 blocks of each zone: the first zone written is finished, and that
     // Finish Zone fails.
     model.inject(
