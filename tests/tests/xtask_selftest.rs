@@ -161,7 +161,7 @@ fn guest_expect_iommu_fault_nvme_read_into_an_unmapped_iova() {
     )
     .expect("write /out/expect-iommu-fault");
     let mut cmd = Command::rw(io_op::READ, 1, 0, blocks);
-    cmd.set_prp1(UNMAPPED_IOVA);
+    cmd.set_prp1(vfpoll_pci::BusAddr(UNMAPPED_IOVA));
     // SAFETY: not upheld on purpose, and harmless: the command makes the controller write
     // 4 KiB (one page, PRP1 only) at an IOVA that nothing maps, so the vIOMMU refuses the DMA
     // and no memory of this process or any other is touched. It reads namespace 1, so the

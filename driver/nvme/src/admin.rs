@@ -95,12 +95,12 @@ impl PrpListMem for AdminList<'_> {
     fn pages(&self) -> usize {
         1
     }
-    fn page_bus(&self, _page: usize) -> u64 {
-        self.region.bus_addr(0).get()
+    fn page_bus(&self, _page: usize) -> BusAddr {
+        self.region.bus_addr(0)
     }
-    fn write(&mut self, _page: usize, idx: usize, entry: u64) {
+    fn write(&mut self, _page: usize, idx: usize, entry: BusAddr) {
         self.region
-            .write(idx * 8, &entry.to_le_bytes())
+            .write(idx * 8, &entry.get().to_le_bytes())
             .expect("a PRP list entry inside the list page");
     }
 }
@@ -115,7 +115,7 @@ impl AdminQueue {
         page_size: PageSize,
         entries: u16,
         timeout: Duration,
-    ) -> Result<(Self, u64, u64)> {
+    ) -> Result<(Self, BusAddr, BusAddr)> {
         let sq = (entries as usize * SQE_SIZE).next_multiple_of(PAGE);
         let cq = (entries as usize * CQE_SIZE).next_multiple_of(PAGE);
         let region = dma.alloc_region(sq + cq, page_size)?;
@@ -224,14 +224,14 @@ impl AdminQueue {
         if len > 0 {
             let start = self.data.bus_addr(DATA_OFF);
             let data = &self.data;
-            let pages: Vec<u64> = (0..prp::pages_spanned(start.get(), len, PAGE))
-                .map(|i| data.bus_addr(DATA_OFF + i * PAGE).get())
+            let pages: Vec<BusAddr> = (0..prp::pages_spanned(start.get(), len, PAGE))
+                .map(|i| data.bus_addr(DATA_OFF + i * PAGE))
                 .collect();
             let mut list = AdminList {
                 region: &mut self.data,
             };
-            let (p1, p2) = prp::build(start.get(), len, PAGE, |i| pages[i], &mut list)?;
-            cmd.set_data_ptr(DataPtr::prp(BusAddr(p1), BusAddr(p2)));
+            let (p1, p2) = prp::build(start, len, PAGE, |i| pages[i], &mut list)?;
+            cmd.set_data_ptr(DataPtr::prp(p1, p2));
         }
         let cid = self.next_cid;
         self.next_cid = (self.next_cid + 1) % EVENT_CIDS;

@@ -184,16 +184,18 @@ impl Command {
         (self.dw[0] >> 14) & 0b11
     }
 
-    /// Sets PRP entry 1 (CDW6-7).
-    pub fn set_prp1(&mut self, addr: u64) {
-        self.dw[6] = addr as u32;
-        self.dw[7] = (addr >> 32) as u32;
+    /// Sets PRP entry 1 (CDW6-7). A command built this way reaches a controller only through
+    /// the `unsafe` passthrough calls ([`crate::Controller::admin_raw`],
+    /// [`crate::QueuePair::submit_raw`]), whose callers vouch for the addresses.
+    pub fn set_prp1(&mut self, addr: BusAddr) {
+        self.dw[6] = addr.get() as u32;
+        self.dw[7] = (addr.get() >> 32) as u32;
     }
 
-    /// Sets PRP entry 2 (CDW8-9).
-    pub fn set_prp2(&mut self, addr: u64) {
-        self.dw[8] = addr as u32;
-        self.dw[9] = (addr >> 32) as u32;
+    /// Sets PRP entry 2 (CDW8-9); see [`Command::set_prp1`].
+    pub fn set_prp2(&mut self, addr: BusAddr) {
+        self.dw[8] = addr.get() as u32;
+        self.dw[9] = (addr.get() >> 32) as u32;
     }
 
     /// PRP entry 1.
@@ -209,8 +211,8 @@ impl Command {
     /// Sets the data pointer (CDW6-9) and PSDT from one the driver built.
     pub(crate) fn set_data_ptr(&mut self, dp: DataPtr) {
         self.set_psdt(dp.psdt);
-        self.set_prp1(dp.lo);
-        self.set_prp2(dp.hi);
+        self.set_prp1(BusAddr(dp.lo));
+        self.set_prp2(BusAddr(dp.hi));
     }
 
     /// Sets the SGL descriptor in the data pointer (CDW6-9) and PSDT to SGL.
@@ -262,7 +264,7 @@ impl Command {
 
     /// Create I/O Completion Queue, physically contiguous, interrupts disabled (NVMe Base 2.0
     /// §5.4).
-    pub fn create_io_cq(qid: u16, entries: u32, base: u64) -> Self {
+    pub fn create_io_cq(qid: u16, entries: u32, base: BusAddr) -> Self {
         let mut c = Command::new(admin_op::CREATE_IO_CQ, 0);
         c.set_prp1(base);
         c.dw[10] = ((entries - 1) << 16) | qid as u32;
@@ -272,7 +274,7 @@ impl Command {
 
     /// Create I/O Submission Queue bound to completion queue `cqid`, physically contiguous
     /// (NVMe Base 2.0 §5.5).
-    pub fn create_io_sq(qid: u16, entries: u32, base: u64, cqid: u16) -> Self {
+    pub fn create_io_sq(qid: u16, entries: u32, base: BusAddr, cqid: u16) -> Self {
         let mut c = Command::new(admin_op::CREATE_IO_SQ, 0);
         c.set_prp1(base);
         c.dw[10] = ((entries - 1) << 16) | qid as u32;
@@ -335,7 +337,7 @@ impl Command {
     }
 
     /// Doorbell Buffer Config: shadow doorbells at `shadow`, EventIdx at `eventidx`.
-    pub fn doorbell_buffer_config(shadow: u64, eventidx: u64) -> Self {
+    pub fn doorbell_buffer_config(shadow: BusAddr, eventidx: BusAddr) -> Self {
         let mut c = Command::new(admin_op::DOORBELL_BUFFER_CONFIG, 0);
         c.set_prp1(shadow);
         c.set_prp2(eventidx);
@@ -553,8 +555,8 @@ mod tests {
     fn command_fields_land_in_the_right_dwords() {
         let mut c = Command::rw(io_op::READ, 1, 0x1_2345_6789, 8);
         c.set_cid(0xbeef);
-        c.set_prp1(0xdead_0000_1000);
-        c.set_prp2(0x2000);
+        c.set_prp1(BusAddr(0xdead_0000_1000));
+        c.set_prp2(BusAddr(0x2000));
         c.set_fua(true);
         assert_eq!(c.dw[0], 0xbeef_0002);
         assert_eq!(c.dw[1], 1);
@@ -562,7 +564,7 @@ mod tests {
         assert_eq!((c.dw[10], c.dw[11]), (0x2345_6789, 1));
         assert_eq!(c.dw[12], (1 << 30) | 7);
         assert_eq!((c.slba(), c.blocks(), c.cid()), (0x1_2345_6789, 8, 0xbeef));
-        let q = Command::create_io_sq(3, 256, 0x10_0000, 3);
+        let q = Command::create_io_sq(3, 256, BusAddr(0x10_0000), 3);
         assert_eq!((q.dw[10], q.dw[11]), (0x00ff_0003, 0x0003_0001));
         let l = Command::get_log_page(log_page::SMART, 0xffff_ffff, 128, 0);
         assert_eq!(l.dw[10], (127 << 16) | 2);
@@ -597,8 +599,8 @@ mod tests {
             c.set_fua(fua);
             match dp.psdt {
                 Psdt::Prp => {
-                    c.set_prp1(dp.lo);
-                    c.set_prp2(dp.hi);
+                    c.set_prp1(BusAddr(dp.lo));
+                    c.set_prp2(BusAddr(dp.hi));
                 }
                 Psdt::SglBuffer => c.set_sgl(sgl),
             }

@@ -245,8 +245,8 @@ impl Controller {
             opts.admin_timeout,
         )?;
         bar.write32(off::AQA, regs::aqa(admin_entries as u32, admin_entries as u32));
-        bar.write64(off::ASQ, asq);
-        bar.write64(off::ACQ, acq);
+        bar.write64(off::ASQ, asq.get());
+        bar.write64(off::ACQ, acq.get());
 
         // §3.5.1 steps 3-4: 4 KiB pages, 64 B SQEs and 16 B CQEs, round robin; the NVM command
         // set, or every I/O command set the controller supports (CC.CSS = 110b) when CAP.CSS

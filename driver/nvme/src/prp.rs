@@ -6,24 +6,26 @@
 //! holds `page / 8` entries; when more are needed, the last entry of a full page points to the
 //! next list page ("chained" lists).
 
+use vfpoll_pci::BusAddr;
+
 /// Where PRP list entries go: a few memory pages of DMA memory owned by a request tracker.
 pub trait PrpListMem {
     /// How many list pages are available.
     fn pages(&self) -> usize;
     /// Bus address of list page `page`.
-    fn page_bus(&self, page: usize) -> u64;
+    fn page_bus(&self, page: usize) -> BusAddr;
     /// Stores entry `idx` of list page `page`.
-    fn write(&mut self, page: usize, idx: usize, entry: u64);
+    fn write(&mut self, page: usize, idx: usize, entry: BusAddr);
 }
 
 impl<T: PrpListMem + ?Sized> PrpListMem for &mut T {
     fn pages(&self) -> usize {
         (**self).pages()
     }
-    fn page_bus(&self, page: usize) -> u64 {
+    fn page_bus(&self, page: usize) -> BusAddr {
         (**self).page_bus(page)
     }
-    fn write(&mut self, page: usize, idx: usize, entry: u64) {
+    fn write(&mut self, page: usize, idx: usize, entry: BusAddr) {
         (**self).write(page, idx, entry)
     }
 }
@@ -88,29 +90,32 @@ pub const fn max_transfer(list_pages: usize, page: usize) -> usize {
 /// page of the transfer for `i >= 1` (page 0 is `start`'s page). List entries are written into
 /// `lists` when more than two pages are touched.
 pub fn build(
-    start: u64,
+    start: BusAddr,
     len: usize,
     page: usize,
-    mut page_bus: impl FnMut(usize) -> u64,
+    mut page_bus: impl FnMut(usize) -> BusAddr,
     lists: &mut impl PrpListMem,
-) -> Result<(u64, u64), PrpError> {
+) -> Result<(BusAddr, BusAddr), PrpError> {
     if len == 0 {
         return Err(PrpError::Empty);
     }
-    if start & 3 != 0 {
-        return Err(PrpError::Misaligned(start));
+    if !start.is_aligned(4) {
+        return Err(PrpError::Misaligned(start.get()));
     }
-    let n = pages_spanned(start, len, page);
+    let n = pages_spanned(start.get(), len, page);
     let mut entry = |i: usize| {
         let a = page_bus(i);
-        if a & (page as u64 - 1) != 0 {
-            Err(PrpError::UnalignedPage { index: i, addr: a })
+        if !a.is_aligned(page as u64) {
+            Err(PrpError::UnalignedPage {
+                index: i,
+                addr: a.get(),
+            })
         } else {
             Ok(a)
         }
     };
     match n {
-        1 => Ok((start, 0)),
+        1 => Ok((start, BusAddr(0))),
         2 => Ok((start, entry(1)?)),
         _ => {
             let entries = n - 1;
@@ -145,17 +150,28 @@ mod tests {
 
     const P: usize = 4096;
 
+    /// `build` over plain numbers, for terse tests.
+    fn b(
+        start: u64,
+        len: usize,
+        page: usize,
+        bus: impl Fn(usize) -> u64,
+        l: &mut Lists,
+    ) -> Result<(u64, u64), PrpError> {
+        build(BusAddr(start), len, page, |i| BusAddr(bus(i)), l).map(|(x, y)| (x.get(), y.get()))
+    }
+
     /// List pages in a Vec, at fake bus addresses 0xa000_0000 + page * P.
     struct Lists(Vec<Vec<u64>>);
     impl PrpListMem for Lists {
         fn pages(&self) -> usize {
             self.0.len()
         }
-        fn page_bus(&self, page: usize) -> u64 {
-            0xa000_0000 + (page * P) as u64
+        fn page_bus(&self, page: usize) -> BusAddr {
+            BusAddr(0xa000_0000 + (page * P) as u64)
         }
-        fn write(&mut self, page: usize, idx: usize, entry: u64) {
-            self.0[page][idx] = entry;
+        fn write(&mut self, page: usize, idx: usize, entry: BusAddr) {
+            self.0[page][idx] = entry.get();
         }
     }
 
@@ -190,18 +206,18 @@ mod tests {
     fn small_transfers_use_prp1_and_prp2() {
         let mut l = lists(1);
         let bus = |i: usize| 0x10_0000 + (i * P) as u64;
-        assert_eq!(build(0x10_0200, 512, P, bus, &mut l), Ok((0x10_0200, 0)));
-        assert_eq!(build(0x10_0000, P, P, bus, &mut l), Ok((0x10_0000, 0)));
+        assert_eq!(b(0x10_0200, 512, P, bus, &mut l), Ok((0x10_0200, 0)));
+        assert_eq!(b(0x10_0000, P, P, bus, &mut l), Ok((0x10_0000, 0)));
         // 4 KiB starting mid-page touches two pages.
         assert_eq!(
-            build(0x10_0800, P, P, |i| 0x20_0000 + (i * P) as u64, &mut l),
+            b(0x10_0800, P, P, |i| 0x20_0000 + (i * P) as u64, &mut l),
             Ok((0x10_0800, 0x20_1000))
         );
         assert_eq!(
-            build(0x10_0002, 8, P, bus, &mut l),
+            b(0x10_0002, 8, P, bus, &mut l),
             Err(PrpError::Misaligned(0x10_0002))
         );
-        assert_eq!(build(0x10_0000, 0, P, bus, &mut l), Err(PrpError::Empty));
+        assert_eq!(b(0x10_0000, 0, P, bus, &mut l), Err(PrpError::Empty));
     }
 
     #[test]
@@ -220,7 +236,7 @@ mod tests {
             let mut l = lists(need);
             // Scatter the data pages so any mix-up shows.
             let bus = |i: usize| 0x8_0000_0000 + (i as u64 * 7919 % 100_000) * P as u64;
-            let (p1, p2) = build(start, len, P, bus, &mut l).unwrap();
+            let (p1, p2) = b(start, len, P, bus, &mut l).unwrap();
             let pages = walk(p1, p2, len, &l);
             assert_eq!(pages.len(), n);
             for (i, &a) in pages.iter().enumerate().skip(1) {
@@ -229,7 +245,7 @@ mod tests {
             if need > 1 {
                 let mut short = lists(need - 1);
                 assert_eq!(
-                    build(start, len, P, bus, &mut short),
+                    b(start, len, P, bus, &mut short),
                     Err(PrpError::ListTooSmall {
                         needed: need,
                         available: need - 1
@@ -257,7 +273,7 @@ mod tests {
     #[test]
     fn unaligned_later_page_is_refused() {
         let mut l = lists(1);
-        let e = build(0x1000, 3 * P, P, |i| 0x10_0000 + (i * P) as u64 + 8, &mut l).unwrap_err();
+        let e = b(0x1000, 3 * P, P, |i| 0x10_0000 + (i * P) as u64 + 8, &mut l).unwrap_err();
         assert!(matches!(e, PrpError::UnalignedPage { index: 1, .. }));
     }
 }

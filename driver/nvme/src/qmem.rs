@@ -12,6 +12,7 @@ use std::sync::atomic::{compiler_fence, fence, Ordering};
 use vfpoll_dma::DmaRegion;
 
 use vfpoll_pci::mmio::Mmio;
+use vfpoll_pci::BusAddr;
 
 use crate::cmd::Completion;
 use crate::queue::{Layout, CQE_SIZE, PHASE, SQE_SIZE};
@@ -135,8 +136,8 @@ impl QueueMem {
     }
 
     /// Bus address of `off`.
-    pub(crate) fn bus(&self, off: usize) -> u64 {
-        self.region.bus_addr(off).get()
+    pub(crate) fn bus(&self, off: usize) -> BusAddr {
+        self.region.bus_addr(off)
     }
 
     #[inline(always)]
@@ -223,8 +224,8 @@ impl ShadowPages {
     }
 
     /// Bus addresses of the shadow doorbell page and the EventIdx page.
-    pub(crate) fn bus(&self, page: usize) -> (u64, u64) {
-        (self.region.bus_addr(0).get(), self.region.bus_addr(page).get())
+    pub(crate) fn bus(&self, page: usize) -> (BusAddr, BusAddr) {
+        (self.region.bus_addr(0), self.region.bus_addr(page))
     }
 
     /// The words of queue `qid` (doorbell stride `stride`), reset to 0 for a new queue: its

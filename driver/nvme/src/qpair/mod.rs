@@ -193,11 +193,12 @@ impl PrpListMem for TrackerLists<'_> {
     fn pages(&self) -> usize {
         self.pages
     }
-    fn page_bus(&self, page: usize) -> u64 {
+    fn page_bus(&self, page: usize) -> vfpoll_pci::BusAddr {
         self.mem.bus(self.off + page * PAGE_SIZE)
     }
-    fn write(&mut self, page: usize, idx: usize, entry: u64) {
-        self.mem.write_u64(self.off + page * PAGE_SIZE + idx * 8, entry);
+    fn write(&mut self, page: usize, idx: usize, entry: vfpoll_pci::BusAddr) {
+        self.mem
+            .write_u64(self.off + page * PAGE_SIZE + idx * 8, entry.get());
     }
 }
 
@@ -274,7 +275,7 @@ impl<B: IoBuffer> QueuePair<B> {
             .shadow
             .as_ref()
             .map(|p| p.slot(qid, sh.cap.doorbell_stride(), PAGE_SIZE));
-        let sq_bus = sq_cmb.as_ref().map_or(mem.bus(0), |s| s.bus_addr().get());
+        let sq_bus = sq_cmb.as_ref().map_or(mem.bus(0), |s| s.bus_addr());
         let cq_bus = mem.bus(sq_bytes);
         let created = (|| {
             sh.admin_exec(

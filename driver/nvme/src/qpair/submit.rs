@@ -540,7 +540,7 @@ impl<B: IoBuffer> QueuePair<B> {
             self.mem.write_u64(off + i * 16 + 8, slba);
         }
         let mut cmd = Command::deallocate(nsid, ranges.len() as u32);
-        cmd.set_data_ptr(crate::cmd::DataPtr::prp(BusAddr(self.mem.bus(off)), BusAddr(0)));
+        cmd.set_data_ptr(crate::cmd::DataPtr::prp(self.mem.bus(off), BusAddr(0)));
         self.submit_nodata(cmd, Op::DatasetManagement, tag)
     }
 

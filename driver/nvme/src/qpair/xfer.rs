@@ -320,13 +320,13 @@ fn prp_list<B: IoBuffer>(
     let first = start.get() as usize & (PAGE_SIZE - 1);
     // Page i (i >= 1) of the transfer starts at byte i * PAGE - first of the part.
     let (p1, p2) = prp::build(
-        start.get(),
+        start,
         len,
         PAGE_SIZE,
-        |i| buf.bus_addr(off + i * PAGE_SIZE - first).get(),
+        |i| buf.bus_addr(off + i * PAGE_SIZE - first),
         lists,
     )?;
-    Ok(DataPtr::prp(BusAddr(p1), BusAddr(p2)))
+    Ok(DataPtr::prp(p1, p2))
 }
 
 #[cfg(test)]
@@ -380,11 +380,11 @@ mod tests {
         fn pages(&self) -> usize {
             self.pages.len()
         }
-        fn page_bus(&self, page: usize) -> u64 {
-            0xf000_0000 + (page * PAGE_SIZE) as u64
+        fn page_bus(&self, page: usize) -> BusAddr {
+            BusAddr(0xf000_0000 + (page * PAGE_SIZE) as u64)
         }
-        fn write(&mut self, page: usize, idx: usize, entry: u64) {
-            self.pages[page][idx] = entry;
+        fn write(&mut self, page: usize, idx: usize, entry: BusAddr) {
+            self.pages[page][idx] = entry.get();
         }
     }
 
