@@ -276,3 +276,7 @@ pub fn assert_pool_whole(pool: &vfpoll_nic::Mempool, what: &str) {
 pub const NVME_C: &str = "0000:00:08.0";
 /// NVMe controller D: controller 1 of the same subsystem; namespace 1 is shared by C and D.
 pub const NVME_D: &str = "0000:00:09.0";
+
+// NVMe over TCP: modules, loopback, the kernel's target (nvmet-tcp) and initiator.
+pub mod nvmf;
+pub use nvmf::*;

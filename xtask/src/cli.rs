@@ -27,8 +27,8 @@ Install the host packages and build the test-bed assets
 
 Usage: cargo xtask setup
 
-Installs the missing apt packages (qemu-system-x86 busybox-static fio nvme-cli gcc make bc
-python3 xz-utils libelf1 libssl3), fetches the Debian guest kernel that linux-image-amd64 depends
+Installs the missing apt packages (qemu-system-x86 busybox-static fio nvme-cli e2fsprogs gcc
+make bc python3 xz-utils libelf1 libssl3), fetches the Debian guest kernel that linux-image-amd64 depends
 on (apt-get download + dpkg -x, nothing installed), rebuilds vfio.ko with no-IOMMU support and
 builds both initramfs images. Everything lands under target/testbed/, keyed by kernel version;
 a second run only checks. Prints one line per step with its duration.";

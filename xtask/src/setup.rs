@@ -21,13 +21,16 @@ use crate::util::{
 use crate::Workspace;
 
 /// Debian packages the test bed needs on the host. `gcc`, `make`, `bc`, `xz-utils` and the
-/// libraries of `linux-kbuild` build `vfio.ko`; `fio` and `nvme-cli` are for jobs in the guest.
-/// `binutils` (`strip`) comes with `gcc`.
+/// libraries of `linux-kbuild` build `vfio.ko`; `fio`, `nvme-cli` (the NVMe/TCP initiator's
+/// `nvme discover/connect/disconnect`) and `e2fsprogs` (`mkfs.ext4`, `fsck.ext4`; priority
+/// "required", yet absent from minimal images) are for jobs in the guest, which runs the host's
+/// binaries. `binutils` (`strip`) comes with `gcc`.
 const PACKAGES: &[&str] = &[
     "qemu-system-x86",
     "busybox-static",
     "fio",
     "nvme-cli",
+    "e2fsprogs",
     "gcc",
     "make",
     "bc",
@@ -37,7 +40,16 @@ const PACKAGES: &[&str] = &[
     "libssl3",
 ];
 
-/// Modules copied into the initramfs, with everything they depend on.
+/// Modules copied into the initramfs, with everything they depend on, so that `--modules` may
+/// name them (only `vm::DEFAULT_MODULES` load at every boot). Every module of the kernel is also
+/// in the guest's `/lib/modules` for `busybox modprobe` on demand (`ext4` is loaded that way).
+///
+/// The NVMe/TCP ones: the initiator `nvme-tcp` (+ `nvme-fabrics`, `nvme-core`), the kernel
+/// target `nvmet-tcp` (+ `nvmet`, `configfs`) and `crc32c_generic` for the header and data
+/// digests (and ext4's checksums). The tests load them on demand (`vfpoll_tests::load_modules`):
+/// the guest kernel cannot autoload anything itself, as its usermode helper `/sbin/modprobe` does
+/// not exist (the init's root has busybox in `/bin` only; the host has no kmod), and busybox's
+/// modprobe ignores soft dependencies such as ext4's `pre: crypto-crc32c`.
 const MODULES: &[&str] = &[
     "virtio_pci",
     "9pnet_virtio",
@@ -53,6 +65,9 @@ const MODULES: &[&str] = &[
     "uio_pci_generic",
     "virtio_net",
     "virtio_blk",
+    "nvme-tcp",
+    "nvmet-tcp",
+    "crc32c_generic",
 ];
 
 /// The guest's `/init`.
