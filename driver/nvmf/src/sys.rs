@@ -1,0 +1,161 @@
+//! Socket I/O straight from and into DMA buffers: the only `unsafe` code of the crate.
+//!
+//! Read data goes to the socket from the DMA buffer the backend read it into, and write data
+//! comes from the socket into the DMA buffer the backend then writes: no copy in between. The
+//! kernel reads or writes those bytes through raw pointers (`sendmsg`/`recv`); no Rust
+//! reference to DMA memory is ever made.
+//!
+//! Trust model: a [`DmaBuf`] is a unique handle (not `Clone`) to memory that stays mapped while
+//! its pool lives; a queue pair takes buffers by value while the device owns them. So a
+//! `&DmaBuf` or `&mut DmaBuf` held by the caller proves the device does not own those bytes now,
+//! and the range checks below keep every access inside the buffer.
+
+use std::io;
+use std::os::fd::RawFd;
+
+use vfpoll_dma::DmaBuf;
+
+/// Checks that `off..off + len` is inside `buf`.
+fn check(buf: &DmaBuf, off: usize, len: usize) -> io::Result<()> {
+    match off.checked_add(len) {
+        Some(end) if end <= buf.len() => Ok(()),
+        _ => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{len} bytes at {off} outside a {}-byte buffer", buf.len()),
+        )),
+    }
+}
+
+/// Sends `head`, then `len` bytes of `buf` from `off` (when given), then `tail`, in one
+/// `sendmsg` without blocking. Returns the bytes sent (possibly fewer than offered; `WouldBlock`
+/// when none could be).
+pub(crate) fn send(
+    fd: RawFd,
+    head: &[u8],
+    data: Option<(&DmaBuf, usize, usize)>,
+    tail: &[u8],
+) -> io::Result<usize> {
+    let mut iov = [libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    }; 3];
+    let mut n = 0;
+    let mut push = |base: *const u8, len: usize| {
+        if len != 0 {
+            iov[n] = libc::iovec {
+                iov_base: base.cast_mut().cast(),
+                iov_len: len,
+            };
+            n += 1;
+        }
+    };
+    push(head.as_ptr(), head.len());
+    if let Some((buf, off, len)) = data {
+        check(buf, off, len)?;
+        push(buf.as_ptr().wrapping_add(off), len);
+    }
+    push(tail.as_ptr(), tail.len());
+    if n == 0 {
+        return Ok(0);
+    }
+    // SAFETY: a zeroed msghdr is a valid "no address, no control data" header.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov.as_mut_ptr();
+    msg.msg_iovlen = n as _;
+    // SAFETY: every iovec points at memory valid for reads of its length for the duration of
+    // the call: `head` and `tail` are borrowed slices; the DMA range is inside `buf` (checked),
+    // whose memory stays mapped while the caller holds it and which no device owns now (module
+    // docs). The kernel only reads them.
+    let r = unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r as usize)
+    }
+}
+
+/// Receives up to `len` bytes into `buf` at `off` without blocking. `Ok(0)`: the peer closed.
+pub(crate) fn recv_into(fd: RawFd, buf: &mut DmaBuf, off: usize, len: usize) -> io::Result<usize> {
+    check(buf, off, len)?;
+    // SAFETY: `off..off + len` is inside `buf` (checked), writable memory that stays mapped
+    // while the caller holds the buffer (`&mut`: no one else uses it, and no device owns it
+    // now, module docs); the kernel writes at most `len` bytes there.
+    let r = unsafe { libc::recv(fd, buf.as_ptr().wrapping_add(off).cast(), len, libc::MSG_DONTWAIT) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r as usize)
+    }
+}
+
+/// The CRC32C of `len` bytes of `buf` from `off`, continuing `crc` (data digests over DMA
+/// buffers). The bytes are copied out in pieces first: no reference into DMA memory is made.
+pub(crate) fn crc32c_of(mut crc: u32, buf: &DmaBuf, off: usize, len: usize) -> io::Result<u32> {
+    check(buf, off, len)?;
+    let mut chunk = [0u8; 4096];
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(chunk.len());
+        // SAFETY: `off + done .. + n` is inside `buf` (checked above), memory that stays mapped
+        // and that no device owns while the caller holds the buffer (module docs); `chunk` is
+        // a local array of at least `n` bytes, so the two cannot overlap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(buf.as_ptr().wrapping_add(off + done), chunk.as_mut_ptr(), n)
+        };
+        crc = crc32c::crc32c_append(crc, &chunk[..n]);
+        done += n;
+    }
+    Ok(crc)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::os::fd::AsRawFd;
+    use std::os::unix::net::UnixStream;
+    use std::sync::Arc;
+
+    use vfpoll_dma::{DmaContext, FakeMapper, PageSize};
+
+    use super::*;
+
+    #[test]
+    fn sends_and_receives_through_dma_buffers() {
+        let dma = DmaContext::new(Arc::new(FakeMapper::new()));
+        let mut pool = dma.pool(4096, 2, PageSize::Base4K).unwrap();
+        let a = pool.alloc().unwrap();
+        let mut b = pool.alloc().unwrap();
+        let data: Vec<u8> = (0..4096u32).map(|i| i as u8).collect();
+        pool.write(&a, 0, &data).unwrap();
+        let (mut x, mut y) = UnixStream::pair().unwrap();
+        // Header + 100 bytes of the buffer from offset 7 + a tail, in one call.
+        let n = send(x.as_raw_fd(), b"HEAD", Some((&a, 7, 100)), b"TL").unwrap();
+        assert_eq!(n, 106);
+        let mut got = vec![0u8; 106];
+        y.read_exact(&mut got).unwrap();
+        assert_eq!(&got[..4], b"HEAD");
+        assert_eq!(got[4..104], data[7..107]);
+        assert_eq!(&got[104..], b"TL");
+        // Into a buffer at an offset.
+        y.write_all(&data[..300]).unwrap();
+        let mut have = 0;
+        while have < 300 {
+            have += recv_into(x.as_raw_fd(), &mut b, 1000 + have, 300 - have).unwrap();
+        }
+        let mut back = vec![0u8; 300];
+        pool.read(&b, 1000, &mut back).unwrap();
+        assert_eq!(back, data[..300]);
+        // Outside the buffer: refused, nothing sent.
+        assert!(send(x.as_raw_fd(), b"", Some((&a, 4000, 100)), b"").is_err());
+        assert!(recv_into(x.as_raw_fd(), &mut b, 4090, 10).is_err());
+        // Nothing to read: WouldBlock, not a hang.
+        let e = recv_into(x.as_raw_fd(), &mut b, 0, 10).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+        // The digest over DMA memory equals the one over the same bytes.
+        assert_eq!(crc32c_of(0, &a, 7, 100).unwrap(), crc32c::crc32c(&data[7..107]));
+        assert_eq!(crc32c_of(0, &a, 0, 4096).unwrap(), crc32c::crc32c(&data));
+        pool.free(a);
+        pool.free(b);
+        drop(x.flush());
+    }
+}
