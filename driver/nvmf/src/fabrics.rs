@@ -1,1 +1,61 @@
-//! The NVMe-oF controller (filled in by the fabrics work).
+//! The NVMe over Fabrics controller, independent of the transport: subsystems and their
+//! namespaces, the discovery subsystem, Connect, properties, admin commands, I/O command
+//! decoding, asynchronous events and keep-alive (NVMe-oF 1.1, NVMe Base 2.0, NVM Command Set
+//! 1.0).
+//!
+//! Pure logic, no sockets or threads. The runtime parses NVMe/TCP PDUs and calls in:
+//!
+//! - [`Target::connect`] with the first capsule of a new queue (a Connect command and its
+//!   1024 bytes of data): a controller is created for an admin queue (CNTLID allocated), an
+//!   I/O queue joins its controller and comes with an [`IoQueue`] decoder;
+//! - [`Target::admin`] with each admin command: a completion and the data for the host
+//!   ([`AdminOutcome`]), or a held Asynchronous Event Request;
+//! - [`IoQueue::decode`] (or [`Target::io_command`]) with each I/O command: an [`IoRequest`]
+//!   for a backend, or the completion that refuses the command;
+//! - [`Target::tick`] periodically, dropping expired controllers with
+//!   [`Target::drop_controller`], and [`Target::disconnect`] when a connection ends.
+//!
+//! Configuration changes ([`Target::add_namespace`], [`Target::set_health`], ...) return the
+//! completions of held Asynchronous Event Requests ([`AerCompletion`]) to send.
+//!
+//! What the Linux initiator (`drivers/nvme/host/core.c`, `fabrics.c`, `tcp.c`) checks holds
+//! here: Identify's CNTLID equals Connect's, KAS is non-zero, IOCCSZ ≥ 4, IORCSZ ≥ 1, ICDOFF
+//! 0, SGLs are supported, MAXCMD is non-zero, CMIC says the subsystem may have several
+//! controllers and namespaces are shared (NMIC), so that two controllers of one host are
+//! accepted and native multipath sees one namespace; namespaces carry stable NGUID, UUID and
+//! EUI-64 identifiers.
+//!
+//! The target serves plain data formats only (512 to 4096-byte blocks, no metadata, no
+//! protection information).
+
+mod admin;
+mod config;
+mod controller;
+mod identify;
+mod io;
+mod logpage;
+mod target;
+mod wire;
+
+#[cfg(test)]
+mod tests;
+
+pub use admin::{AdminEffect, AdminOutcome};
+pub use config::{
+    validate_nqn, AdrFam, ConfigError, Listener, NamespaceIds, NamespaceInfo, Subsystem, TargetOptions,
+    DEFAULT_MAX_NSID, DISCOVERY_NQN, NQN_MAX,
+};
+pub use controller::{cc, csts, prop, Cntlid};
+pub use identify::{cs_indep_off, ctrl_off, ctrl_val, nidt, ns_off, IDENTIFY_BYTES};
+pub use io::{DsmRange, IoOp, IoQueue, IoRequest};
+pub use logpage::{disc_off, lid, subtype, Health, DISCOVERY_RECORD_BYTES, SMART_BYTES, TREQ, TRTYPE_TCP};
+pub use target::{
+    connect_data_off, connect_ipo, connect_off, AerCompletion, ConnInfo, ConnectOutcome, ControllerInfo,
+    QueueRef, SubsystemId, Target, ADMIN_IN_CAPSULE, ADMIN_QUEUE_ENTRIES, CONNECT_DATA_BYTES,
+    DISCOVERY_KATO_MS,
+};
+pub use wire::{
+    check_flags, cqe_to_bytes, data_xfer, direction, fctype, fctype_of, is_connect, sqe_from_bytes,
+    sqe_to_bytes, status, Cqe, DataXfer, Direction, SqHead, Sqe, CQE_BYTES, FABRICS_OPCODE, SGL_IN_CAPSULE,
+    SGL_TRANSPORT, SQE_BYTES,
+};

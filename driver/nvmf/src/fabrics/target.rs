@@ -1,0 +1,740 @@
+//! The target: subsystems, listeners, the discovery subsystem, and the controllers hosts
+//! create with Connect (NVMe-oF 1.1, Connect command; the dynamic controller model). Keep
+//! alive, teardown, and the configuration changes that raise asynchronous events live here;
+//! admin commands are in `admin`, I/O decoding in `io`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use vfpoll_nvme::status::Status;
+
+use super::config::{ConfigError, Listener, NamespaceInfo, Subsystem, TargetOptions, DISCOVERY_NQN};
+use super::controller::{Cntlid, Controller, Event};
+use super::io::{self, IoLimits, IoQueue, IoRequest, NsCell, NsTable};
+use super::logpage::Health;
+use super::wire::{self, check_flags, cqe, data_xfer, status, Cqe, Sqe};
+
+/// Entries of an admin queue at most (ASQSZ of the discovery log; Linux asks for 32).
+pub const ADMIN_QUEUE_ENTRIES: u32 = 32;
+
+/// In-capsule data an admin queue accepts (NVMe/TCP: 8 KiB on the admin queue, the size
+/// Linux's host sends in-capsule there; Connect's 1024 bytes fit on any queue).
+pub const ADMIN_IN_CAPSULE: u32 = 8192;
+
+/// Bytes of the Connect command's data.
+pub const CONNECT_DATA_BYTES: usize = 1024;
+
+/// The highest controller ID (FFF0h to FFFFh are reserved; NVMe Base 2.0 Figure 275, CNTLID).
+const CNTLID_MAX: u16 = 0xffef;
+
+/// KATO of a discovery controller whose host asked for none: 2 minutes, after which an
+/// idle discovery association is ended (NVMe-oF 1.1 discovery controller keep-alive; Linux's
+/// target does the same).
+pub const DISCOVERY_KATO_MS: u32 = 120_000;
+
+/// Byte offsets of the Connect command fields in the SQE, for IPO (NVMe-oF 1.1, Connect
+/// command).
+pub mod connect_off {
+    /// Record Format.
+    pub const RECFMT: u16 = 40;
+    /// Queue ID.
+    pub const QID: u16 = 42;
+    /// Submission Queue Size (0's based).
+    pub const SQSIZE: u16 = 44;
+    /// Connect Attributes.
+    pub const CATTR: u16 = 46;
+    /// Keep Alive Timeout (ms).
+    pub const KATO: u16 = 48;
+}
+
+/// Byte offsets of the Connect data fields, for IPO with IATTR 1.
+pub mod connect_data_off {
+    /// Host Identifier, 16 bytes.
+    pub const HOSTID: u16 = 0;
+    /// Controller ID.
+    pub const CNTLID: u16 = 16;
+    /// Subsystem NQN, 256 bytes.
+    pub const SUBNQN: u16 = 256;
+    /// Host NQN, 256 bytes.
+    pub const HOSTNQN: u16 = 512;
+}
+
+/// Completion dword 0 of Connect Invalid Parameters: IATTR in bits 23:16 (bit 16 set: the
+/// parameter is in the Connect data, clear: in the SQE) and IPO, the byte offset, in 15:0
+/// (NVMe-oF 1.1 Connect response; Linux's host reads it so).
+pub fn connect_ipo(in_data: bool, offset: u16) -> u32 {
+    (in_data as u32) << 16 | offset as u32
+}
+
+/// A subsystem of the target, by the order it was added (0, 1, ...); IDs are not reused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SubsystemId(pub u32);
+
+/// One queue of one controller: QID 0 is the admin queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct QueueRef {
+    /// The controller.
+    pub cntlid: Cntlid,
+    /// Queue ID.
+    pub qid: u16,
+}
+
+/// What the runtime knows of a connection when its Connect arrives.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ConnInfo {
+    /// PORTID of the listener the connection arrived on.
+    pub portid: u16,
+    /// The local address the host connected to: the discovery log names it for a listener on
+    /// all addresses.
+    pub local_addr: Option<String>,
+    /// The host's address, for logs.
+    pub peer: String,
+}
+
+/// A queue connected by Connect.
+#[derive(Debug)]
+pub struct ConnectOutcome {
+    /// The queue: its controller and QID.
+    pub queue: QueueRef,
+    /// The Connect response: CNTLID in dword 0.
+    pub cqe: Cqe,
+    /// Submission queue entries (SQSIZE + 1): commands the host may have outstanding.
+    pub entries: u32,
+    /// The host disabled SQ flow control (CATTR bit 2): SQHD is not reported.
+    pub sq_flow_control_disabled: bool,
+    /// In-capsule data the queue accepts in bytes.
+    pub in_capsule_max: u32,
+    /// A connection to the discovery controller.
+    pub discovery: bool,
+    /// For an I/O queue: its decoder, for the worker that serves it.
+    pub io: Option<IoQueue>,
+}
+
+/// A completion of a held Asynchronous Event Request, to send on the controller's admin queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AerCompletion {
+    /// The controller.
+    pub cntlid: Cntlid,
+    /// The completion.
+    pub cqe: Cqe,
+}
+
+/// A controller as the runtime may show it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControllerInfo {
+    /// Controller ID.
+    pub cntlid: Cntlid,
+    /// `None`: a discovery controller.
+    pub subsystem: Option<SubsystemId>,
+    /// The host's NQN.
+    pub hostnqn: String,
+    /// The host's identifier.
+    pub hostid: [u8; 16],
+    /// The keep-alive timeout in milliseconds (0: none).
+    pub kato_ms: u32,
+    /// Connected I/O queues.
+    pub io_queues: Vec<u16>,
+    /// CC.EN and CSTS.RDY.
+    pub ready: bool,
+}
+
+#[derive(Debug)]
+pub(super) struct SubsysState {
+    pub cfg: Subsystem,
+    pub max_nsid: u32,
+    pub cell: Arc<NsCell>,
+    pub health: BTreeMap<u32, Health>,
+}
+
+impl SubsysState {
+    pub fn namespace(&self, nsid: u32) -> Option<&NamespaceInfo> {
+        self.cfg.namespaces.iter().find(|n| n.nsid == nsid)
+    }
+
+    fn publish(&mut self) {
+        self.cfg.namespaces.sort_by_key(|n| n.nsid);
+        self.cell.replace(NsTable::new(&self.cfg.namespaces));
+    }
+}
+
+/// An NVMe over Fabrics target: its subsystems and listeners, the discovery subsystem, and
+/// the controllers hosts have connected. Pure logic: the runtime feeds it the commands it
+/// receives and sends what it answers.
+///
+/// Per connection, the runtime calls [`Target::connect`] with the first capsule, then
+/// [`Target::admin`] for each admin command (or [`IoQueue::decode`] for each I/O command),
+/// [`Target::disconnect`] when the connection ends, and [`Target::tick`] every few hundred
+/// milliseconds, dropping what it reports with [`Target::drop_controller`].
+#[derive(Debug)]
+pub struct Target {
+    pub(super) opts: TargetOptions,
+    pub(super) listeners: Vec<Listener>,
+    pub(super) subsystems: BTreeMap<SubsystemId, SubsysState>,
+    next_subsystem: u32,
+    pub(super) controllers: BTreeMap<Cntlid, Controller>,
+    next_cntlid: u16,
+    pub(super) genctr: u64,
+}
+
+impl Target {
+    /// A target serving `subsystems` on `listeners`.
+    pub fn new(
+        opts: TargetOptions,
+        listeners: Vec<Listener>,
+        subsystems: Vec<Subsystem>,
+    ) -> Result<Self, ConfigError> {
+        opts.validate()?;
+        let mut t = Target {
+            opts,
+            listeners: Vec::new(),
+            subsystems: BTreeMap::new(),
+            next_subsystem: 0,
+            controllers: BTreeMap::new(),
+            next_cntlid: 1,
+            genctr: 0,
+        };
+        for l in listeners {
+            t.add_listener(l)?;
+        }
+        for s in subsystems {
+            t.add_subsystem(s)?;
+        }
+        t.genctr = 0;
+        Ok(t)
+    }
+
+    /// The limits controllers report.
+    pub fn options(&self) -> &TargetOptions {
+        &self.opts
+    }
+
+    /// The listeners.
+    pub fn listeners(&self) -> &[Listener] {
+        &self.listeners
+    }
+
+    /// The subsystem named `nqn`.
+    pub fn subsystem_id(&self, nqn: &str) -> Option<SubsystemId> {
+        self.subsystems
+            .iter()
+            .find(|(_, s)| s.cfg.nqn == nqn)
+            .map(|(&id, _)| id)
+    }
+
+    /// A subsystem's configuration.
+    pub fn subsystem(&self, id: SubsystemId) -> Option<&Subsystem> {
+        self.subsystems.get(&id).map(|s| &s.cfg)
+    }
+
+    /// The subsystems, by ID.
+    pub fn subsystems(&self) -> impl Iterator<Item = (SubsystemId, &Subsystem)> {
+        self.subsystems.iter().map(|(&id, s)| (id, &s.cfg))
+    }
+
+    /// The discovery log's generation counter.
+    pub fn discovery_generation(&self) -> u64 {
+        self.genctr
+    }
+
+    /// The controllers.
+    pub fn controllers(&self) -> Vec<ControllerInfo> {
+        self.controllers
+            .values()
+            .map(|c| ControllerInfo {
+                cntlid: c.cntlid,
+                subsystem: c.subsystem,
+                hostnqn: c.hostnqn.clone(),
+                hostid: c.hostid,
+                kato_ms: c.kato_ms,
+                io_queues: c.io_queues.iter().copied().collect(),
+                ready: c.enabled(),
+            })
+            .collect()
+    }
+
+    /// Handles the Connect command that opens a queue (NVMe-oF 1.1, Connect command):
+    /// `connect_data` is its 1024-byte data, `peer` the connection. QID 0 creates a controller
+    /// (CNTLID FFFFh in the data: the target allocates one); an I/O queue joins the
+    /// controller named by CNTLID, which must belong to the same host NQN and host ID.
+    ///
+    /// Refusals carry DNR: Connect Incompatible Format for RECFMT ≠ 0; Connect Invalid
+    /// Parameters with IATTR/IPO (dword 0, [`connect_ipo`]) naming the field for an unknown
+    /// subsystem NQN, a malformed NQN, a CNTLID that names no controller of this host, a QID
+    /// beyond the I/O queues granted, or an SQSIZE of 0 or past the queue limit; Connect
+    /// Invalid Host for a host the subsystem does not allow; Command Sequence Error for a QID
+    /// already connected or an I/O queue before the controller is enabled.
+    pub fn connect(
+        &mut self,
+        sqe: &Sqe,
+        connect_data: &[u8; CONNECT_DATA_BYTES],
+        peer: ConnInfo,
+    ) -> Result<ConnectOutcome, Cqe> {
+        let cid = sqe.cid();
+        let fail = |st: Status, dw0: u32| Err(cqe(cid, st, dw0));
+        let invalid = |in_data: bool, off: u16| {
+            Err(cqe(
+                cid,
+                status::CONNECT_INVALID_PARAMETERS,
+                connect_ipo(in_data, off),
+            ))
+        };
+        if !wire::is_connect(sqe) {
+            // Linux's target: any other command on an unconnected queue.
+            return fail(Status::INVALID_OPCODE, 0);
+        }
+        if let Err(st) = check_flags(sqe) {
+            return fail(st, 0);
+        }
+        match data_xfer(sqe, ADMIN_IN_CAPSULE) {
+            Ok(d) if d.len() as usize == CONNECT_DATA_BYTES => {}
+            Ok(_) => return fail(status::DATA_SGL_LENGTH_INVALID, 0),
+            Err(st) => return fail(st, 0),
+        }
+        let recfmt = sqe.dw[10] as u16;
+        let qid = (sqe.dw[10] >> 16) as u16;
+        let sqsize = sqe.dw[11] as u16;
+        let cattr = (sqe.dw[11] >> 16) as u8;
+        let kato_ms = sqe.dw[12];
+        if recfmt != 0 {
+            return fail(status::CONNECT_INCOMPATIBLE_FORMAT, 0);
+        }
+        let Some(subnqn) = nqn_field(connect_data, connect_data_off::SUBNQN) else {
+            return invalid(true, connect_data_off::SUBNQN);
+        };
+        let Some(hostnqn) = nqn_field(connect_data, connect_data_off::HOSTNQN) else {
+            return invalid(true, connect_data_off::HOSTNQN);
+        };
+        let subsystem = if subnqn == DISCOVERY_NQN {
+            None
+        } else {
+            let Some(id) = self.subsystem_id(subnqn) else {
+                return invalid(true, connect_data_off::SUBNQN);
+            };
+            if !self.subsystems[&id].cfg.host_allowed(hostnqn) {
+                return fail(
+                    status::CONNECT_INVALID_HOST,
+                    connect_ipo(true, connect_data_off::HOSTNQN),
+                );
+            }
+            Some(id)
+        };
+        let mut hostid = [0u8; 16];
+        hostid.copy_from_slice(&connect_data[..16]);
+        let data_cntlid = wire::le16(connect_data, connect_data_off::CNTLID as usize);
+        let flow_off = cattr & 1 << 2 != 0;
+        let hostnqn = hostnqn.to_owned();
+
+        if qid == 0 {
+            if data_cntlid != 0xffff {
+                return invalid(true, connect_data_off::CNTLID);
+            }
+            if sqsize == 0 || sqsize as u32 >= ADMIN_QUEUE_ENTRIES {
+                return invalid(false, connect_off::SQSIZE);
+            }
+            let Some(cntlid) = self.allocate_cntlid() else {
+                return fail(status::CONNECT_CONTROLLER_BUSY, 0);
+            };
+            let kato_ms = if subsystem.is_none() && kato_ms == 0 {
+                DISCOVERY_KATO_MS
+            } else {
+                kato_ms
+            };
+            let granted = if subsystem.is_some() {
+                self.opts.max_io_queues
+            } else {
+                0
+            };
+            let c = Controller::new(cntlid, subsystem, hostnqn, hostid, peer, kato_ms, granted);
+            self.controllers.insert(cntlid, c);
+            log::debug!("controller {} created for {}", cntlid.0, subnqn);
+            return Ok(ConnectOutcome {
+                queue: QueueRef { cntlid, qid: 0 },
+                cqe: cqe(cid, Status::SUCCESS, cntlid.0.into()),
+                entries: sqsize as u32 + 1,
+                sq_flow_control_disabled: flow_off,
+                in_capsule_max: ADMIN_IN_CAPSULE,
+                discovery: subsystem.is_none(),
+                io: None,
+            });
+        }
+
+        let Some(sid) = subsystem else {
+            // A discovery controller has no I/O queues.
+            return invalid(false, connect_off::QID);
+        };
+        let cntlid = Cntlid(data_cntlid);
+        let Some(c) = self
+            .controllers
+            .get_mut(&cntlid)
+            .filter(|c| c.subsystem == Some(sid) && c.hostnqn == hostnqn && c.hostid == hostid && !c.expired)
+        else {
+            return invalid(true, connect_data_off::CNTLID);
+        };
+        if !c.enabled() {
+            return fail(status::COMMAND_SEQUENCE_ERROR, 0);
+        }
+        if qid > c.granted {
+            return invalid(false, connect_off::QID);
+        }
+        if c.io_queues.contains(&qid) {
+            return fail(status::COMMAND_SEQUENCE_ERROR, 0);
+        }
+        if sqsize == 0 || sqsize as u32 >= self.opts.max_queue_entries {
+            return invalid(false, connect_off::SQSIZE);
+        }
+        c.io_queues.insert(qid);
+        c.shared.touch();
+        let queue = QueueRef { cntlid, qid };
+        let ioq = IoQueue::new(
+            queue,
+            sid,
+            c.shared.clone(),
+            self.subsystems[&sid].cell.clone(),
+            self.io_limits(),
+        );
+        Ok(ConnectOutcome {
+            queue,
+            cqe: cqe(cid, Status::SUCCESS, cntlid.0.into()),
+            entries: sqsize as u32 + 1,
+            sq_flow_control_disabled: flow_off,
+            in_capsule_max: self.opts.in_capsule_data,
+            discovery: false,
+            io: Some(ioq),
+        })
+    }
+
+    fn io_limits(&self) -> IoLimits {
+        IoLimits {
+            max_transfer: self.opts.max_transfer,
+            in_capsule: self.opts.in_capsule_data,
+        }
+    }
+
+    /// The next free controller ID after the last one given (so that a host's stale
+    /// references to a dropped controller do not meet a new one at once).
+    fn allocate_cntlid(&mut self) -> Option<Cntlid> {
+        for _ in 0..CNTLID_MAX {
+            let c = Cntlid(self.next_cntlid);
+            self.next_cntlid = if self.next_cntlid >= CNTLID_MAX {
+                1
+            } else {
+                self.next_cntlid + 1
+            };
+            if !self.controllers.contains_key(&c) {
+                return Some(c);
+            }
+        }
+        None
+    }
+
+    /// The decoder of a connected I/O queue (another for the same queue, e.g. after a worker
+    /// restarts).
+    pub fn io_queue(&self, queue: QueueRef) -> Option<IoQueue> {
+        let c = self.controllers.get(&queue.cntlid)?;
+        let sid = c.subsystem?;
+        c.io_queues.contains(&queue.qid).then(|| {
+            IoQueue::new(
+                queue,
+                sid,
+                c.shared.clone(),
+                self.subsystems[&sid].cell.clone(),
+                self.io_limits(),
+            )
+        })
+    }
+
+    /// Decodes an I/O command of controller `cntlid` (as [`IoQueue::decode`], for callers
+    /// that hold the target; errors are logged with SQID FFFFh, the queue not being known).
+    pub fn io_command(&self, cntlid: Cntlid, sqe: &Sqe) -> Result<IoRequest, Cqe> {
+        let refuse = |st| Err(cqe(sqe.cid(), st, 0));
+        let Some(c) = self.controllers.get(&cntlid) else {
+            return refuse(status::COMMAND_SEQUENCE_ERROR);
+        };
+        let Some(sid) = c.subsystem else {
+            return refuse(status::COMMAND_SEQUENCE_ERROR);
+        };
+        let table = self.subsystems[&sid].cell.current();
+        io::decode(&table, &c.shared, self.io_limits(), sid, sqe).map_err(|st| {
+            c.shared
+                .errors()
+                .record(0xffff, sqe.cid(), st, sqe.nsid(), io::error_lba(sqe));
+            cqe(sqe.cid(), st, 0)
+        })
+    }
+
+    /// Records a failed command (e.g. a backend error) in the controller's Error
+    /// Information log.
+    pub fn record_error(&self, queue: QueueRef, cid: u16, status: Status, nsid: u32, lba: u64) {
+        if let Some(c) = self.controllers.get(&queue.cntlid) {
+            c.shared.errors().record(queue.qid, cid, status, nsid, lba);
+        }
+    }
+
+    /// A queue's connection ended. The admin queue's end ends the association (NVMe-oF
+    /// 1.1: a controller lives as long as its admin queue): the controller is removed, and
+    /// its I/O queues are returned for the runtime to close. An I/O queue's end frees its QID.
+    pub fn disconnect(&mut self, queue: QueueRef) -> Vec<QueueRef> {
+        if queue.qid != 0 {
+            if let Some(c) = self.controllers.get_mut(&queue.cntlid) {
+                c.io_queues.remove(&queue.qid);
+            }
+            return Vec::new();
+        }
+        let mut rest = self.drop_controller(queue.cntlid);
+        rest.retain(|q| q.qid != 0);
+        rest
+    }
+
+    /// Removes a controller (its keep-alive expired, or the runtime tears it down): every
+    /// queue it had, admin queue first, for the runtime to close. Decoders of its I/O queues
+    /// refuse further commands.
+    pub fn drop_controller(&mut self, cntlid: Cntlid) -> Vec<QueueRef> {
+        let Some(c) = self.controllers.remove(&cntlid) else {
+            return Vec::new();
+        };
+        c.shared.ready.store(false, std::sync::atomic::Ordering::Release);
+        log::debug!("controller {} of {} removed", cntlid.0, c.hostnqn);
+        std::iter::once(0)
+            .chain(c.io_queues.iter().copied())
+            .map(|qid| QueueRef { cntlid, qid })
+            .collect()
+    }
+
+    /// Advances the keep-alive timers to `now` (NVMe Base 2.0 §3.9, Keep Alive; with
+    /// Traffic Based Keep Alive, CTRATT bit 6, any command restarts a timer): returns the
+    /// controllers whose KATO passed without a command, each once. They stop processing
+    /// commands (CSTS.CFS); the runtime drops them with [`Target::drop_controller`].
+    ///
+    /// A timer restarts at the first tick after a command, so expiry is detected up to one
+    /// tick interval late: tick at least every second (KAS is 1 s).
+    pub fn tick(&mut self, now: Instant) -> Vec<Cntlid> {
+        let mut expired = Vec::new();
+        for c in self.controllers.values_mut() {
+            if c.expired {
+                continue;
+            }
+            if c.shared.take_traffic() || c.last_activity.is_none() {
+                c.last_activity = Some(now);
+                continue;
+            }
+            let (Some(kato), Some(last)) = (c.kato(), c.last_activity) else {
+                continue;
+            };
+            if now.saturating_duration_since(last) >= kato {
+                c.expired = true;
+                c.csts |= super::controller::csts::CFS;
+                c.publish_ready();
+                log::info!(
+                    "controller {} of {}: keep-alive timeout ({} ms) expired",
+                    c.cntlid.0,
+                    c.hostnqn,
+                    c.kato_ms
+                );
+                expired.push(c.cntlid);
+            }
+        }
+        expired
+    }
+
+    /// Adds a subsystem; discovery controllers hear of it (Discovery Log Page Change).
+    pub fn add_subsystem(&mut self, s: Subsystem) -> Result<(SubsystemId, Vec<AerCompletion>), ConfigError> {
+        s.validate()?;
+        if self.subsystem_id(&s.nqn).is_some() {
+            return Err(ConfigError::DuplicateSubsystem(s.nqn));
+        }
+        let id = SubsystemId(self.next_subsystem);
+        self.next_subsystem += 1;
+        let mut state = SubsysState {
+            max_nsid: s.max_nsid(),
+            cell: Arc::new(NsCell::new(NsTable::default())),
+            cfg: s,
+            health: BTreeMap::new(),
+        };
+        state.publish();
+        self.subsystems.insert(id, state);
+        Ok((id, self.discovery_changed()))
+    }
+
+    /// Removes a subsystem: its controllers' queues, for the runtime to close, and the
+    /// discovery controllers' events.
+    pub fn remove_subsystem(
+        &mut self,
+        id: SubsystemId,
+    ) -> Result<(Vec<QueueRef>, Vec<AerCompletion>), ConfigError> {
+        if self.subsystems.remove(&id).is_none() {
+            return Err(ConfigError::NoSuchSubsystem(format!("with ID {}", id.0)));
+        }
+        let doomed: Vec<Cntlid> = self
+            .controllers
+            .values()
+            .filter(|c| c.subsystem == Some(id))
+            .map(|c| c.cntlid)
+            .collect();
+        let queues = doomed.into_iter().flat_map(|c| self.drop_controller(c)).collect();
+        Ok((queues, self.discovery_changed()))
+    }
+
+    /// Adds a listener.
+    pub fn add_listener(&mut self, l: Listener) -> Result<Vec<AerCompletion>, ConfigError> {
+        l.validate()?;
+        if self.listeners.iter().any(|x| x.portid == l.portid) {
+            return Err(ConfigError::BadListener {
+                what: format!("port {}", l.portid),
+                why: "the port ID is used by another listener",
+            });
+        }
+        self.listeners.push(l);
+        Ok(self.discovery_changed())
+    }
+
+    /// Removes the listener with port ID `portid` (its connections stay; the runtime closes
+    /// them if it wants).
+    pub fn remove_listener(&mut self, portid: u16) -> Result<Vec<AerCompletion>, ConfigError> {
+        let before = self.listeners.len();
+        self.listeners.retain(|l| l.portid != portid);
+        if self.listeners.len() == before {
+            return Err(ConfigError::BadListener {
+                what: format!("port {portid}"),
+                why: "no such listener",
+            });
+        }
+        Ok(self.discovery_changed())
+    }
+
+    fn discovery_changed(&mut self) -> Vec<AerCompletion> {
+        self.genctr += 1;
+        self.raise_all(None, Event::DiscoveryChanged, 0)
+    }
+
+    /// Raises `ev` on the controllers of `subsystem` (`None`: discovery controllers).
+    fn raise_all(&mut self, subsystem: Option<SubsystemId>, ev: Event, warning: u8) -> Vec<AerCompletion> {
+        self.controllers
+            .values_mut()
+            .filter(|c| c.subsystem == subsystem)
+            .filter_map(|c| {
+                c.raise(ev, warning).map(|(cid, dw0)| AerCompletion {
+                    cntlid: c.cntlid,
+                    cqe: cqe(cid, Status::SUCCESS, dw0),
+                })
+            })
+            .collect()
+    }
+
+    fn subsys_mut(&mut self, id: SubsystemId) -> Result<&mut SubsysState, ConfigError> {
+        self.subsystems
+            .get_mut(&id)
+            .ok_or_else(|| ConfigError::NoSuchSubsystem(format!("with ID {}", id.0)))
+    }
+
+    /// Adds a namespace (NSID up to the subsystem's NN): the subsystem's controllers get a
+    /// Namespace Attribute Changed notice.
+    pub fn add_namespace(
+        &mut self,
+        id: SubsystemId,
+        ns: NamespaceInfo,
+    ) -> Result<Vec<AerCompletion>, ConfigError> {
+        let s = self.subsys_mut(id)?;
+        ns.validate(&s.cfg.nqn, s.max_nsid)?;
+        if s.namespace(ns.nsid).is_some() {
+            return Err(ConfigError::BadNamespace {
+                subsystem: s.cfg.nqn.clone(),
+                nsid: ns.nsid,
+                why: "the namespace ID is in use".into(),
+            });
+        }
+        let nsid = ns.nsid;
+        s.cfg.namespaces.push(ns);
+        s.publish();
+        Ok(self.namespace_changed(id, nsid))
+    }
+
+    /// Replaces a namespace's description (e.g. resized), with the notice.
+    pub fn update_namespace(
+        &mut self,
+        id: SubsystemId,
+        ns: NamespaceInfo,
+    ) -> Result<Vec<AerCompletion>, ConfigError> {
+        let s = self.subsys_mut(id)?;
+        ns.validate(&s.cfg.nqn, s.max_nsid)?;
+        let nsid = ns.nsid;
+        let Some(slot) = s.cfg.namespaces.iter_mut().find(|n| n.nsid == nsid) else {
+            return Err(ConfigError::NoSuchNamespace {
+                subsystem: s.cfg.nqn.clone(),
+                nsid,
+            });
+        };
+        *slot = ns;
+        s.publish();
+        Ok(self.namespace_changed(id, nsid))
+    }
+
+    /// Removes a namespace, with the notice; its commands fail with Invalid Namespace or
+    /// Format from then on.
+    pub fn remove_namespace(
+        &mut self,
+        id: SubsystemId,
+        nsid: u32,
+    ) -> Result<Vec<AerCompletion>, ConfigError> {
+        let s = self.subsys_mut(id)?;
+        let before = s.cfg.namespaces.len();
+        s.cfg.namespaces.retain(|n| n.nsid != nsid);
+        if s.cfg.namespaces.len() == before {
+            return Err(ConfigError::NoSuchNamespace {
+                subsystem: s.cfg.nqn.clone(),
+                nsid,
+            });
+        }
+        s.health.remove(&nsid);
+        s.publish();
+        Ok(self.namespace_changed(id, nsid))
+    }
+
+    fn namespace_changed(&mut self, id: SubsystemId, nsid: u32) -> Vec<AerCompletion> {
+        for c in self.controllers.values_mut().filter(|c| c.subsystem == Some(id)) {
+            c.changed.add(nsid);
+        }
+        self.raise_all(Some(id), Event::NamespaceChanged, 0)
+    }
+
+    /// Updates a namespace's health for the SMART / Health log; a newly set critical warning
+    /// raises a SMART / Health event on controllers that enabled it.
+    pub fn set_health(
+        &mut self,
+        id: SubsystemId,
+        nsid: u32,
+        health: Health,
+    ) -> Result<Vec<AerCompletion>, ConfigError> {
+        let s = self.subsys_mut(id)?;
+        if s.namespace(nsid).is_none() {
+            return Err(ConfigError::NoSuchNamespace {
+                subsystem: s.cfg.nqn.clone(),
+                nsid,
+            });
+        }
+        let old = s.health.insert(nsid, health).unwrap_or_default();
+        let new = health.critical_warning & !old.critical_warning;
+        if new == 0 {
+            return Ok(Vec::new());
+        }
+        // Information: 02h spare below threshold, 01h temperature, 00h reliability.
+        let info = if new & 1 != 0 {
+            2
+        } else if new & 2 != 0 {
+            1
+        } else {
+            0
+        };
+        Ok(self.raise_all(Some(id), Event::Smart(info), new))
+    }
+}
+
+/// An NQN field of the Connect data: UTF-8 up to the first NUL, which must come within the
+/// 256 bytes, at most 223 bytes, starting "nqn.". Only that much of the NQN forms is checked
+/// (hosts name themselves freely; a subsystem that restricts hosts compares exactly).
+fn nqn_field(data: &[u8], offset: u16) -> Option<&str> {
+    let f = &data[offset as usize..offset as usize + 256];
+    let end = f.iter().position(|&b| b == 0)?;
+    let s = std::str::from_utf8(&f[..end]).ok()?;
+    (s.len() <= super::config::NQN_MAX && s.starts_with("nqn.")).then_some(s)
+}
