@@ -15,7 +15,7 @@ use super::logpage::{self, lid, subtype, DiscoveryEntry, Health};
 use super::target::{QueueRef, SubsysState, SubsystemId, Target, DISCOVERY_KATO_MS};
 use super::wire::{check_flags, cqe, expect_to_host, fctype, fctype_of, status, Cqe, Sqe, FABRICS_OPCODE};
 
-/// Keep Alive (NVMe Base 2.0 Figure 138).
+/// The Keep Alive opcode (NVMe Base 2.0 Figure 138).
 const KEEP_ALIVE: u8 = 0x18;
 /// Host Identifier feature (NVMe Base 2.0 §5.27.1).
 const FEATURE_HOST_ID: u8 = 0x81;
@@ -186,9 +186,9 @@ fn dispatch(cx: &Cx<'_>, ctrl: &mut Controller, sqe: &Sqe) -> Result<Outcome, St
                 None => Outcome::Held,
             })
         }
-        // Keep Alive (§5.25): the timer restarted when the command arrived.
+        // Keep Alive: the timer restarted when the command arrived.
         KEEP_ALIVE => Reply::dw0(0),
-        // Abort (§5.1): commands in flight are the runtime's and run to completion; dword 0
+        // Abort: commands in flight are the runtime's and run to completion; dword 0
         // bit 0 set says "not aborted", which the specification allows for any command.
         admin_op::ABORT if !ctrl.is_discovery() => Reply::dw0(1),
         // Queue creation and deletion do not exist on fabrics (I/O queues are connected),

@@ -19,7 +19,7 @@ use super::target::{ConnInfo, SubsystemId, ADMIN_QUEUE_ENTRIES};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Cntlid(pub u16);
 
-/// Property offsets (NVMe Base 2.0 Figure 33; NVMe-oF 1.1 names the subset a fabrics
+/// Property offsets (NVMe Base 2.0 §3.1.3; NVMe-oF 1.1 names the subset a fabrics
 /// controller has: no doorbells, no admin queue attributes or bases).
 pub mod prop {
     /// Controller Capabilities, 8 bytes.
@@ -299,11 +299,11 @@ impl Controller {
         Ok(self.write_cc(value as u32 & cc::STORED))
     }
 
-    /// A write of CC (NVMe Base 2.0 §3.1.3.5; shutdown as §3.6 describes it): EN 0→1 brings the controller
-    /// ready if the configuration is one it supports (NVM command set, 4 KiB pages, round
-    /// robin, 64/16-byte entries) and fails it (CSTS.CFS) otherwise, as Linux's target does;
-    /// EN 1→0 resets it; SHN completes the shutdown at once (nothing is buffered here: the
-    /// runtime flushes the backends' caches when told).
+    /// A write of CC (NVMe Base 2.0 §3.1.3.5; shutdown as §3.6 describes it): EN 0→1 brings
+    /// the controller ready if the configuration is one it supports (NVM command set, 4 KiB
+    /// pages, round robin, 64/16-byte entries) and fails it (CSTS.CFS) otherwise, as Linux's
+    /// target does; EN 1→0 resets it; SHN completes the shutdown at once (nothing is buffered
+    /// here: the runtime flushes the backends' caches when told).
     fn write_cc(&mut self, new: u32) -> CcChange {
         let old = self.cc;
         self.cc = new;

@@ -1,6 +1,6 @@
-//! I/O commands of the NVM Command Set (NVM Command Set 1.0, "I/O Commands"): what a Read, Write, Flush, Write Zeroes or Dataset
-//! Management asks of which namespace, checked against the namespace and the controller before
-//! the runtime touches a backend.
+//! I/O commands of the NVM Command Set (NVM Command Set 1.0, "I/O Commands"): what a Read,
+//! Write, Flush, Write Zeroes or Dataset Management asks of which namespace, checked against
+//! the namespace and the controller before the runtime touches a backend.
 //!
 //! Workers decode through an [`IoQueue`], one per I/O queue, which reads the namespace table
 //! and the controller's state without the [`Target`](super::Target): a worker thread needs no

@@ -228,8 +228,9 @@ pub const SGL_TRANSPORT: u8 = 0x5a;
 
 /// Checks the CDW0 flags every fabrics command must carry: no fused operation (FUSE, bits
 /// 9:8; this target does not implement fused commands) and PSDT 01b: "SGLs, metadata pointer
-/// a contiguous buffer", the only value NVMe over Fabrics allows (NVMe Base 2.0 Figure 88). Invalid
-/// Field in Command otherwise, as Linux's target answers.
+/// a contiguous buffer" (NVMe Base 2.0 Figure 88). Fabrics have no PRPs, and Linux's host sets
+/// 01b on every command; Linux's target answers anything else with Invalid Field in Command, as
+/// this one does.
 pub fn check_flags(sqe: &Sqe) -> Result<(), Status> {
     let fuse = (sqe.dw[0] >> 8) & 0b11;
     if fuse != 0 || sqe.psdt() != 0b01 {
