@@ -11,16 +11,17 @@
 //! - [`backend`]: where a namespace's blocks live (a vfpoll NVMe namespace through the worker's
 //!   own queue pair, or RAM), driven without blocking;
 //! - `sys` (private, the crate's only `unsafe` code): socket I/O straight from and into DMA
-//!   buffers.
-//!
-//! The connection runtime (listeners, pinned workers, R2T flow, the `vfpoll target` command) is
-//! being built on these layers (issue 11); until it lands, `sys` has no caller outside its tests.
+//!   buffers;
+//! - `conn` (private): one connection's state machine (ICReq, Connect, capsules, R2T/H2CData,
+//!   C2HData, CapsuleResp, termination requests);
+//! - [`server`]: listeners and the worker thread that polls connections, backends and the
+//!   keep-alive timer ([`server::Server::start`]).
 
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks, missing_docs)]
 
 pub mod backend;
+mod conn;
 pub mod fabrics;
 pub mod pdu;
-// Used by the connection runtime, which lands next; tested on its own meanwhile.
-#[cfg_attr(not(test), allow(dead_code))]
+pub mod server;
 mod sys;

@@ -1,0 +1,514 @@
+//! The NVMe/TCP target over loopback TCP, driven by a test host built from the PDU module's
+//! host-side builders: ICReq, Connect of an admin and an I/O queue to a RAM namespace,
+//! Identify, writes with in-capsule data and through R2T, reads back, flush, Write Zeroes,
+//! Dataset Management, with and without digests; bad PDUs end only their own connection.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::time::Duration;
+
+use vfpoll_dma::{DmaContext, PageSize};
+use vfpoll_nvme::cmd::{admin_op, Command};
+use vfpoll_nvmf::backend::MallocBackend;
+use vfpoll_nvmf::fabrics::{
+    cqe_to_bytes, ctrl_off, fctype, ns_off, prop, sqe_to_bytes, Cqe, Listener, NamespaceInfo, Sqe, Subsystem,
+    Target, TargetOptions, FABRICS_OPCODE, SGL_IN_CAPSULE, SGL_TRANSPORT,
+};
+use vfpoll_nvmf::pdu::{
+    capsule_cmd_header, h2c_data_header, host_accept_ic_resp, ic_req, parse_c2h_header, ConnParams, CtrlPdu,
+    Digests, Fes, H2cData, IcReq, Layout, Progress, TargetLimits, MAX_TX_HEADER_LEN,
+};
+use vfpoll_nvmf::server::{NamespaceBackend, Server, ServerConfig};
+
+const SUB: &str = "nqn.2024-01.io.vfpoll:tcp-test";
+const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-555555555555";
+const HOSTID: [u8; 16] = *b"host-identifier!";
+const BLOCKS: u64 = 4096;
+const BS: usize = 512;
+/// The test pool's buffers live in 4 KiB pages (no hugepages needed), one page each: so
+/// MDTS and MAXH2CDATA are 4 KiB, and writes above the 1 KiB in-capsule limit use R2T.
+const MAXH2CDATA: u32 = 4096;
+const ICD: u32 = 1024;
+/// CC as Linux writes it: EN, IOSQES 6, IOCQES 4.
+const LINUX_CC: u32 = 1 | 6 << 16 | 4 << 20;
+
+fn server() -> Server {
+    let mut sub = Subsystem::new(SUB);
+    let mut ns = NamespaceInfo::new(SUB, 1, "malloc:tcp-test", BS as u32, BLOCKS);
+    ns.write_zeroes = true;
+    ns.deallocate = true;
+    sub.namespaces.push(ns);
+    let opts = TargetOptions {
+        max_transfer: 4096,
+        in_capsule_data: ICD,
+        ..TargetOptions::default()
+    };
+    let target = Target::new(
+        opts,
+        vec![Listener::tcp(1, "127.0.0.1:0".parse().unwrap())],
+        vec![sub],
+    )
+    .unwrap();
+    Server::start(ServerConfig {
+        target,
+        namespaces: vec![NamespaceBackend {
+            subsystem_nqn: SUB.into(),
+            nsid: 1,
+            backend: Box::new(MallocBackend::new(
+                MallocBackend::storage(BLOCKS as usize * BS),
+                BS,
+            )),
+        }],
+        dma: DmaContext::for_testing(),
+        page_size: PageSize::Base4K,
+        buffers: 8,
+        maxh2cdata: MAXH2CDATA,
+    })
+    .unwrap()
+}
+
+/// A received controller PDU and its data.
+struct Rx {
+    pdu: CtrlPdu,
+    data: Vec<u8>,
+}
+
+/// A test host on one connection.
+struct Host {
+    s: TcpStream,
+    params: ConnParams,
+    cid: u16,
+}
+
+impl Host {
+    fn tcp(addr: SocketAddr) -> Host {
+        let s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        Host {
+            s,
+            params: ConnParams::new(&TargetLimits::default()),
+            cid: 0,
+        }
+    }
+
+    /// Connects and exchanges ICReq/ICResp.
+    fn new(addr: SocketAddr, digests: Digests) -> Host {
+        let mut h = Host::tcp(addr);
+        let req = IcReq {
+            pfv: 0,
+            hpda: 0,
+            digests,
+            maxr2t: 0,
+        };
+        let mut out = [0u8; 128];
+        let n = ic_req(&mut out, &req).unwrap();
+        h.s.write_all(&out[..n]).unwrap();
+        let Rx {
+            pdu: CtrlPdu::IcResp(resp),
+            ..
+        } = h.recv().unwrap()
+        else {
+            panic!("no ICResp")
+        };
+        h.params = host_accept_ic_resp(&req, &resp).unwrap();
+        assert_eq!(resp.maxh2cdata, MAXH2CDATA);
+        h
+    }
+
+    /// Reads one PDU; `None` at end of stream.
+    fn recv(&mut self) -> Option<Rx> {
+        let mut hdr = vec![0u8; 8];
+        if let Err(e) = self.s.read_exact(&mut hdr) {
+            assert!(
+                matches!(e.kind(), ErrorKind::UnexpectedEof | ErrorKind::ConnectionReset),
+                "{e}"
+            );
+            return None;
+        }
+        let h = loop {
+            match parse_c2h_header(&hdr, &self.params).unwrap() {
+                Progress::Need(n) => {
+                    let have = hdr.len();
+                    hdr.resize(n, 0);
+                    self.s.read_exact(&mut hdr[have..]).unwrap();
+                }
+                Progress::Done(h) => break h,
+            }
+        };
+        let l: Layout = h.layout;
+        let mut rest = vec![0u8; l.after_header() as usize];
+        self.s.read_exact(&mut rest).unwrap();
+        let (pad, len) = (l.pad as usize, l.data_len as usize);
+        let data = rest[pad..pad + len].to_vec();
+        if l.data_digest {
+            let d = &rest[pad + len..];
+            assert_eq!(
+                crc32c::crc32c(&data).to_le_bytes(),
+                d,
+                "data digest of a {:?}",
+                h.pdu
+            );
+        }
+        Some(Rx { pdu: h.pdu, data })
+    }
+
+    fn send_capsule(&mut self, sqe: &Sqe, icd: &[u8]) {
+        let mut out = [0u8; MAX_TX_HEADER_LEN];
+        let h = capsule_cmd_header(&mut out, &sqe_to_bytes(sqe), icd.len() as u32, &self.params).unwrap();
+        let mut msg = out[..h.len].to_vec();
+        msg.extend_from_slice(icd);
+        if let Some(mut d) = h.data_digest {
+            d.update(icd);
+            msg.extend_from_slice(&d.to_wire());
+        }
+        self.s.write_all(&msg).unwrap();
+    }
+
+    /// Sends `sqe` (with a fresh CID) and runs it to its completion: answers R2Ts from
+    /// `write`, gathers C2HData. `corrupt`: the first H2CData's data digest is wrong.
+    fn run(&mut self, mut sqe: Sqe, icd: &[u8], write: &[u8], corrupt: bool) -> (Cqe, Vec<u8>) {
+        self.cid = self.cid.wrapping_add(1);
+        sqe.set_cid(self.cid);
+        self.send_capsule(&sqe, icd);
+        let mut read = Vec::new();
+        let mut corrupt = corrupt;
+        loop {
+            let rx = self.recv().expect("connection ended before the completion");
+            match rx.pdu {
+                CtrlPdu::CapsuleResp(r) => {
+                    let cqe = Cqe::from_dwords(core::array::from_fn(|i| {
+                        u32::from_le_bytes(r.cqe[4 * i..4 * i + 4].try_into().unwrap())
+                    }));
+                    assert_eq!(cqe.cid, self.cid);
+                    assert_eq!(cqe_to_bytes(&cqe), r.cqe);
+                    return (cqe, read);
+                }
+                CtrlPdu::C2hData(d) => {
+                    assert_eq!(d.cccid, self.cid);
+                    assert_eq!(d.datao as usize, read.len(), "C2HData in order");
+                    read.extend_from_slice(&rx.data);
+                }
+                CtrlPdu::R2t(r) => {
+                    assert_eq!(r.cccid, self.cid);
+                    assert!(r.r2tl <= MAXH2CDATA, "one R2T at most MAXH2CDATA");
+                    let mut off = r.r2to;
+                    while off < r.r2to + r.r2tl {
+                        let n = (r.r2to + r.r2tl - off).min(1024);
+                        let d = H2cData {
+                            cccid: r.cccid,
+                            ttag: r.ttag,
+                            datao: off,
+                            datal: n,
+                            last: off + n == r.r2to + r.r2tl,
+                        };
+                        let mut out = [0u8; MAX_TX_HEADER_LEN];
+                        let h = h2c_data_header(&mut out, &d, &self.params).unwrap();
+                        let chunk = &write[off as usize..(off + n) as usize];
+                        let mut msg = out[..h.len].to_vec();
+                        msg.extend_from_slice(chunk);
+                        if let Some(mut dg) = h.data_digest {
+                            dg.update(chunk);
+                            let mut w = dg.to_wire();
+                            if corrupt {
+                                w[0] ^= 1;
+                                corrupt = false;
+                            }
+                            msg.extend_from_slice(&w);
+                        }
+                        self.s.write_all(&msg).unwrap();
+                        off += n;
+                    }
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+
+    /// The connection ends (after a C2HTermReq with `fes`, when given).
+    fn expect_term(&mut self, fes: Option<Fes>) {
+        match (self.recv(), fes) {
+            (
+                Some(Rx {
+                    pdu: CtrlPdu::C2hTermReq(t),
+                    ..
+                }),
+                Some(f),
+            ) => assert_eq!(t.status(), Some(f)),
+            (None, None) => return,
+            (other, _) => panic!(
+                "expected a termination with {fes:?}, got {:?}",
+                other.map(|r| r.pdu)
+            ),
+        }
+        assert!(self.recv().is_none(), "the connection closes after a C2HTermReq");
+    }
+}
+
+/// A command as Linux's host sends it: PSDT 01b, a transport SGL of `len` bytes.
+fn sqe(opcode: u8, nsid: u32, len: u32) -> Sqe {
+    let mut c = Command::new(opcode, nsid);
+    c.dw[0] |= 1 << 14;
+    c.dw[8] = len;
+    c.dw[9] = (SGL_TRANSPORT as u32) << 24;
+    c
+}
+
+fn in_capsule(mut c: Sqe, len: u32) -> Sqe {
+    c.dw[8] = len;
+    c.dw[9] = (SGL_IN_CAPSULE as u32) << 24;
+    c
+}
+
+fn connect_sqe(qid: u16, sqsize: u16) -> Sqe {
+    let mut s = in_capsule(sqe(FABRICS_OPCODE, 0, 0), 1024);
+    s.dw[1] = fctype::CONNECT as u32;
+    s.dw[10] = (qid as u32) << 16;
+    s.dw[11] = sqsize as u32;
+    s.dw[12] = if qid == 0 { 10_000 } else { 0 };
+    s
+}
+
+fn connect_data(cntlid: u16) -> Vec<u8> {
+    let mut d = vec![0u8; 1024];
+    d[..16].copy_from_slice(&HOSTID);
+    d[16..18].copy_from_slice(&cntlid.to_le_bytes());
+    d[256..256 + SUB.len()].copy_from_slice(SUB.as_bytes());
+    d[512..512 + HOST.len()].copy_from_slice(HOST.as_bytes());
+    d
+}
+
+fn ok(cqe: &Cqe) {
+    assert!(cqe.status().is_success(), "{:?}", cqe.status());
+}
+
+/// Admin queue: Connect, enable, Identify. Returns the host and its CNTLID.
+fn admin(addr: SocketAddr, digests: Digests) -> (Host, u16) {
+    let mut a = Host::new(addr, digests);
+    let (cqe, _) = a.run(connect_sqe(0, 31), &connect_data(0xffff), &[], false);
+    ok(&cqe);
+    assert_eq!((cqe.sq_id, cqe.sq_head), (0, 1), "SQID and SQHD filled in");
+    let cntlid = cqe.dw0 as u16;
+    let mut set = sqe(FABRICS_OPCODE, 0, 0);
+    set.dw[1] = fctype::PROPERTY_SET as u32;
+    set.dw[11] = prop::CC;
+    set.dw[12] = LINUX_CC;
+    ok(&a.run(set, &[], &[], false).0);
+    let mut id = sqe(admin_op::IDENTIFY, 0, 4096);
+    id.dw[10] = 1;
+    let (cqe, data) = a.run(id, &[], &[], false);
+    ok(&cqe);
+    assert_eq!(data.len(), 4096);
+    assert_eq!(
+        u16::from_le_bytes([data[ctrl_off::CNTLID], data[ctrl_off::CNTLID + 1]]),
+        cntlid
+    );
+    let mut id = sqe(admin_op::IDENTIFY, 1, 4096);
+    id.dw[10] = 0;
+    let (cqe, data) = a.run(id, &[], &[], false);
+    ok(&cqe);
+    let nsze = u64::from_le_bytes(data[ns_off::NSZE..ns_off::NSZE + 8].try_into().unwrap());
+    assert_eq!(nsze, BLOCKS);
+    (a, cntlid)
+}
+
+fn io(addr: SocketAddr, cntlid: u16, digests: Digests) -> Host {
+    let mut q = Host::new(addr, digests);
+    let (cqe, _) = q.run(connect_sqe(1, 31), &connect_data(cntlid), &[], false);
+    ok(&cqe);
+    assert_eq!(cqe.sq_id, 1);
+    q
+}
+
+fn rw(op: u8, slba: u64, blocks: u32) -> Sqe {
+    let mut c = sqe(op, 1, blocks * BS as u32);
+    c.set_lba_range(slba, blocks);
+    c
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+const READ: u8 = 0x02;
+const WRITE: u8 = 0x01;
+const KEEP_ALIVE: u8 = 0x18;
+
+/// Writes in-capsule and through R2T, reads back, flush, Write Zeroes, DSM, an LBA past the
+/// end, on connections with `digests`.
+fn exercise(addr: SocketAddr, digests: Digests) {
+    let (mut a, cntlid) = admin(addr, digests);
+    let mut q = io(addr, cntlid, digests);
+    // 1 KiB in the capsule.
+    let small = pattern(ICD as usize, 1);
+    let (cqe, _) = q.run(in_capsule(rw(WRITE, 8, 2), ICD), &small, &[], false);
+    ok(&cqe);
+    let (cqe, got) = q.run(rw(READ, 8, 2), &[], &[], false);
+    ok(&cqe);
+    assert_eq!(got, small);
+    // 64 KiB through R2T in 4 KiB commands (an R2T each, 4 H2CData PDUs per R2T).
+    let big = pattern(64 << 10, 7);
+    for (i, chunk) in big.chunks(4096).enumerate() {
+        let (cqe, _) = q.run(rw(WRITE, 100 + 8 * i as u64, 8), &[], chunk, false);
+        ok(&cqe);
+    }
+    let mut got = Vec::new();
+    for i in 0..16 {
+        let (cqe, part) = q.run(rw(READ, 100 + 8 * i, 8), &[], &[], false);
+        ok(&cqe);
+        got.extend(part);
+    }
+    assert!(got == big, "64 KiB read back differs");
+    // Flush, Write Zeroes of 2 blocks, Deallocate 2 more (reads back as zeroes here).
+    ok(&q.run(sqe(0x00, 1, 0), &[], &[], false).0);
+    let mut wz = sqe(0x08, 1, 0);
+    wz.set_lba_range(101, 2);
+    ok(&q.run(wz, &[], &[], false).0);
+    let mut dsm = in_capsule(sqe(0x09, 1, 0), 16);
+    dsm.dw[10] = 0;
+    dsm.dw[11] = 1 << 2;
+    let mut range = [0u8; 16];
+    range[4..8].copy_from_slice(&2u32.to_le_bytes());
+    range[8..16].copy_from_slice(&104u64.to_le_bytes());
+    ok(&q.run(dsm, &range, &[], false).0);
+    let (cqe, got) = q.run(rw(READ, 100, 8), &[], &[], false);
+    ok(&cqe);
+    let mut want = big[..8 * BS].to_vec();
+    want[BS..3 * BS].fill(0);
+    want[4 * BS..6 * BS].fill(0);
+    assert!(got == want, "zeroed and deallocated blocks");
+    // An LBA past the end: LBA Out of Range, the connection goes on.
+    let (cqe, _) = q.run(rw(READ, BLOCKS - 1, 2), &[], &[], false);
+    assert_eq!(
+        (cqe.status().sct().bits(), cqe.status().sc()),
+        (0, 0x80),
+        "{:?}",
+        cqe.status()
+    );
+    // An unknown opcode: Invalid Opcode, the connection goes on.
+    let (cqe, _) = q.run(sqe(0xe7, 1, 0), &[], &[], false);
+    assert_eq!(cqe.status().sc(), 0x01, "{:?}", cqe.status());
+    let (cqe, got) = q.run(rw(READ, 8, 2), &[], &[], false);
+    ok(&cqe);
+    assert_eq!(got, small);
+    if digests.data {
+        // A data digest error fails its command with Transient Transport Error only.
+        let (cqe, _) = q.run(rw(WRITE, 200, 8), &[], &big[..8 * BS], true);
+        assert_eq!(cqe.status().sc(), 0x22, "{:?}", cqe.status());
+        ok(&q.run(rw(READ, 8, 1), &[], &[], false).0);
+    }
+    // Keep Alive on the admin queue still answers.
+    ok(&a.run(sqe(KEEP_ALIVE, 0, 0), &[], &[], false).0);
+}
+
+#[test]
+fn admin_and_io_queues_without_digests() {
+    let srv = server();
+    exercise(srv.local_addrs()[0], Digests::NONE);
+    let st = srv.stats();
+    assert!(
+        st.commands > 10 && st.read_bytes >= 64 << 10 && st.written_bytes >= 64 << 10,
+        "{st:?}"
+    );
+    srv.stop();
+}
+
+#[test]
+fn admin_and_io_queues_with_header_and_data_digests() {
+    let srv = server();
+    exercise(
+        srv.local_addrs()[0],
+        Digests {
+            header: true,
+            data: true,
+        },
+    );
+    srv.stop();
+}
+
+#[test]
+fn bad_pdus_end_only_their_connection() {
+    let srv = server();
+    let addr = srv.local_addrs()[0];
+    let (mut a, cntlid) = admin(addr, Digests::NONE);
+    let mut q = io(addr, cntlid, Digests::NONE);
+    let data = pattern(ICD as usize, 3);
+    ok(&q.run(in_capsule(rw(WRITE, 0, 2), ICD), &data, &[], false).0);
+
+    // ICReq with PFV 1: Unsupported Parameter.
+    let mut h = Host::tcp(addr);
+    let mut out = [0u8; 128];
+    let n = ic_req(
+        &mut out,
+        &IcReq {
+            pfv: 1,
+            hpda: 0,
+            digests: Digests::NONE,
+            maxr2t: 0,
+        },
+    )
+    .unwrap();
+    h.s.write_all(&out[..n]).unwrap();
+    h.expect_term(Some(Fes::UnsupportedParameter));
+
+    // An unknown PDU type after the ICReq: Invalid PDU Header Field.
+    let mut h = Host::new(addr, Digests::NONE);
+    h.s.write_all(&[0x0a, 0, 24, 0, 24, 0, 0, 0]).unwrap();
+    h.expect_term(Some(Fes::InvalidHeaderField));
+
+    // A capsule whose HLEN is wrong: Invalid PDU Header Field.
+    let mut h = Host::new(addr, Digests::NONE);
+    h.s.write_all(&[0x04, 0, 24, 0, 72, 0, 0, 0]).unwrap();
+    h.expect_term(Some(Fes::InvalidHeaderField));
+
+    // H2CData for no command: Invalid PDU Header Field (CCCID).
+    let mut h = Host::new(addr, Digests::NONE);
+    let d = H2cData {
+        cccid: 77,
+        ttag: 77,
+        datao: 0,
+        datal: 4,
+        last: true,
+    };
+    let n = h2c_data_header(&mut out, &d, &h.params).unwrap().len;
+    let mut msg = out[..n].to_vec();
+    msg.extend_from_slice(&[1, 2, 3, 4]);
+    h.s.write_all(&msg).unwrap();
+    h.expect_term(Some(Fes::InvalidHeaderField));
+
+    // A truncated capsule, then the host closes: the connection just ends.
+    let mut h = Host::new(addr, Digests::NONE);
+    h.s.write_all(&[0x04, 0, 72, 0, 72, 0, 0, 0, 1, 2, 3]).unwrap();
+    h.s.shutdown(Shutdown::Write).unwrap();
+    h.expect_term(None);
+
+    // A command before Connect on a new queue: refused with a completion (Invalid Opcode).
+    let mut h = Host::new(addr, Digests::NONE);
+    let (cqe, _) = h.run(rw(READ, 0, 1), &[], &[], false);
+    assert!(!cqe.status().is_success());
+
+    // The first connections still work.
+    let (cqe, got) = q.run(rw(READ, 0, 2), &[], &[], false);
+    ok(&cqe);
+    assert_eq!(got, data);
+    ok(&a.run(sqe(KEEP_ALIVE, 0, 0), &[], &[], false).0);
+    assert!(srv.stats().protocol_errors >= 4, "{:?}", srv.stats());
+    srv.stop();
+}
+
+#[test]
+fn closing_the_admin_queue_ends_the_controller() {
+    let srv = server();
+    let addr = srv.local_addrs()[0];
+    let (a, cntlid) = admin(addr, Digests::NONE);
+    let mut q = io(addr, cntlid, Digests::NONE);
+    drop(a);
+    // The I/O queue's connection is closed by the target once the association is gone.
+    assert!(q.recv().is_none());
+    // The CNTLID is gone: a new I/O queue cannot join it.
+    let mut q = Host::new(addr, Digests::NONE);
+    let (cqe, _) = q.run(connect_sqe(1, 31), &connect_data(cntlid), &[], false);
+    assert!(!cqe.status().is_success());
+    srv.stop();
+}
