@@ -30,6 +30,7 @@ mod responder;
 mod setup;
 mod status;
 mod table;
+mod target;
 mod units;
 
 #[cfg(test)]
@@ -157,6 +158,12 @@ enum Cmd {
     /// The GPU needs a build with the `cuda` feature (the CUDA driver is loaded at run time);
     /// --cpu runs the pipeline into ordinary memory instead.
     Gpu(gpu::Args),
+    /// Serve an NVMe namespace (--ns BDF/NSID) or RAM (--malloc SIZE) over NVMe/TCP.
+    ///
+    /// Listens on --listen (default 127.0.0.1:4420) for Linux's `nvme discover`/`nvme connect
+    /// -t tcp` and other initiators, with the subsystem --nqn; --allow-host limits the hosts.
+    /// Runs until SIGINT/SIGTERM, with a line of counters every second on a terminal.
+    Target(target::Args),
 }
 
 fn main() -> ExitCode {
@@ -172,7 +179,10 @@ fn main() -> ExitCode {
     // commands open no NVMe controller and stop on SIGINT/SIGTERM themselves (a flag their loop
     // polls), printing their counters: the NVMe handler, which ends the process, would be
     // chained after theirs.
-    let nic_cmd = matches!(cli.cmd, Cmd::Pktgen(_) | Cmd::Fwd(_) | Cmd::Responder(_));
+    let nic_cmd = matches!(
+        cli.cmd,
+        Cmd::Pktgen(_) | Cmd::Fwd(_) | Cmd::Responder(_) | Cmd::Target(_)
+    );
     if !nic_cmd {
         if let Err(e) = vfpoll_nvme::shutdown_on_signals() {
             log::warn!("cannot install the signal handlers: {e}");
@@ -193,6 +203,7 @@ fn main() -> ExitCode {
         Cmd::Fwd(a) => fwd::run(&ctx, a),
         Cmd::Responder(a) => responder::run(&ctx, a),
         Cmd::Gpu(a) => gpu::run(&ctx, a),
+        Cmd::Target(a) => target::run(&ctx, a),
     };
     result.unwrap_or_else(|e| {
         eprintln!("vfpoll: error: {e:#}");

@@ -1,0 +1,223 @@
+//! `vfpoll target`: serve a vfpoll NVMe namespace (or RAM) to NVMe/TCP initiators such as
+//! Linux's `nvme connect -t tcp`, until SIGINT or SIGTERM.
+
+use std::io::{IsTerminal, Write};
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use clap::Args as ClapArgs;
+use vfpoll_dma::{DmaContext, FakeMapper, PageSize};
+use vfpoll_nvme::{Controller, ControllerOptions, QpairOptions};
+use vfpoll_nvmf::backend::{Backend, MallocBackend, NvmeBackend};
+use vfpoll_nvmf::fabrics::{validate_nqn, Listener, NamespaceInfo, Subsystem, Target, TargetOptions};
+use vfpoll_nvmf::server::{NamespaceBackend, Server, ServerConfig};
+use vfpoll_pci::vfio::{Container, IommuMode};
+use vfpoll_pci::Bdf;
+
+use crate::ctx::Ctx;
+use crate::units::{parse_nonzero_bytes, parse_page_size};
+
+/// Options of `vfpoll target`.
+#[derive(Debug, ClapArgs)]
+pub struct Args {
+    /// Address and TCP port to listen on (4420 is the NVMe/TCP port).
+    #[arg(long, default_value = "127.0.0.1:4420", value_name = "ADDR:PORT")]
+    listen: SocketAddr,
+    /// The subsystem's NQN, which hosts name in `nvme connect -n`.
+    #[arg(long, default_value = "nqn.2024-01.io.vfpoll:target", value_name = "NQN")]
+    nqn: String,
+    /// Serve namespace NSID of the NVMe controller at BDF (bound to vfio-pci), as NSID 1.
+    #[arg(long, value_name = "BDF/NSID", conflicts_with = "malloc")]
+    ns: Option<String>,
+    /// Serve a RAM namespace of SIZE bytes (e.g. 64M) instead.
+    #[arg(long, value_name = "SIZE", value_parser = parse_nonzero_bytes)]
+    malloc: Option<u64>,
+    /// Block size of the RAM namespace: 512 or 4096.
+    #[arg(long, default_value_t = 512)]
+    block_size: u32,
+    /// Allow only these host NQNs (repeat for more); without it every host may connect.
+    #[arg(long, value_name = "NQN")]
+    allow_host: Vec<String>,
+    /// Use VFIO's no-IOMMU mode for --ns (needs root and enable_unsafe_noiommu_mode).
+    #[arg(long)]
+    noiommu: bool,
+    /// Page size of the data buffers: 2M or 1G (hugepages; 128 KiB per command) or 4K (no
+    /// hugepages; 4 KiB per command). Default: 2M with --ns, 4K with --malloc.
+    #[arg(long, value_parser = parse_page_size)]
+    page_size: Option<PageSize>,
+}
+
+/// A controller kept open while its namespace is served.
+struct Device {
+    _ctrl: Controller,
+    _container: Arc<Container>,
+}
+
+/// Runs the target.
+pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
+    validate_nqn(&a.nqn).map_err(|e| anyhow::anyhow!("--nqn: {e}"))?;
+    for h in &a.allow_host {
+        validate_nqn(h).map_err(|e| anyhow::anyhow!("--allow-host: {e}"))?;
+    }
+    let page_size = a.page_size.unwrap_or(if a.ns.is_some() {
+        PageSize::Huge2M
+    } else {
+        PageSize::Base4K
+    });
+    // A data buffer lies in one page: commands move at most a page, 128 KiB at most.
+    let max_transfer = (page_size.bytes() as u32).min(128 << 10);
+    let mut sub = Subsystem::new(&a.nqn);
+    if !a.allow_host.is_empty() {
+        sub.allowed_hosts = Some(a.allow_host.clone());
+    }
+    let (backend, dma, device): (Box<dyn Backend>, DmaContext, Option<Device>) = match (&a.ns, a.malloc) {
+        (Some(spec), _) => {
+            let (bdf, nsid) = parse_ns(spec)?;
+            let mode = if a.noiommu {
+                IommuMode::NoIommu
+            } else {
+                IommuMode::Type1
+            };
+            let container = Container::open(mode).context("opening the VFIO container")?;
+            let opts = ControllerOptions {
+                page_size,
+                ..Default::default()
+            };
+            let (ctrl, dma) = Controller::open_first(&container, bdf, opts)
+                .with_context(|| format!("bringing up the NVMe controller {bdf}"))?;
+            let ns = ctrl
+                .namespace(nsid)
+                .with_context(|| format!("namespace {nsid} of {bdf}"))?;
+            let format = ns
+                .format
+                .map_err(|e| anyhow::anyhow!("namespace {nsid} of {bdf}: {e}"))?;
+            let name = format!("nvme:{bdf}/{nsid}");
+            let info = NamespaceInfo::from_format(&a.nqn, 1, &name, &format, ns.blocks)?;
+            let vwc = ctrl.identify().vwc & 1 == 1;
+            let qp = ctrl
+                .create_qpair(&QpairOptions::default())
+                .context("creating the target's I/O queue pair")?;
+            sub.namespaces.push(info);
+            let b = NvmeBackend::new(qp, nsid, ns.lba_size, ns.blocks, vwc);
+            let device = Device {
+                _ctrl: ctrl,
+                _container: container,
+            };
+            (Box::new(b), dma, Some(device))
+        }
+        (None, Some(size)) => {
+            if a.block_size != 512 && a.block_size != 4096 {
+                bail!("--block-size {} : use 512 or 4096", a.block_size);
+            }
+            let bytes = usize::try_from(size).context("--malloc is larger than this machine's memory")?;
+            let blocks = (bytes / a.block_size as usize) as u64;
+            if blocks == 0 {
+                bail!("--malloc {size} holds no block of {} bytes", a.block_size);
+            }
+            let mut info = NamespaceInfo::new(&a.nqn, 1, "malloc", a.block_size, blocks);
+            info.write_zeroes = true;
+            info.deallocate = true;
+            sub.namespaces.push(info);
+            let storage = MallocBackend::storage(blocks as usize * a.block_size as usize);
+            let b = MallocBackend::new(storage, a.block_size as usize);
+            // RAM namespaces are copied through the buffers by the CPU: no device maps them.
+            let dma = DmaContext::new(Arc::new(FakeMapper::new()));
+            (Box::new(b), dma, None)
+        }
+        (None, None) => bail!("nothing to serve: give --ns BDF/NSID or --malloc SIZE"),
+    };
+    let opts = TargetOptions {
+        max_transfer,
+        ..TargetOptions::default()
+    };
+    let target = Target::new(opts, vec![Listener::tcp(1, a.listen)], vec![sub])?;
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, Arc::clone(&stop)).context("installing a signal handler")?;
+    }
+    let server = Server::start(ServerConfig {
+        target,
+        namespaces: vec![NamespaceBackend {
+            subsystem_nqn: a.nqn.clone(),
+            nsid: 1,
+            backend,
+        }],
+        dma,
+        page_size,
+        buffers: 256,
+        maxh2cdata: max_transfer,
+    })
+    .context("starting the target")?;
+    println!(
+        "vfpoll target: {} on {} (nvme connect -t tcp -a {} -s {} -n {})",
+        a.nqn,
+        server.local_addrs()[0],
+        server.local_addrs()[0].ip(),
+        server.local_addrs()[0].port(),
+        a.nqn
+    );
+    drop(std::io::stdout().flush());
+    let tty = std::io::stderr().is_terminal();
+    let mut last = (Instant::now(), server.stats());
+    while !stop.load(Ordering::Relaxed) && server.is_running() {
+        std::thread::sleep(Duration::from_millis(100));
+        if tty && last.0.elapsed() >= Duration::from_secs(1) {
+            let now = (Instant::now(), server.stats());
+            let secs = now.0.duration_since(last.0).as_secs_f64();
+            let mb = |b: u64, a: u64| (b - a) as f64 / secs / 1e6;
+            eprint!(
+                "\r{} connections, {:.0} commands/s, read {:.1} MB/s, written {:.1} MB/s   ",
+                now.1.active,
+                (now.1.commands - last.1.commands) as f64 / secs,
+                mb(now.1.read_bytes, last.1.read_bytes),
+                mb(now.1.written_bytes, last.1.written_bytes),
+            );
+            last = now;
+        }
+    }
+    let st = server.stats();
+    server.stop();
+    drop(device);
+    if tty {
+        eprintln!();
+    }
+    println!(
+        "vfpoll target: stopped; {} connections, {} commands, {} protocol errors",
+        st.accepted, st.commands, st.protocol_errors
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `0000:00:03.0/1` → the BDF and NSID.
+fn parse_ns(s: &str) -> anyhow::Result<(Bdf, u32)> {
+    let Some((bdf, nsid)) = s.rsplit_once('/') else {
+        bail!("--ns {s}: write BDF/NSID, e.g. 0000:00:03.0/1");
+    };
+    let bdf: Bdf = bdf
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--ns {s}: {bdf} is not a PCI address: {e}"))?;
+    let nsid: u32 = nsid
+        .parse()
+        .ok()
+        .filter(|&n| n != 0)
+        .with_context(|| format!("--ns {s}: {nsid} is not a namespace ID (1 and up)"))?;
+    Ok((bdf, nsid))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ns_specs_parse() {
+        let (bdf, nsid) = parse_ns("0000:00:03.0/2").unwrap();
+        assert_eq!((bdf.to_string().as_str(), nsid), ("0000:00:03.0", 2));
+        assert!(parse_ns("0000:00:03.0").is_err());
+        assert!(parse_ns("0000:00:03.0/0").is_err());
+        assert!(parse_ns("nonsense/1").is_err());
+    }
+}
