@@ -268,6 +268,13 @@ fn connect_sqe(qid: u16, sqsize: u16) -> Sqe {
     s
 }
 
+/// Connect of an admin queue with keep-alive timeout `kato_ms`.
+fn connect_kato(kato_ms: u32) -> Sqe {
+    let mut s = connect_sqe(0, 31);
+    s.dw[12] = kato_ms;
+    s
+}
+
 fn connect_data(cntlid: u16) -> Vec<u8> {
     let mut d = vec![0u8; 1024];
     d[..16].copy_from_slice(&HOSTID);
@@ -281,6 +288,15 @@ fn ok(cqe: &Cqe) {
     assert!(cqe.status().is_success(), "{:?}", cqe.status());
 }
 
+/// Property Set CC.EN as Linux does.
+fn enable(a: &mut Host) {
+    let mut set = sqe(FABRICS_OPCODE, 0, 0);
+    set.dw[1] = fctype::PROPERTY_SET as u32;
+    set.dw[11] = prop::CC;
+    set.dw[12] = LINUX_CC;
+    ok(&a.run(set, &[], &[], false).0);
+}
+
 /// Admin queue: Connect, enable, Identify. Returns the host and its CNTLID.
 fn admin(addr: SocketAddr, digests: Digests) -> (Host, u16) {
     let mut a = Host::new(addr, digests);
@@ -288,11 +304,7 @@ fn admin(addr: SocketAddr, digests: Digests) -> (Host, u16) {
     ok(&cqe);
     assert_eq!((cqe.sq_id, cqe.sq_head), (0, 1), "SQID and SQHD filled in");
     let cntlid = cqe.dw0 as u16;
-    let mut set = sqe(FABRICS_OPCODE, 0, 0);
-    set.dw[1] = fctype::PROPERTY_SET as u32;
-    set.dw[11] = prop::CC;
-    set.dw[12] = LINUX_CC;
-    ok(&a.run(set, &[], &[], false).0);
+    enable(&mut a);
     let mut id = sqe(admin_op::IDENTIFY, 0, 4096);
     id.dw[10] = 1;
     let (cqe, data) = a.run(id, &[], &[], false);
@@ -510,5 +522,29 @@ fn closing_the_admin_queue_ends_the_controller() {
     let mut q = Host::new(addr, Digests::NONE);
     let (cqe, _) = q.run(connect_sqe(1, 31), &connect_data(cntlid), &[], false);
     assert!(!cqe.status().is_success());
+    srv.stop();
+}
+
+#[test]
+fn an_idle_controller_expires_after_its_keep_alive_timeout() {
+    let srv = server();
+    let addr = srv.local_addrs()[0];
+    let mut a = Host::new(addr, Digests::NONE);
+    let (cqe, _) = a.run(connect_kato(1000), &connect_data(0xffff), &[], false);
+    ok(&cqe);
+    let cntlid = cqe.dw0 as u16;
+    enable(&mut a);
+    let mut q = io(addr, cntlid, Digests::NONE);
+    // Traffic keeps it alive (any command counts)...
+    for _ in 0..4 {
+        std::thread::sleep(Duration::from_millis(400));
+        ok(&q.run(rw(READ, 0, 1), &[], &[], false).0);
+    }
+    // ...silence ends it: the target drops the controller and closes both connections
+    // (KATO 1 s, detected at the next 1 s tick).
+    let t = std::time::Instant::now();
+    assert!(a.recv().is_none());
+    assert!(q.recv().is_none());
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
     srv.stop();
 }
