@@ -45,10 +45,10 @@ pub struct Args {
     /// Use VFIO's no-IOMMU mode for --ns (needs root and enable_unsafe_noiommu_mode).
     #[arg(long)]
     noiommu: bool,
-    /// Page size of the data buffers: 2M or 1G (hugepages; 128 KiB per command) or 4K (no
-    /// hugepages; 4 KiB per command). Default: 2M with --ns, 4K with --malloc.
-    #[arg(long, value_parser = parse_page_size)]
-    page_size: Option<PageSize>,
+    /// Page size of the data buffers: 2M or 1G (hugepages). A buffer lies in one page and a
+    /// command moves up to 128 KiB.
+    #[arg(long, default_value = "2M", value_parser = parse_page_size)]
+    page_size: PageSize,
 }
 
 /// A controller kept open while its namespace is served.
@@ -63,12 +63,12 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
     for h in &a.allow_host {
         validate_nqn(h).map_err(|e| anyhow::anyhow!("--allow-host: {e}"))?;
     }
-    let page_size = a.page_size.unwrap_or(if a.ns.is_some() {
-        PageSize::Huge2M
-    } else {
-        PageSize::Base4K
-    });
-    // A data buffer lies in one page: commands move at most a page, 128 KiB at most.
+    let page_size = a.page_size;
+    if page_size == PageSize::Base4K {
+        // MDTS counts in 4 KiB pages as a power of two with 0 meaning "no limit": the smallest
+        // limit a controller can state is 8 KiB, more than one 4 KiB page holds.
+        bail!("--page-size 4K: a command's data must fit one buffer page and MDTS cannot say 4 KiB; use 2M (reserve hugepages with `vfpoll setup`)");
+    }
     let max_transfer = (page_size.bytes() as u32).min(128 << 10);
     let mut sub = Subsystem::new(&a.nqn);
     if !a.allow_host.is_empty() {
