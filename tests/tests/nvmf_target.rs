@@ -1,7 +1,8 @@
 //! `vfpoll target` against the Linux kernel's NVMe/TCP initiator over loopback (issue 11):
 //! `vfpoll target --malloc 64M` serves a RAM namespace; `nvme discover` finds it, `nvme
 //! connect -t tcp` (plain, then with header and data digests) brings up a controller with two
-//! I/O queues, O_DIRECT writes are read back through the fabric namespace, `nvme disconnect`.
+//! I/O queues, O_DIRECT writes are read back through the fabric namespace, `nvme disconnect`;
+//! then the same with digests over controller B's namespace through vfpoll's NVMe driver (`--ns`).
 //!
 //! Run: `cargo xtask test --filter nvmf_target` (both IOMMU modes; the target's RAM namespace
 //! needs no device, so both runs are the same test).
@@ -27,12 +28,14 @@ struct VfpollTarget {
 }
 
 impl VfpollTarget {
-    /// Starts it and waits for its "listening" line.
-    fn start() -> Self {
+    /// Starts it serving `what` (`--malloc 64M`, `--ns BDF/NSID`) and waits for its
+    /// "listening" line.
+    fn start(what: &[&str]) -> Self {
         let port = NVMF_TCP_PORT.to_string();
         let listen = format!("127.0.0.1:{port}");
         let mut child = Command::new("vfpoll")
-            .args(["target", "--malloc", "64M", "--listen", &listen, "--nqn", NQN])
+            .args(["target", "--listen", &listen, "--nqn", NQN])
+            .args(what)
             .stdout(Stdio::piped())
             .spawn()
             .expect("vfpoll target: cannot start");
@@ -57,12 +60,12 @@ impl Drop for VfpollTarget {
     }
 }
 
-fn round_trip(digests: bool) {
+fn round_trip(what: &[&str], digests: bool) {
     load_modules(NVME_TCP_MODULES);
     loopback_up();
-    // The target's data buffers: 256 of 128 KiB in 2 MiB pages.
-    reserve_hugepages(32);
-    let target = VfpollTarget::start();
+    // The target's data buffers: 256 of 128 KiB in 2 MiB pages (and the NVMe queues).
+    reserve_hugepages(40);
+    let target = VfpollTarget::start(what);
 
     let log = nvme_discover("127.0.0.1", NVMF_TCP_PORT);
     let rec = log
@@ -115,11 +118,24 @@ fn round_trip(digests: bool) {
 #[test]
 #[ignore = "test bed"]
 fn guest_kernel_initiator_reads_back_through_vfpoll_target() {
-    round_trip(false);
+    round_trip(&["--malloc", "64M"], false);
 }
 
 #[test]
 #[ignore = "test bed"]
 fn guest_kernel_initiator_with_digests_through_vfpoll_target() {
-    round_trip(true);
+    round_trip(&["--malloc", "64M"], true);
+}
+
+/// Controller B's namespace 1 (64 MiB of 512-byte blocks) through vfpoll's NVMe driver.
+#[test]
+#[ignore = "test bed"]
+fn guest_kernel_initiator_through_vfpoll_target_on_nvme() {
+    bind_all(&[NVME_B]);
+    let ns = format!("{NVME_B}/1");
+    let mut what = vec!["--ns", ns.as_str()];
+    if mode() == vfpoll_pci::vfio::IommuMode::NoIommu {
+        what.push("--noiommu");
+    }
+    round_trip(&what, true);
 }
