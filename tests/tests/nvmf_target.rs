@@ -4,8 +4,8 @@
 //! I/O queues, O_DIRECT writes are read back through the fabric namespace, `nvme disconnect`;
 //! then the same with digests over controller B's namespace through vfpoll's NVMe driver (`--ns`).
 //!
-//! Run: `cargo xtask test --filter nvmf_target` (both IOMMU modes; the target's RAM namespace
-//! needs no device, so both runs are the same test).
+//! Run: `cargo xtask test --filter nvmf_target` (both IOMMU modes: the RAM namespace needs no
+//! device, the `--ns` test opens B in the mode of the run).
 
 use std::fs;
 use std::io::{BufRead, BufReader};
