@@ -11,10 +11,11 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _};
 use clap::Args as ClapArgs;
 use vfpoll_dma::{DmaContext, FakeMapper, PageSize};
+use vfpoll_engine::affinity::{parse_cores, pin_current};
 use vfpoll_nvme::{Controller, ControllerOptions, QpairOptions};
 use vfpoll_nvmf::backend::{Backend, MallocBackend, NvmeBackend};
 use vfpoll_nvmf::fabrics::{validate_nqn, Listener, NamespaceInfo, Subsystem, Target, TargetOptions};
-use vfpoll_nvmf::server::{NamespaceBackend, Server, ServerConfig};
+use vfpoll_nvmf::server::{NamespaceBackend, Server, ServerConfig, WorkerConfig};
 use vfpoll_pci::vfio::{Container, IommuMode};
 use vfpoll_pci::Bdf;
 
@@ -49,6 +50,10 @@ pub struct Args {
     /// command moves up to 128 KiB.
     #[arg(long, default_value = "2M", value_parser = parse_page_size)]
     page_size: PageSize,
+    /// Cores to run workers on, one pinned worker each (e.g. `2-3` or `1,3`); each new connection
+    /// goes to the worker with the fewest. Without it one unpinned worker serves all.
+    #[arg(long, value_name = "LIST")]
+    cores: Option<String>,
 }
 
 /// A controller kept open while its namespace is served.
@@ -70,11 +75,21 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
         bail!("--page-size 4K: a command's data must fit one buffer page and MDTS cannot say 4 KiB; use 2M (reserve hugepages with `vfpoll setup`)");
     }
     let max_transfer = (page_size.bytes() as u32).min(128 << 10);
+    let cores: Vec<Option<usize>> = match &a.cores {
+        Some(list) => parse_cores(list)
+            .map_err(|e| anyhow::anyhow!("--cores {list}: {e}"))?
+            .into_iter()
+            .map(Some)
+            .collect(),
+        None => vec![None],
+    };
     let mut sub = Subsystem::new(&a.nqn);
     if !a.allow_host.is_empty() {
         sub.allowed_hosts = Some(a.allow_host.clone());
     }
-    let (backend, dma, device): (Box<dyn Backend>, DmaContext, Option<Device>) = match (&a.ns, a.malloc) {
+    // One backend per worker: its own queue pair for an NVMe namespace, shared storage for RAM.
+    let (backends, dma, device): (Vec<Box<dyn Backend>>, DmaContext, Option<Device>) = match (&a.ns, a.malloc)
+    {
         (Some(spec), _) => {
             let (bdf, nsid) = parse_ns(spec)?;
             let mode = if a.noiommu {
@@ -98,16 +113,19 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
             let name = format!("nvme:{bdf}/{nsid}");
             let info = NamespaceInfo::from_format(&a.nqn, 1, &name, &format, ns.blocks)?;
             let vwc = ctrl.identify().vwc & 1 == 1;
-            let qp = ctrl
-                .create_qpair(&QpairOptions::default())
-                .context("creating the target's I/O queue pair")?;
+            let mut backends: Vec<Box<dyn Backend>> = Vec::new();
+            for w in 0..cores.len() {
+                let qp = ctrl
+                    .create_qpair(&QpairOptions::default())
+                    .with_context(|| format!("creating worker {w}'s I/O queue pair on {bdf}"))?;
+                backends.push(Box::new(NvmeBackend::new(qp, nsid, ns.lba_size, ns.blocks, vwc)));
+            }
             sub.namespaces.push(info);
-            let b = NvmeBackend::new(qp, nsid, ns.lba_size, ns.blocks, vwc);
             let device = Device {
                 _ctrl: ctrl,
                 _container: container,
             };
-            (Box::new(b), dma, Some(device))
+            (backends, dma, Some(device))
         }
         (None, Some(size)) => {
             if a.block_size != 512 && a.block_size != 4096 {
@@ -123,10 +141,14 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
             info.deallocate = true;
             sub.namespaces.push(info);
             let storage = MallocBackend::storage(blocks as usize * a.block_size as usize);
-            let b = MallocBackend::new(storage, a.block_size as usize);
+            let backends = (0..cores.len())
+                .map(|_| {
+                    Box::new(MallocBackend::new(storage.clone(), a.block_size as usize)) as Box<dyn Backend>
+                })
+                .collect();
             // RAM namespaces are copied through the buffers by the CPU: no device maps them.
             let dma = DmaContext::new(Arc::new(FakeMapper::new()));
-            (Box::new(b), dma, None)
+            (backends, dma, None)
         }
         (None, None) => bail!("nothing to serve: give --ns BDF/NSID or --malloc SIZE"),
     };
@@ -141,11 +163,21 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
     }
     let server = Server::start(ServerConfig {
         target,
-        namespaces: vec![NamespaceBackend {
-            subsystem_nqn: a.nqn.clone(),
-            nsid: 1,
-            backend,
-        }],
+        workers: backends
+            .into_iter()
+            .zip(&cores)
+            .map(|(backend, &core)| WorkerConfig {
+                namespaces: vec![NamespaceBackend {
+                    subsystem_nqn: a.nqn.clone(),
+                    nsid: 1,
+                    backend,
+                }],
+                on_start: core.map(|c| {
+                    Box::new(move || pin_current(c).map_err(|e| format!("pinning to core {c}: {e}")))
+                        as vfpoll_nvmf::server::WorkerStart
+                }),
+            })
+            .collect(),
         dma,
         page_size,
         buffers: 256,
@@ -153,9 +185,14 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
     })
     .context("starting the target")?;
     println!(
-        "vfpoll target: {} on {} (nvme connect -t tcp -a {} -s {} -n {})",
+        "vfpoll target: {} on {}, {} worker(s){} (nvme connect -t tcp -a {} -s {} -n {})",
         a.nqn,
         server.local_addrs()[0],
+        server.workers(),
+        a.cores
+            .as_ref()
+            .map(|c| format!(" on cores {c}"))
+            .unwrap_or_default(),
         server.local_addrs()[0].ip(),
         server.local_addrs()[0].port(),
         a.nqn

@@ -16,6 +16,7 @@ use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read};
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
+use std::sync::Mutex;
 
 use vfpoll_dma::{DmaBuf, DmaPool};
 use vfpoll_nvme::status::{Sct, Status};
@@ -45,8 +46,8 @@ const RX_BUDGET: usize = 64;
 
 /// What the worker shares with its connections while driving one of them.
 pub(crate) struct Ctx<'a> {
-    /// The controllers.
-    pub target: &'a mut Target,
+    /// The controllers, shared by the workers (locked for Connect and admin commands only).
+    pub target: &'a Mutex<Target>,
     /// Data buffers (one per command that moves data).
     pub pool: &'a mut DmaPool,
     /// The namespaces' backends.
@@ -61,6 +62,12 @@ pub(crate) struct Ctx<'a> {
     pub limits: &'a TargetLimits,
     /// Queues whose connections the worker closes (a controller reset ends its I/O queues).
     pub close: &'a mut Vec<QueueRef>,
+}
+
+/// The shared target; a worker that panicked holding it left it as consistent as one admin
+/// command does, so the others go on.
+fn lock(target: &Mutex<Target>) -> std::sync::MutexGuard<'_, Target> {
+    target.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// A backend submission, kept to retry while the backend is busy.
@@ -498,7 +505,9 @@ impl Conn {
                 Err(_) if !fabrics::is_connect(&sqe) => [0; CONNECT_DATA_BYTES],
                 Err(_) => return self.respond(fail(cid, fabrics::status::DATA_SGL_LENGTH_INVALID), 0, 0),
             };
-            match cx.target.connect(&sqe, &connect_data, self.info.clone()) {
+            // The guard ends with this statement: the lock is not held while responding.
+            let connected = lock(cx.target).connect(&sqe, &connect_data, self.info.clone());
+            match connected {
                 Ok(out) => {
                     log::info!(
                         "{}: queue {} of controller {} connected ({} entries)",
@@ -534,7 +543,8 @@ impl Conn {
                 Ok(x) => x.in_capsule_slice(data).unwrap_or(&[]),
                 Err(_) => &[],
             };
-            match cx.target.admin(cntlid, &sqe, in_data) {
+            let outcome = lock(cx.target).admin(cntlid, &sqe, in_data);
+            match outcome {
                 AdminOutcome::Held => {}
                 AdminOutcome::Complete { cqe, data, effect } => {
                     if !data.is_empty() {

@@ -14,8 +14,10 @@
 //!   buffers;
 //! - `conn` (private): one connection's state machine (ICReq, Connect, capsules, R2T/H2CData,
 //!   C2HData, CapsuleResp, termination requests);
-//! - [`server`]: listeners and the worker thread that polls connections, backends and the
-//!   keep-alive timer ([`server::Server::start`]).
+//! - [`server`]: the listener thread (accepts connections, hands each to the least loaded
+//!   worker, advances the keep-alive timer) and the worker threads, each polling its own
+//!   connections, backends and buffer pool, with the [`fabrics::Target`] shared behind a mutex
+//!   for Connect and admin commands ([`server::Server::start`]).
 
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks, missing_docs)]
 

@@ -1,15 +1,24 @@
-//! The target's runtime: listeners and the worker thread that polls every connection, the
+//! The target's runtime: the listener thread and the worker threads that poll connections, the
 //! namespaces' backends and the keep-alive timer.
 //!
-//! One worker owns everything (the [`Target`], the DMA buffer pool, the backends, the
-//! connections): no lock on the command path. It polls without blocking and naps briefly when
-//! a round found nothing to do, so an idle target costs little CPU.
+//! One listener thread accepts connections and hands each to the worker with the fewest
+//! connections; it also advances the keep-alive timers once a second. Each worker owns its
+//! connections, its own backend instances (a vfpoll NVMe namespace needs one queue pair per
+//! worker: SPDK's "one thread per queue pair") and its own DMA buffer pool, so the command path
+//! takes no lock. The fabrics [`Target`] (Connect, admin commands, keep-alive) is shared behind a
+//! mutex: admin commands are rare, and I/O decoding uses each queue's own `IoQueue`.
+//!
+//! A controller's admin and I/O queues may live on different workers: when one of them ends (a
+//! disconnect, a reset, a keep-alive expiry), every worker gets a "close queue" message in its
+//! inbox and closes the connection carrying that queue if it holds it. Workers poll without
+//! blocking and nap briefly when a round found nothing to do, so an idle target costs little CPU.
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
-use std::net::{IpAddr, SocketAddr, TcpListener};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -22,10 +31,12 @@ use crate::pdu::{LimitsError, TargetLimits};
 
 /// How often the keep-alive timers advance ([`Target::tick`]; KAS is one second).
 const TICK: Duration = Duration::from_secs(1);
-/// Rounds without progress before the worker starts napping.
+/// Rounds without progress before a worker starts napping.
 const SPIN_ROUNDS: u32 = 256;
 /// The nap of an idle worker.
 const NAP: Duration = Duration::from_micros(200);
+/// The nap of the listener thread between rounds that accepted nothing.
+const LISTEN_NAP: Duration = Duration::from_millis(1);
 
 /// A namespace's storage, named by its subsystem and NSID.
 pub struct NamespaceBackend {
@@ -37,17 +48,40 @@ pub struct NamespaceBackend {
     pub backend: Box<dyn Backend>,
 }
 
+/// A hook run first on a worker's thread (e.g. pinning it to a core); an error stops the start.
+pub type WorkerStart = Box<dyn FnOnce() -> Result<(), String> + Send>;
+
+/// One worker thread: its own backend instances and what it runs first.
+pub struct WorkerConfig {
+    /// One backend per namespace of the target's subsystems, owned by this worker (RAM backends
+    /// may share their storage; an NVMe namespace needs the worker's own queue pair).
+    pub namespaces: Vec<NamespaceBackend>,
+    /// Run on the worker's thread before it polls anything.
+    pub on_start: Option<WorkerStart>,
+}
+
+impl WorkerConfig {
+    /// A worker with these backends and no start hook.
+    pub fn new(namespaces: Vec<NamespaceBackend>) -> Self {
+        WorkerConfig {
+            namespaces,
+            on_start: None,
+        }
+    }
+}
+
 /// What a [`Server`] serves and how.
 pub struct ServerConfig {
     /// The subsystems, namespaces and listeners (each listener is bound; port 0 picks one).
     pub target: Target,
-    /// One backend per namespace of the target's subsystems.
-    pub namespaces: Vec<NamespaceBackend>,
+    /// The workers, at least one; each new connection goes to the one with the fewest.
+    pub workers: Vec<WorkerConfig>,
     /// Where the data buffers come from.
     pub dma: DmaContext,
-    /// Page size of the buffer pool's memory.
+    /// Page size of the buffer pools' memory.
     pub page_size: PageSize,
-    /// Data buffers of MDTS bytes each: commands moving data wait for one when all are out.
+    /// Data buffers of MDTS bytes each, per worker: commands moving data wait for one when all
+    /// are out.
     pub buffers: usize,
     /// MAXH2CDATA offered to hosts; in-capsule data follows the target's options.
     pub maxh2cdata: u32,
@@ -84,12 +118,23 @@ pub enum ServerError {
     /// MAXH2CDATA is not usable.
     #[error(transparent)]
     Limits(#[from] LimitsError),
-    /// The worker thread did not start.
-    #[error("cannot start the worker thread: {0}")]
+    /// A thread did not start.
+    #[error("cannot start a thread: {0}")]
     Thread(#[source] io::Error),
+    /// No worker was given.
+    #[error("a server needs at least one worker")]
+    NoWorkers,
+    /// A worker's start hook failed.
+    #[error("worker {worker}: {reason}")]
+    WorkerStart {
+        /// The worker's index.
+        worker: usize,
+        /// What the hook said.
+        reason: String,
+    },
 }
 
-/// Counters the worker keeps (read with [`Server::stats`]).
+/// Counters the threads keep (read with [`Server::stats`]).
 #[derive(Debug, Default)]
 pub(crate) struct Stats {
     accepted: AtomicU64,
@@ -135,17 +180,55 @@ pub struct StatsSnapshot {
     pub protocol_errors: u64,
 }
 
-/// A running target: its listeners and worker thread. Dropping it stops it.
+/// What the listener sends a worker.
+enum Msg {
+    /// A new connection, its ID and where it came from.
+    Conn(u64, TcpStream, ConnInfo),
+    /// Close the connection carrying this queue, if this worker has it.
+    Close(QueueRef),
+}
+
+/// What the threads share.
+struct Shared {
+    target: Mutex<Target>,
+    inboxes: Vec<Sender<Msg>>,
+    /// Connections per worker, for the listener's choice.
+    loads: Vec<AtomicU64>,
+    stop: AtomicBool,
+    stats: Stats,
+}
+
+impl Shared {
+    fn target(&self) -> MutexGuard<'_, Target> {
+        // A worker that panicked holding the lock left the target as consistent as any
+        // single admin command leaves it; the others go on.
+        self.target.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Tells every worker to close these queues' connections.
+    fn close_everywhere(&self, queues: impl IntoIterator<Item = QueueRef>) {
+        for q in queues {
+            for tx in &self.inboxes {
+                // A worker that has ended holds no connection.
+                drop(tx.send(Msg::Close(q)));
+            }
+        }
+    }
+}
+
+/// A running target: its listener and worker threads. Dropping it stops it.
 pub struct Server {
     addrs: Vec<SocketAddr>,
-    stop: Arc<AtomicBool>,
-    stats: Arc<Stats>,
-    worker: Option<JoinHandle<()>>,
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
 }
 
 impl Server {
-    /// Binds the target's listeners, makes the buffer pool and starts the worker.
+    /// Binds the target's listeners, makes each worker's buffer pool and starts the threads.
     pub fn start(cfg: ServerConfig) -> Result<Server, ServerError> {
+        if cfg.workers.is_empty() {
+            return Err(ServerError::NoWorkers);
+        }
         let opts = *cfg.target.options();
         let limits = TargetLimits::new(cfg.maxh2cdata, opts.in_capsule_data)?;
         if opts.max_transfer < 8192 {
@@ -174,42 +257,87 @@ impl Server {
             addrs.push(sock.local_addr().unwrap_or(addr));
             listeners.push((l.portid, sock));
         }
-        let mut ns = HashMap::new();
-        let mut backends = Vec::new();
-        for n in cfg.namespaces {
-            let id = cfg
-                .target
-                .subsystem_id(&n.subsystem_nqn)
-                .ok_or_else(|| ServerError::NoSuchSubsystem(n.subsystem_nqn.clone()))?;
-            ns.insert((id, n.nsid), backends.len());
-            backends.push(n.backend);
+        let mut workers = Vec::new();
+        let mut inboxes = Vec::new();
+        for w in cfg.workers {
+            let mut ns = HashMap::new();
+            let mut backends = Vec::new();
+            for n in w.namespaces {
+                let id = cfg
+                    .target
+                    .subsystem_id(&n.subsystem_nqn)
+                    .ok_or_else(|| ServerError::NoSuchSubsystem(n.subsystem_nqn.clone()))?;
+                ns.insert((id, n.nsid), backends.len());
+                backends.push(n.backend);
+            }
+            let pool = cfg
+                .dma
+                .pool(opts.max_transfer as usize, cfg.buffers.max(1), cfg.page_size)?;
+            let (tx, rx) = mpsc::channel();
+            inboxes.push(tx);
+            workers.push((w.on_start, pool, backends, ns, rx));
         }
-        let pool = cfg
-            .dma
-            .pool(opts.max_transfer as usize, cfg.buffers.max(1), cfg.page_size)?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let stats = Arc::new(Stats::default());
-        let worker = Worker {
-            target: cfg.target,
-            pool,
-            backends,
-            ns,
+        let shared = Arc::new(Shared {
+            target: Mutex::new(cfg.target),
+            loads: inboxes.iter().map(|_| AtomicU64::new(0)).collect(),
+            inboxes,
+            stop: AtomicBool::new(false),
+            stats: Stats::default(),
+        });
+        let mut server = Server {
+            addrs,
+            shared: shared.clone(),
+            threads: Vec::new(),
+        };
+        let (ready_tx, ready_rx) = mpsc::channel::<(usize, Result<(), String>)>();
+        for (index, (on_start, pool, backends, ns, inbox)) in workers.into_iter().enumerate() {
+            let worker = Worker {
+                index,
+                shared: shared.clone(),
+                pool,
+                backends,
+                ns,
+                inbox,
+                limits,
+                _dma: cfg.dma.clone(),
+            };
+            let ready = ready_tx.clone();
+            let handle = std::thread::Builder::new()
+                .name(format!("nvmf-worker{index}"))
+                .spawn(move || {
+                    let started = on_start.map_or(Ok(()), |f| f());
+                    let ok = started.is_ok();
+                    drop(ready.send((index, started)));
+                    if ok {
+                        worker.run();
+                    }
+                })
+                .map_err(ServerError::Thread)?;
+            server.threads.push(handle);
+        }
+        drop(ready_tx);
+        for _ in 0..server.threads.len() {
+            match ready_rx.recv() {
+                Ok((_, Ok(()))) => {}
+                Ok((worker, Err(reason))) => return Err(ServerError::WorkerStart { worker, reason }),
+                Err(_) => {
+                    return Err(ServerError::WorkerStart {
+                        worker: 0,
+                        reason: "a worker ended before it started".into(),
+                    })
+                }
+            }
+        }
+        let listener = ListenerThread {
+            shared: shared.clone(),
             listeners,
-            limits,
-            stop: stop.clone(),
-            stats: stats.clone(),
-            _dma: cfg.dma,
         };
         let handle = std::thread::Builder::new()
-            .name("nvmf-worker".into())
-            .spawn(move || worker.run())
+            .name("nvmf-listener".into())
+            .spawn(move || listener.run())
             .map_err(ServerError::Thread)?;
-        Ok(Server {
-            addrs,
-            stop,
-            stats,
-            worker: Some(handle),
-        })
+        server.threads.push(handle);
+        Ok(server)
     }
 
     /// The addresses the listeners are bound to, in the target's listener order.
@@ -217,9 +345,23 @@ impl Server {
         &self.addrs
     }
 
+    /// How many worker threads poll connections.
+    pub fn workers(&self) -> usize {
+        self.shared.inboxes.len()
+    }
+
+    /// Connections open now on each worker.
+    pub fn worker_connections(&self) -> Vec<u64> {
+        self.shared
+            .loads
+            .iter()
+            .map(|l| l.load(Ordering::Relaxed))
+            .collect()
+    }
+
     /// The counters now.
     pub fn stats(&self) -> StatsSnapshot {
-        let s = &self.stats;
+        let s = &self.shared.stats;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         StatsSnapshot {
             accepted: get(&s.accepted),
@@ -231,21 +373,22 @@ impl Server {
         }
     }
 
-    /// True while the worker runs.
+    /// True while the listener and every worker run.
     pub fn is_running(&self) -> bool {
-        self.worker.as_ref().is_some_and(|w| !w.is_finished())
+        !self.threads.is_empty() && self.threads.iter().all(|t| !t.is_finished())
     }
 
-    /// Stops the worker (closing every connection) and waits for it.
+    /// Stops the threads (closing every connection) and waits for them.
     pub fn stop(mut self) {
         self.shutdown();
     }
 
     fn shutdown(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        if let Some(w) = self.worker.take() {
-            if w.join().is_err() {
-                log::error!("the NVMe/TCP worker panicked");
+        self.shared.stop.store(true, Ordering::Release);
+        // The listener (last) first, so that no connection is handed to a worker that ended.
+        for t in self.threads.drain(..).rev() {
+            if t.join().is_err() {
+                log::error!("an NVMe/TCP target thread panicked");
             }
         }
     }
@@ -257,31 +400,115 @@ impl Drop for Server {
     }
 }
 
-/// Everything the worker thread owns.
+/// The listener thread: accepts connections, hands them out, advances the keep-alive timers.
+struct ListenerThread {
+    shared: Arc<Shared>,
+    listeners: Vec<(u16, TcpListener)>,
+}
+
+impl ListenerThread {
+    fn run(self) {
+        let mut next_id = 1u64;
+        let mut last_tick = Instant::now();
+        while !self.shared.stop.load(Ordering::Acquire) {
+            let accepted = self.accept(&mut next_id);
+            if last_tick.elapsed() >= TICK {
+                let now = Instant::now();
+                last_tick = now;
+                let mut target = self.shared.target();
+                let mut close = Vec::new();
+                for cntlid in target.tick(now) {
+                    close.extend(target.drop_controller(cntlid));
+                }
+                drop(target);
+                self.shared.close_everywhere(close);
+            }
+            if !accepted {
+                std::thread::sleep(LISTEN_NAP);
+            }
+        }
+    }
+
+    /// Accepts what the listeners have, each connection to the least loaded worker.
+    fn accept(&self, next_id: &mut u64) -> bool {
+        let mut any = false;
+        for (portid, l) in &self.listeners {
+            loop {
+                match l.accept() {
+                    Ok((s, peer)) => {
+                        any = true;
+                        if let Err(e) = s.set_nonblocking(true) {
+                            log::warn!("{peer}: cannot make the socket non-blocking: {e}");
+                            continue;
+                        }
+                        drop(s.set_nodelay(true));
+                        let info = ConnInfo {
+                            portid: *portid,
+                            local_addr: s.local_addr().ok().map(|a| a.ip().to_string()),
+                            peer: peer.to_string(),
+                        };
+                        let loads = &self.shared.loads;
+                        let worker = (0..loads.len())
+                            .min_by_key(|&i| loads[i].load(Ordering::Relaxed))
+                            .unwrap_or(0);
+                        log::debug!("{peer}: connected, to worker {worker}");
+                        let id = *next_id;
+                        *next_id += 1;
+                        // Counted here so that the next accept sees it; the worker uncounts it.
+                        loads[worker].fetch_add(1, Ordering::Relaxed);
+                        self.shared.stats.accepted.fetch_add(1, Ordering::Relaxed);
+                        self.shared.stats.active.fetch_add(1, Ordering::Relaxed);
+                        if self.shared.inboxes[worker].send(Msg::Conn(id, s, info)).is_err() {
+                            log::warn!("{peer}: worker {worker} has ended; connection dropped");
+                            loads[worker].fetch_sub(1, Ordering::Relaxed);
+                            self.shared.stats.active.fetch_sub(1, Ordering::Relaxed);
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) => {
+                        log::warn!("listener {portid}: accept: {e}");
+                        break;
+                    }
+                }
+            }
+        }
+        any
+    }
+}
+
+/// Everything one worker thread owns.
 struct Worker {
-    target: Target,
+    index: usize,
+    shared: Arc<Shared>,
     pool: DmaPool,
     backends: Vec<Box<dyn Backend>>,
     ns: HashMap<(SubsystemId, u32), usize>,
-    listeners: Vec<(u16, TcpListener)>,
+    inbox: Receiver<Msg>,
     limits: TargetLimits,
-    stop: Arc<AtomicBool>,
-    stats: Arc<Stats>,
     /// Keeps the DMA mappings alive as long as the pool.
     _dma: DmaContext,
 }
 
 impl Worker {
     fn run(mut self) {
+        let shared = self.shared.clone();
         let mut conns: HashMap<u64, Conn> = HashMap::new();
-        let mut next_id = 1u64;
         let mut retry: VecDeque<Submission> = VecDeque::new();
         let mut close: Vec<QueueRef> = Vec::new();
+        let mut ended: Vec<QueueRef> = Vec::new();
         let mut done: Vec<Completion> = Vec::new();
-        let mut last_tick = Instant::now();
         let mut idle = 0u32;
-        while !self.stop.load(Ordering::Acquire) {
-            let mut progress = self.accept(&mut conns, &mut next_id);
+        while !shared.stop.load(Ordering::Acquire) {
+            let mut progress = false;
+            while let Ok(m) = self.inbox.try_recv() {
+                progress = true;
+                match m {
+                    Msg::Conn(id, s, info) => {
+                        conns.insert(id, Conn::new(id, s, info, &self.limits));
+                    }
+                    Msg::Close(q) => close.push(q),
+                }
+            }
             for b in self.backends.iter_mut() {
                 b.poll(&mut |c| done.push(c));
             }
@@ -299,14 +526,14 @@ impl Worker {
             }
             {
                 let mut cx = Ctx {
-                    target: &mut self.target,
+                    target: &shared.target,
                     pool: &mut self.pool,
                     backends: &mut self.backends,
                     ns: &self.ns,
                     retry: &mut retry,
-                    stats: &self.stats,
+                    stats: &shared.stats,
                     limits: &self.limits,
-                    close: &mut close,
+                    close: &mut ended,
                 };
                 for c in done.drain(..) {
                     progress = true;
@@ -325,13 +552,6 @@ impl Worker {
                     progress |= conn.flush(cx.pool);
                 }
             }
-            if last_tick.elapsed() >= TICK {
-                let now = Instant::now();
-                last_tick = now;
-                for cntlid in self.target.tick(now) {
-                    close.extend(self.target.drop_controller(cntlid));
-                }
-            }
             for q in close.drain(..) {
                 for conn in conns.values_mut() {
                     if conn.queue() == Some(q) {
@@ -346,14 +566,18 @@ impl Worker {
                 }
                 c.close(&mut self.pool);
                 if let Some(q) = c.queue() {
-                    close.extend(self.target.disconnect(q));
+                    ended.extend(shared.target().disconnect(q));
                 }
                 false
             });
             if conns.len() != before {
                 progress = true;
-                self.stats.active.store(conns.len() as u64, Ordering::Relaxed);
+                let gone = (before - conns.len()) as u64;
+                shared.loads[self.index].fetch_sub(gone, Ordering::Relaxed);
+                shared.stats.active.fetch_sub(gone, Ordering::Relaxed);
             }
+            // Queues that ended here may be carried by other workers' connections.
+            shared.close_everywhere(ended.drain(..));
             if progress {
                 idle = 0;
             } else {
@@ -365,48 +589,21 @@ impl Worker {
                 }
             }
         }
+        let n = conns.len() as u64;
         for (_, mut c) in conns.drain() {
             c.close(&mut self.pool);
             if let Some(q) = c.queue() {
-                self.target.disconnect(q);
+                shared.target().disconnect(q);
             }
         }
-        self.stats.active.store(0, Ordering::Relaxed);
-    }
-
-    /// Accepts what the listeners have.
-    fn accept(&mut self, conns: &mut HashMap<u64, Conn>, next_id: &mut u64) -> bool {
-        let mut any = false;
-        for (portid, l) in &self.listeners {
-            loop {
-                match l.accept() {
-                    Ok((s, peer)) => {
-                        any = true;
-                        if let Err(e) = s.set_nonblocking(true) {
-                            log::warn!("{peer}: cannot make the socket non-blocking: {e}");
-                            continue;
-                        }
-                        drop(s.set_nodelay(true));
-                        let info = ConnInfo {
-                            portid: *portid,
-                            local_addr: s.local_addr().ok().map(|a| a.ip().to_string()),
-                            peer: peer.to_string(),
-                        };
-                        log::debug!("{peer}: connected");
-                        let id = *next_id;
-                        *next_id += 1;
-                        conns.insert(id, Conn::new(id, s, info, &self.limits));
-                        self.stats.accepted.fetch_add(1, Ordering::Relaxed);
-                        self.stats.active.store(conns.len() as u64, Ordering::Relaxed);
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(e) => {
-                        log::warn!("listener {portid}: accept: {e}");
-                        break;
-                    }
-                }
+        // Connections handed over but not yet taken are closed by dropping their sockets.
+        let mut pending = 0u64;
+        while let Ok(m) = self.inbox.try_recv() {
+            if let Msg::Conn(..) = m {
+                pending += 1;
             }
         }
-        any
+        shared.loads[self.index].fetch_sub(n + pending, Ordering::Relaxed);
+        shared.stats.active.fetch_sub(n + pending, Ordering::Relaxed);
     }
 }

@@ -18,7 +18,7 @@ use vfpoll_nvmf::pdu::{
     capsule_cmd_header, h2c_data_header, host_accept_ic_resp, ic_req, parse_c2h_header, ConnParams, CtrlPdu,
     Digests, Fes, H2cData, IcReq, Layout, Progress, TargetLimits, MAX_TX_HEADER_LEN,
 };
-use vfpoll_nvmf::server::{NamespaceBackend, Server, ServerConfig};
+use vfpoll_nvmf::server::{NamespaceBackend, Server, ServerConfig, WorkerConfig};
 
 const SUB: &str = "nqn.2024-01.io.vfpoll:tcp-test";
 const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-555555555555";
@@ -51,14 +51,14 @@ fn server() -> Server {
     .unwrap();
     Server::start(ServerConfig {
         target,
-        namespaces: vec![NamespaceBackend {
+        workers: vec![WorkerConfig::new(vec![NamespaceBackend {
             subsystem_nqn: SUB.into(),
             nsid: 1,
             backend: Box::new(MallocBackend::new(
                 MallocBackend::storage(BLOCKS as usize * BS),
                 BS,
             )),
-        }],
+        }])],
         dma: DmaContext::for_testing(),
         page_size: PageSize::Base4K,
         buffers: 8,
