@@ -29,6 +29,9 @@ use crate::util::{err, run, Result};
 use crate::vm::{self, Boot, Mode, DEFAULT_MODULES};
 use crate::Workspace;
 
+#[path = "bench_nvmf.rs"]
+mod nvmf;
+
 /// `cargo xtask bench --help`.
 pub const HELP: &str = "\
 Benchmark vfpoll against the guest kernel's NVMe driver (fio) on the test bed
@@ -45,13 +48,24 @@ tables: vfpoll against the kernel (IOPS, median and range over the repetitions, 
 latency, medians, and the ratios vfpoll/kernel), and vfpoll's options against its defaults.
 The guest's JSON files stay in target/testbed/run/bench-iommu/out.
 
+With --nvmf: vfpoll target (release build, `--ns 0000:00:04.0/1`, on CPU 0) against the kernel's
+NVMe/TCP target nvmet-tcp (configfs, exporting the same NVMe B namespace 1 on the kernel's nvme
+driver), both on 127.0.0.1:4420 to the guest kernel's initiator, alternating per repetition;
+fio io_uring direct on the fabric namespace on CPU 1: 4 KiB randread QD32 and QD1, 128 KiB read
+QD32, 4 KiB randwrite QD32. The table shows IOPS, p99, busy cores and the target's CPU time per
+I/O (method: xtask/src/bench_nvmf.rs), with the ratios vfpoll/kernel. Files in
+target/testbed/run/bench-nvmf-iommu/out.
+
 Options:
       --time <SECS>       Seconds per run [default: 5]
       --repeat <N>        Runs per engine and case, kernel and vfpoll in alternating order;
                           the table shows the median IOPS, p50 and p99 [default: 3]
       --engines <LIST>    Only these of vfpoll,vfpoll-mmio-db,vfpoll-cmb-sq,io_uring,libaio,
                           io_uring-hipri [default: all]
+      --nvmf              NVMe/TCP: vfpoll target against nvmet-tcp (see above; --time 3 and up)
       --no-build          Do not build vfpoll (release) first
+      --vfpoll <PATH>     Run this vfpoll binary instead of target/release/vfpoll (implies
+                          --no-build; e.g. a release build of a clean checkout)
   -v, --verbose           Show the guest init's lines and kernel warnings
   -h, --help              Print this help";
 
@@ -68,6 +82,10 @@ pub struct BenchArgs {
     pub no_build: bool,
     /// Show init lines and kernel warnings.
     pub verbose: bool,
+    /// Run the NVMe/TCP target comparison instead (`bench_nvmf.rs`).
+    pub nvmf: bool,
+    /// The vfpoll binary; `None`: `target/release/vfpoll`, built first unless `no_build`.
+    pub vfpoll: Option<std::path::PathBuf>,
 }
 
 /// Who does the I/O.
@@ -168,6 +186,8 @@ pub fn parse(args: &[String]) -> Result<Task> {
         engines: Engine::ALL.to_vec(),
         no_build: false,
         verbose: false,
+        nvmf: false,
+        vfpoll: None,
     };
     let mut it = args.iter();
     while let Some(s) = it.next() {
@@ -184,6 +204,11 @@ pub fn parse(args: &[String]) -> Result<Task> {
         match name {
             "-h" | "--help" => return Ok(Task::Help(HELP)),
             "--no-build" => a.no_build = true,
+            "--nvmf" => a.nvmf = true,
+            "--vfpoll" => {
+                a.vfpoll = Some(value()?.into());
+                a.no_build = true;
+            }
             "-v" | "--verbose" => a.verbose = true,
             "--time" => {
                 let v = value()?;
@@ -214,6 +239,12 @@ pub fn parse(args: &[String]) -> Result<Task> {
             }
             _ => return Err(err!("bench: unexpected argument {s:?}")),
         }
+    }
+    if a.nvmf && a.time < nvmf::MIN_TIME {
+        return Err(err!(
+            "bench: --nvmf samples CPU time from 1 s after fio's start to 1 s before its end: give --time {} or more",
+            nvmf::MIN_TIME
+        ));
     }
     Ok(Task::Bench(a))
 }
@@ -309,10 +340,10 @@ fi
 
 /// `cargo xtask bench`.
 pub fn main(ws: &Workspace, a: &BenchArgs) -> Result<u8> {
-    if !a.no_build {
-        run(vm::cargo(ws).args(["build", "--release", "-p", "vfpoll"]))?;
+    if a.nvmf {
+        return nvmf::main(ws, a);
     }
-    let vfpoll = ws.target.join("release/vfpoll");
+    let vfpoll = vfpoll_binary(ws, a)?;
     if a.engines.iter().any(|e| e.vfpoll_flags().is_some()) && !vfpoll.exists() {
         return Err(err!(
             "{} is missing: build it (cargo build --release -p vfpoll)",
@@ -381,6 +412,24 @@ pub fn main(ws: &Workspace, a: &BenchArgs) -> Result<u8> {
     } else {
         out.code
     })
+}
+
+/// The vfpoll binary the guest runs: `--vfpoll PATH` (absolute: the guest's `/` is the host's),
+/// or `target/release/vfpoll`, built first unless `--no-build`.
+fn vfpoll_binary(ws: &Workspace, a: &BenchArgs) -> Result<std::path::PathBuf> {
+    if let Some(p) = &a.vfpoll {
+        let p = fs::canonicalize(p).map_err(|e| {
+            err!(
+                "bench: --vfpoll {}: {e}: give the path of a vfpoll binary",
+                p.display()
+            )
+        })?;
+        return Ok(p);
+    }
+    if !a.no_build {
+        run(vm::cargo(ws).args(["build", "--release", "-p", "vfpoll"]))?;
+    }
+    Ok(ws.target.join("release/vfpoll"))
 }
 
 /// IOPS and latency percentiles (µs) of one run.
@@ -607,6 +656,18 @@ mod tests {
         assert_eq!((a.time, a.no_build, a.repeat), (3, true, 2));
         assert_eq!(a.engines, [Engine::Vfpoll, Engine::Libaio]);
         assert!(parse(&args(&["--time", "0"])).is_err());
+        let Task::Bench(n) = parse(&args(&["--nvmf", "--time", "6"])).unwrap() else {
+            panic!("not bench")
+        };
+        assert!(n.nvmf && !a.nvmf);
+        assert!(parse(&args(&["--nvmf", "--time", "2"])).is_err());
+        let Task::Bench(b) = parse(&args(&["--vfpoll=/x/vfpoll"])).unwrap() else {
+            panic!("not bench")
+        };
+        assert_eq!(
+            (b.vfpoll.as_deref(), b.no_build),
+            (Some(Path::new("/x/vfpoll")), true)
+        );
         assert!(parse(&args(&["--engines", "spdk"])).is_err());
         assert!(matches!(parse(&args(&["-h"])).unwrap(), Task::Help(HELP)));
     }
@@ -619,6 +680,8 @@ mod tests {
             engines: Engine::ALL.to_vec(),
             no_build: true,
             verbose: false,
+            nvmf: false,
+            vfpoll: None,
         };
         let s = job_script(&a, Path::new("/t/release/vfpoll"));
         for want in [
