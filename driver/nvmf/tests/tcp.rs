@@ -1,7 +1,8 @@
 //! The NVMe/TCP target over loopback TCP, driven by a test host built from the PDU module's
 //! host-side builders: ICReq, Connect of an admin and an I/O queue to a RAM namespace,
 //! Identify, writes with in-capsule data and through R2T, reads back, flush, Write Zeroes,
-//! Dataset Management, with and without digests; bad PDUs end only their own connection.
+//! Dataset Management, with and without digests; bad PDUs end only their own connection; two
+//! workers sharing connections (and a controller's queues) between them.
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
@@ -33,6 +34,11 @@ const ICD: u32 = 1024;
 const LINUX_CC: u32 = 1 | 6 << 16 | 4 << 20;
 
 fn server() -> Server {
+    server_with(1)
+}
+
+/// A server with `workers` workers, each with its own RAM backend over one shared storage.
+fn server_with(workers: usize) -> Server {
     let mut sub = Subsystem::new(SUB);
     let mut ns = NamespaceInfo::new(SUB, 1, "malloc:tcp-test", BS as u32, BLOCKS);
     ns.write_zeroes = true;
@@ -49,16 +55,18 @@ fn server() -> Server {
         vec![sub],
     )
     .unwrap();
+    let storage = MallocBackend::storage(BLOCKS as usize * BS);
     Server::start(ServerConfig {
         target,
-        workers: vec![WorkerConfig::new(vec![NamespaceBackend {
-            subsystem_nqn: SUB.into(),
-            nsid: 1,
-            backend: Box::new(MallocBackend::new(
-                MallocBackend::storage(BLOCKS as usize * BS),
-                BS,
-            )),
-        }])],
+        workers: (0..workers)
+            .map(|_| {
+                WorkerConfig::new(vec![NamespaceBackend {
+                    subsystem_nqn: SUB.into(),
+                    nsid: 1,
+                    backend: Box::new(MallocBackend::new(storage.clone(), BS)),
+                }])
+            })
+            .collect(),
         dma: DmaContext::for_testing(),
         page_size: PageSize::Base4K,
         buffers: 8,
@@ -546,5 +554,142 @@ fn an_idle_controller_expires_after_its_keep_alive_timeout() {
     assert!(a.recv().is_none());
     assert!(q.recv().is_none());
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    srv.stop();
+}
+
+/// Waits until the server's per-worker connection counts are `want`.
+fn wait_loads(srv: &Server, want: &[u64]) {
+    let t = std::time::Instant::now();
+    while srv.worker_connections() != want {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "connections per worker {:?}, want {want:?}",
+            srv.worker_connections()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn connections_spread_over_two_workers_all_serve_io() {
+    let srv = server_with(2);
+    assert_eq!(srv.workers(), 2);
+    let addr = srv.local_addrs()[0];
+    // Connected one after another, each goes to the worker with fewer connections: every
+    // controller has its admin queue on one worker and its I/O queues on the other.
+    let mut ctrls = Vec::new();
+    for _ in 0..3 {
+        let (a, cntlid) = admin(addr, Digests::NONE);
+        let q1 = io(addr, cntlid, Digests::NONE);
+        ctrls.push((a, q1));
+    }
+    wait_loads(&srv, &[3, 3]);
+    // I/O on all I/O queues at once, each in its own LBA range, with in-capsule and R2T writes.
+    let threads: Vec<_> = ctrls
+        .into_iter()
+        .enumerate()
+        .map(|(i, (mut a, mut q))| {
+            std::thread::spawn(move || {
+                let base = 512 * i as u64;
+                for round in 0..8u8 {
+                    let data = pattern(4096, round.wrapping_mul(13).wrapping_add(i as u8));
+                    let slba = base + 8 * round as u64;
+                    ok(&q.run(rw(WRITE, slba, 8), &[], &data, false).0);
+                    let small = pattern(ICD as usize, round ^ 0x5a);
+                    ok(&q
+                        .run(in_capsule(rw(WRITE, slba + 256, 2), ICD), &small, &[], false)
+                        .0);
+                    let (cqe, got) = q.run(rw(READ, slba, 8), &[], &[], false);
+                    ok(&cqe);
+                    assert!(got == data, "controller {i} round {round}: read back differs");
+                    let (cqe, got) = q.run(rw(READ, slba + 256, 2), &[], &[], false);
+                    ok(&cqe);
+                    assert_eq!(got, small, "controller {i} round {round}: in-capsule write");
+                }
+                ok(&a.run(sqe(KEEP_ALIVE, 0, 0), &[], &[], false).0);
+                (a, q)
+            })
+        })
+        .collect();
+    let mut ctrls: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    // The workers' backends share the storage: what one controller wrote, another reads.
+    let want = pattern(4096, 0);
+    let (cqe, got) = ctrls[2].1.run(rw(READ, 0, 8), &[], &[], false);
+    ok(&cqe);
+    assert!(
+        got == want,
+        "controller 0's first write read through controller 2"
+    );
+    let st = srv.stats();
+    assert_eq!((st.accepted, st.active, st.protocol_errors), (6, 6, 0), "{st:?}");
+    drop(ctrls);
+    wait_loads(&srv, &[0, 0]);
+    assert_eq!(srv.stats().active, 0);
+    srv.stop();
+}
+
+#[test]
+fn a_controllers_queues_on_two_workers_end_together() {
+    let srv = server_with(2);
+    let addr = srv.local_addrs()[0];
+    // Closing the admin queue (worker 0) closes the I/O queues on worker 1 and on worker 0.
+    let (a, cntlid) = admin(addr, Digests::NONE);
+    let mut q1 = io(addr, cntlid, Digests::NONE);
+    let mut q2 = Host::new(addr, Digests::NONE);
+    let (cqe, _) = q2.run(connect_sqe(2, 31), &connect_data(cntlid), &[], false);
+    ok(&cqe);
+    wait_loads(&srv, &[2, 1]);
+    ok(&q1.run(rw(READ, 0, 1), &[], &[], false).0);
+    ok(&q2.run(rw(READ, 0, 1), &[], &[], false).0);
+    drop(a);
+    assert!(q1.recv().is_none(), "the I/O queue on the other worker is closed");
+    assert!(q2.recv().is_none(), "the I/O queue on the same worker is closed");
+    wait_loads(&srv, &[0, 0]);
+    let mut q = Host::new(addr, Digests::NONE);
+    let (cqe, _) = q.run(connect_sqe(1, 31), &connect_data(cntlid), &[], false);
+    assert!(!cqe.status().is_success(), "the controller is gone");
+    drop(q);
+    // A controller reset (CC.EN cleared) on the admin queue ends its I/O queue on the other
+    // worker.
+    wait_loads(&srv, &[0, 0]);
+    let (mut a, cntlid) = admin(addr, Digests::NONE);
+    let mut q = io(addr, cntlid, Digests::NONE);
+    wait_loads(&srv, &[1, 1]);
+    let mut set = sqe(FABRICS_OPCODE, 0, 0);
+    set.dw[1] = fctype::PROPERTY_SET as u32;
+    set.dw[11] = prop::CC;
+    set.dw[12] = LINUX_CC & !1;
+    ok(&a.run(set, &[], &[], false).0);
+    assert!(
+        q.recv().is_none(),
+        "a reset closes the I/O queue on the other worker"
+    );
+    // The admin queue stays: the host enables the controller again and connects a new queue.
+    enable(&mut a);
+    let mut q = io(addr, cntlid, Digests::NONE);
+    ok(&q.run(rw(READ, 0, 1), &[], &[], false).0);
+    srv.stop();
+}
+
+#[test]
+fn a_controller_on_two_workers_expires_as_one() {
+    let srv = server_with(2);
+    let addr = srv.local_addrs()[0];
+    let mut a = Host::new(addr, Digests::NONE);
+    let (cqe, _) = a.run(connect_kato(1000), &connect_data(0xffff), &[], false);
+    ok(&cqe);
+    let cntlid = cqe.dw0 as u16;
+    enable(&mut a);
+    let mut q = io(addr, cntlid, Digests::NONE);
+    wait_loads(&srv, &[1, 1]);
+    // Traffic on the I/O queue (worker 1) keeps the controller alive for both...
+    for _ in 0..4 {
+        std::thread::sleep(Duration::from_millis(400));
+        ok(&q.run(rw(READ, 0, 1), &[], &[], false).0);
+    }
+    // ...silence drops it, closing the connections on both workers.
+    assert!(a.recv().is_none());
+    assert!(q.recv().is_none());
+    wait_loads(&srv, &[0, 0]);
     srv.stop();
 }
