@@ -54,6 +54,11 @@ pub struct Args {
     /// goes to the worker with the fewest. Without it one unpinned worker serves all.
     #[arg(long, value_name = "LIST")]
     cores: Option<String>,
+    /// Print one JSON line per second on stdout: I/O commands per second, bytes read and
+    /// written, connections and protocol errors of the served subsystem (connections count
+    /// discovery connections too), and connections per worker.
+    #[arg(long)]
+    stats_json: bool,
 }
 
 /// A controller kept open while its namespace is served.
@@ -159,6 +164,10 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
     let target = Target::new(opts, vec![Listener::tcp(1, a.listen)], vec![sub])?;
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        // The first signal stops the target cleanly (connections closed, backends drained, the
+        // controller shut down); a second one, while that hangs, exits at once with status 1.
+        signal_hook::flag::register_conditional_shutdown(sig, 1, Arc::clone(&stop))
+            .context("installing a signal handler")?;
         signal_hook::flag::register(sig, Arc::clone(&stop)).context("installing a signal handler")?;
     }
     let server = Server::start(ServerConfig {
@@ -199,22 +208,52 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
     );
     drop(std::io::stdout().flush());
     let tty = std::io::stderr().is_terminal();
+    let started = Instant::now();
     let mut last = (Instant::now(), server.stats());
     while !stop.load(Ordering::Relaxed) && server.is_running() {
         std::thread::sleep(Duration::from_millis(100));
-        if tty && last.0.elapsed() >= Duration::from_secs(1) {
-            let now = (Instant::now(), server.stats());
-            let secs = now.0.duration_since(last.0).as_secs_f64();
-            let mb = |b: u64, a: u64| (b - a) as f64 / secs / 1e6;
-            eprint!(
-                "\r{} connections, {:.0} commands/s, read {:.1} MB/s, written {:.1} MB/s   ",
-                now.1.active,
-                (now.1.commands - last.1.commands) as f64 / secs,
-                mb(now.1.read_bytes, last.1.read_bytes),
-                mb(now.1.written_bytes, last.1.written_bytes),
-            );
-            last = now;
+        if (!tty && !a.stats_json) || last.0.elapsed() < Duration::from_secs(1) {
+            continue;
         }
+        let now = (Instant::now(), server.stats());
+        let secs = now.0.duration_since(last.0).as_secs_f64();
+        let rate = |b: u64, a: u64| (b - a) as f64 / secs;
+        let iops = rate(now.1.io_commands, last.1.io_commands);
+        let (rd, wr) = (
+            rate(now.1.read_bytes, last.1.read_bytes),
+            rate(now.1.written_bytes, last.1.written_bytes),
+        );
+        if tty {
+            eprint!(
+                "\r{} connections, {iops:.0} IOPS, read {:.1} MB/s, written {:.1} MB/s, {} errors   ",
+                now.1.active,
+                rd / 1e6,
+                wr / 1e6,
+                now.1.protocol_errors
+            );
+        }
+        if a.stats_json {
+            let line = serde_json::json!({
+                "time_s": now.0.duration_since(started).as_secs_f64(),
+                "subsystems": [{
+                    "nqn": a.nqn,
+                    "iops": iops,
+                    "read_bytes_per_s": rd,
+                    "written_bytes_per_s": wr,
+                    "read_bytes": now.1.read_bytes,
+                    "written_bytes": now.1.written_bytes,
+                    "io_commands": now.1.io_commands,
+                    "connections": now.1.active,
+                    "connections_accepted": now.1.accepted,
+                    "protocol_errors": now.1.protocol_errors,
+                }],
+                "worker_connections": server.worker_connections(),
+            });
+            let mut out = std::io::stdout().lock();
+            // A closed stdout (the reader went away) must not stop the target.
+            drop(writeln!(out, "{line}").and_then(|()| out.flush()));
+        }
+        last = now;
     }
     let st = server.stats();
     server.stop();

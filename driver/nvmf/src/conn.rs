@@ -558,6 +558,7 @@ impl Conn {
             }
             return;
         }
+        cx.stats.add_io_command();
         if self.cmds.len() as u32 >= entries || self.cmds.contains_key(&cid) {
             log::warn!(
                 "{}: command {cid} past the queue's {entries} entries or a CID in use",

@@ -140,6 +140,7 @@ pub(crate) struct Stats {
     accepted: AtomicU64,
     active: AtomicU64,
     commands: AtomicU64,
+    io_commands: AtomicU64,
     read_bytes: AtomicU64,
     written_bytes: AtomicU64,
     protocol_errors: AtomicU64,
@@ -148,6 +149,10 @@ pub(crate) struct Stats {
 impl Stats {
     pub(crate) fn add_command(&self) {
         self.commands.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn add_io_command(&self) {
+        self.io_commands.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn add_read(&self, n: u64) {
@@ -172,12 +177,63 @@ pub struct StatsSnapshot {
     pub active: u64,
     /// Command capsules received.
     pub commands: u64,
+    /// Of those, commands on I/O queues.
+    pub io_commands: u64,
     /// Bytes sent to hosts as read data (I/O reads).
     pub read_bytes: u64,
     /// Bytes received from hosts after R2T.
     pub written_bytes: u64,
     /// Connections ended by a protocol error.
     pub protocol_errors: u64,
+}
+
+/// How long a stopping worker waits for its backends' commands in flight.
+const DRAIN: Duration = Duration::from_secs(5);
+
+/// A backend that counts its operations in flight, so that a stopping worker can wait for the
+/// device to finish with the buffers before it frees them.
+struct Counted {
+    inner: Box<dyn Backend>,
+    in_flight: Arc<AtomicU64>,
+}
+
+impl Backend for Counted {
+    fn block_size(&self) -> usize {
+        self.inner.block_size()
+    }
+
+    fn blocks(&self) -> u64 {
+        self.inner.blocks()
+    }
+
+    fn volatile_write_cache(&self) -> bool {
+        self.inner.volatile_write_cache()
+    }
+
+    fn submit(
+        &mut self,
+        pool: &mut DmaPool,
+        op: crate::backend::Op,
+        slba: u64,
+        nlb: u32,
+        buf: Option<vfpoll_dma::DmaBuf>,
+        tag: u64,
+    ) -> Result<(), crate::backend::Busy> {
+        self.inner.submit(pool, op, slba, nlb, buf, tag)?;
+        // Only this worker's thread touches the counter until it ends: Relaxed suffices.
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn poll(&mut self, done: &mut dyn FnMut(Completion)) -> usize {
+        let mut n = 0u64;
+        self.inner.poll(&mut |c| {
+            n += 1;
+            done(c);
+        });
+        self.in_flight.fetch_sub(n, Ordering::Relaxed);
+        n as usize
+    }
 }
 
 /// What the listener sends a worker.
@@ -367,6 +423,7 @@ impl Server {
             accepted: get(&s.accepted),
             active: get(&s.active),
             commands: get(&s.commands),
+            io_commands: get(&s.io_commands),
             read_bytes: get(&s.read_bytes),
             written_bytes: get(&s.written_bytes),
             protocol_errors: get(&s.protocol_errors),
@@ -492,6 +549,17 @@ struct Worker {
 impl Worker {
     fn run(mut self) {
         let shared = self.shared.clone();
+        let in_flight: Vec<Arc<AtomicU64>> = self.backends.iter().map(|_| Arc::default()).collect();
+        self.backends = std::mem::take(&mut self.backends)
+            .into_iter()
+            .zip(&in_flight)
+            .map(|(inner, n)| {
+                Box::new(Counted {
+                    inner,
+                    in_flight: n.clone(),
+                }) as Box<dyn Backend>
+            })
+            .collect();
         let mut conns: HashMap<u64, Conn> = HashMap::new();
         let mut retry: VecDeque<Submission> = VecDeque::new();
         let mut close: Vec<QueueRef> = Vec::new();
@@ -596,6 +664,36 @@ impl Worker {
                 shared.target().disconnect(q);
             }
         }
+        // Retried submissions never reached a backend: their buffers go back now.
+        for sub in retry.drain(..) {
+            if let Some(b) = sub.buf {
+                self.pool.free(b);
+            }
+        }
+        // Backends shut down cleanly: wait until the device is done with every buffer.
+        let t = Instant::now();
+        let pending = |f: &[Arc<AtomicU64>]| f.iter().map(|n| n.load(Ordering::Relaxed)).sum::<u64>();
+        while pending(&in_flight) > 0 && t.elapsed() < DRAIN {
+            for b in self.backends.iter_mut() {
+                b.poll(&mut |c| done.push(c));
+            }
+            for c in done.drain(..) {
+                if let Some(b) = c.buf {
+                    self.pool.free(b);
+                }
+            }
+            std::hint::spin_loop();
+        }
+        let left = pending(&in_flight);
+        if left > 0 {
+            // A device may still write into these buffers: never free that memory (the worker,
+            // with its pool, backends and DMA mappings, is leaked below).
+            log::error!(
+                "worker {}: {left} backend operations still in flight after {DRAIN:?}; keeping their \
+                 buffers",
+                self.index
+            );
+        }
         // Connections handed over but not yet taken are closed by dropping their sockets.
         let mut pending = 0u64;
         while let Ok(m) = self.inbox.try_recv() {
@@ -605,5 +703,8 @@ impl Worker {
         }
         shared.loads[self.index].fetch_sub(n + pending, Ordering::Relaxed);
         shared.stats.active.fetch_sub(n + pending, Ordering::Relaxed);
+        if left > 0 {
+            std::mem::forget(self);
+        }
     }
 }

@@ -622,6 +622,8 @@ fn connections_spread_over_two_workers_all_serve_io() {
     );
     let st = srv.stats();
     assert_eq!((st.accepted, st.active, st.protocol_errors), (6, 6, 0), "{st:?}");
+    // 8 rounds of 4 commands on each of 3 I/O queues, and the read above.
+    assert_eq!(st.io_commands, 3 * 8 * 4 + 1, "{st:?}");
     drop(ctrls);
     wait_loads(&srv, &[0, 0]);
     assert_eq!(srv.stats().active, 0);
