@@ -8,9 +8,9 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::time::Duration;
 
-use vfpoll_dma::{DmaContext, PageSize};
+use vfpoll_dma::{DmaBuf, DmaContext, DmaPool, PageSize};
 use vfpoll_nvme::cmd::{admin_op, Command};
-use vfpoll_nvmf::backend::MallocBackend;
+use vfpoll_nvmf::backend::{Backend, Busy, Completion, MallocBackend, Op};
 use vfpoll_nvmf::fabrics::{
     cqe_to_bytes, ctrl_off, fctype, ns_off, prop, sqe_to_bytes, Cqe, Listener, NamespaceInfo, Sqe, Subsystem,
     Target, TargetOptions, FABRICS_OPCODE, SGL_IN_CAPSULE, SGL_TRANSPORT,
@@ -39,6 +39,16 @@ fn server() -> Server {
 
 /// A server with `workers` workers, each with its own RAM backend over one shared storage.
 fn server_with(workers: usize) -> Server {
+    let storage = MallocBackend::storage(BLOCKS as usize * BS);
+    server_over(
+        (0..workers)
+            .map(|_| Box::new(MallocBackend::new(storage.clone(), BS)) as Box<dyn Backend>)
+            .collect(),
+    )
+}
+
+/// A server with one worker per backend, each serving namespace 1 through its backend.
+fn server_over(backends: Vec<Box<dyn Backend>>) -> Server {
     let mut sub = Subsystem::new(SUB);
     let mut ns = NamespaceInfo::new(SUB, 1, "malloc:tcp-test", BS as u32, BLOCKS);
     ns.write_zeroes = true;
@@ -55,15 +65,15 @@ fn server_with(workers: usize) -> Server {
         vec![sub],
     )
     .unwrap();
-    let storage = MallocBackend::storage(BLOCKS as usize * BS);
     Server::start(ServerConfig {
         target,
-        workers: (0..workers)
-            .map(|_| {
+        workers: backends
+            .into_iter()
+            .map(|backend| {
                 WorkerConfig::new(vec![NamespaceBackend {
                     subsystem_nqn: SUB.into(),
                     nsid: 1,
-                    backend: Box::new(MallocBackend::new(storage.clone(), BS)),
+                    backend,
                 }])
             })
             .collect(),
@@ -694,4 +704,84 @@ fn a_controller_on_two_workers_expires_as_one() {
     assert!(q.recv().is_none());
     wait_loads(&srv, &[0, 0]);
     srv.stop();
+}
+
+/// A RAM backend whose completions arrive `DELAY` late, like a slow device; on drop it records
+/// how many it still held.
+struct SlowBackend {
+    inner: MallocBackend,
+    held: Vec<(std::time::Instant, Completion)>,
+    dropped_with: std::sync::Arc<std::sync::atomic::AtomicI64>,
+}
+
+impl SlowBackend {
+    const DELAY: Duration = Duration::from_millis(300);
+}
+
+impl Backend for SlowBackend {
+    fn block_size(&self) -> usize {
+        self.inner.block_size()
+    }
+
+    fn blocks(&self) -> u64 {
+        self.inner.blocks()
+    }
+
+    fn submit(
+        &mut self,
+        pool: &mut DmaPool,
+        op: Op,
+        slba: u64,
+        nlb: u32,
+        buf: Option<DmaBuf>,
+        tag: u64,
+    ) -> Result<(), Busy> {
+        self.inner.submit(pool, op, slba, nlb, buf, tag)
+    }
+
+    fn poll(&mut self, done: &mut dyn FnMut(Completion)) -> usize {
+        let now = std::time::Instant::now();
+        let held = &mut self.held;
+        self.inner.poll(&mut |c| held.push((now, c)));
+        let mut n = 0;
+        while self.held.first().is_some_and(|(t, _)| t.elapsed() >= Self::DELAY) {
+            done(self.held.remove(0).1);
+            n += 1;
+        }
+        n
+    }
+}
+
+impl Drop for SlowBackend {
+    fn drop(&mut self) {
+        self.dropped_with
+            .store(self.held.len() as i64, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn stopping_waits_for_the_backends_operations_in_flight() {
+    let dropped_with = std::sync::Arc::new(std::sync::atomic::AtomicI64::new(-1));
+    let srv = server_over(vec![Box::new(SlowBackend {
+        inner: MallocBackend::new(MallocBackend::storage(BLOCKS as usize * BS), BS),
+        held: Vec::new(),
+        dropped_with: dropped_with.clone(),
+    })]);
+    let addr = srv.local_addrs()[0];
+    let (_a, cntlid) = admin(addr, Digests::NONE);
+    let mut q = io(addr, cntlid, Digests::NONE);
+    let mut read = rw(READ, 0, 8);
+    read.set_cid(1);
+    q.send_capsule(&read, &[]);
+    let t = std::time::Instant::now();
+    while srv.stats().io_commands == 0 {
+        assert!(t.elapsed() < Duration::from_secs(5), "the read never arrived");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    // The read sits in the backend: stopping waits for it before dropping the backend (and
+    // freeing its buffer).
+    srv.stop();
+    assert_eq!(dropped_with.load(std::sync::atomic::Ordering::SeqCst), 0);
+    assert!(t.elapsed() >= SlowBackend::DELAY, "{:?}", t.elapsed());
 }
