@@ -711,3 +711,82 @@ pub fn dd_read_direct(dev: &Path, offset: u64, len: usize) -> Vec<u8> {
     );
     out.stdout
 }
+
+/// `vfpoll target` as a child process serving subsystem `nqn` on 127.0.0.1:[`NVMF_TCP_PORT`],
+/// killed on drop. Its data buffers are 2 MiB hugepages: reserve some first
+/// ([`crate::reserve_hugepages`]).
+#[derive(Debug)]
+pub struct VfpollTarget {
+    child: std::process::Child,
+}
+
+impl VfpollTarget {
+    /// Starts `vfpoll target --listen 127.0.0.1:4420 --nqn <nqn> <args>` (`--malloc 64M`, `--ns
+    /// BDF/NSID`, `--allow-host NQN`, ...) and waits for its first line, which says it listens.
+    /// Panics with that line and its exit status when it does not start.
+    pub fn start(nqn: &str, args: &[&str]) -> Self {
+        use std::io::BufRead;
+        let listen = format!("127.0.0.1:{NVMF_TCP_PORT}");
+        let mut child = std::process::Command::new("vfpoll")
+            .args(["target", "--listen", &listen, "--nqn", nqn])
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("vfpoll target: cannot start: {e} (is vfpoll on PATH?)"));
+        let mut line = String::new();
+        let out = child.stdout.take().expect("piped stdout");
+        std::io::BufReader::new(out)
+            .read_line(&mut line)
+            .expect("vfpoll target's first line");
+        assert!(
+            line.starts_with("vfpoll target:") && line.contains(&listen),
+            "vfpoll target {args:?} did not start: {line:?} (status {:?})",
+            child.try_wait()
+        );
+        VfpollTarget { child }
+    }
+
+    /// Whether the process is still running (it has not exited or been killed).
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for VfpollTarget {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `nvme connect` that must fail (a refused host, a wrong NQN) and returns nvme-cli's output;
+/// panics when it succeeds, after disconnecting what it made.
+pub fn nvme_connect_refused(c: &NvmeConnect) -> String {
+    load_modules(NVME_TCP_MODULES);
+    if is_loopback(c.traddr) {
+        loopback_up();
+    }
+    let before = tcp_controllers(c.nqn);
+    let args = c.args();
+    let out = std::process::Command::new("nvme")
+        .args(&args)
+        .output()
+        .unwrap_or_else(|e| panic!("nvme: {e} (is nvme-cli installed? cargo xtask setup installs it)"));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let new: Vec<String> = tcp_controllers(c.nqn)
+        .into_iter()
+        .filter(|n| !before.contains(n))
+        .collect();
+    for n in &new {
+        let _ = std::process::Command::new("nvme")
+            .args(["disconnect", "-d", n])
+            .output();
+    }
+    assert!(
+        !out.status.success() && new.is_empty(),
+        "nvme {} was to be refused, but it exited {} and made {new:?}: {text}",
+        args.join(" "),
+        out.status
+    );
+    text
+}
