@@ -17,7 +17,8 @@ Commands:
   vm      Boot the test-bed guest and run one command in it
   test    Run every test: fmt, clippy, host tests, then the test-bed tests in the guest
   demo    vfpoll's main job on the emulated test bed: setup, status, identify, hello, perf
-  bench   vfpoll perf against fio (io_uring, libaio, hipri) on the guest kernel, one table
+  bench   vfpoll perf against fio (io_uring, libaio, hipri) on the guest kernel, one table;
+          --nvmf: vfpoll target against the kernel's nvmet-tcp
   help    Print this help, or the help of a command (`cargo xtask help vm`)
 
 Each command has its own --help.";
