@@ -15,6 +15,9 @@
 //! the HPET, and fio's default `clock_gettime` would spend more time reading it than the kernel
 //! spends on the I/O, which would make the kernel look slower than it is. Every run writes JSON
 //! into the guest's `/out`; the host reads those files and prints one table.
+//!
+//! `cargo xtask bench --nvmf` runs another comparison in the same style: `vfpoll target` against
+//! the kernel's NVMe/TCP target (module `nvmf`, `bench_nvmf.rs`).
 
 use std::ffi::OsString;
 use std::fmt::Write as _;
