@@ -8,9 +8,7 @@
 //! device, the `--ns` test opens B in the mode of the run).
 
 use std::fs;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use vfpoll_tests::*;
@@ -22,50 +20,12 @@ const NS_BYTES: u64 = 64 << 20;
 /// How long the kernel may take to show a fabric namespace under TCG.
 const NS_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// `vfpoll target` as a child process, killed on drop.
-struct VfpollTarget {
-    child: Child,
-}
-
-impl VfpollTarget {
-    /// Starts it serving `what` (`--malloc 64M`, `--ns BDF/NSID`) and waits for its
-    /// "listening" line.
-    fn start(what: &[&str]) -> Self {
-        let port = NVMF_TCP_PORT.to_string();
-        let listen = format!("127.0.0.1:{port}");
-        let mut child = Command::new("vfpoll")
-            .args(["target", "--listen", &listen, "--nqn", NQN])
-            .args(what)
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("vfpoll target: cannot start");
-        let mut line = String::new();
-        let out = child.stdout.take().expect("piped stdout");
-        BufReader::new(out)
-            .read_line(&mut line)
-            .expect("vfpoll target's first line");
-        assert!(
-            line.starts_with("vfpoll target:") && line.contains(&listen),
-            "vfpoll target did not start: {line:?} (status {:?})",
-            child.try_wait()
-        );
-        VfpollTarget { child }
-    }
-}
-
-impl Drop for VfpollTarget {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn round_trip(what: &[&str], digests: bool) {
     load_modules(NVME_TCP_MODULES);
     loopback_up();
     // The target's data buffers: 256 of 128 KiB in 2 MiB pages (and the NVMe queues).
     reserve_hugepages(40);
-    let target = VfpollTarget::start(what);
+    let target = VfpollTarget::start(NQN, what);
 
     let log = nvme_discover("127.0.0.1", NVMF_TCP_PORT);
     let rec = log
