@@ -8,21 +8,9 @@ use vfpoll_dma::{DmaContext, FakeMapper, PageSize};
 use vfpoll_engine::pattern::Found;
 use vfpoll_engine::{split_evenly, Engine, JobSpec, Limit, Namespace, Workload};
 use vfpoll_nvme::{Controller, ControllerOptions};
-use vfpoll_nvme_model::{Fault, FaultKind, ModelConfig, NamespaceConfig, NvmeModel, Status};
+use vfpoll_nvme_model::{Fault, FaultCheck, FaultKind, ModelConfig, NamespaceConfig, NvmeModel, Status};
 
-/// A model with namespace 1 (512 B blocks, 4 MiB) and 2 (4 KiB blocks, 8 MiB), and the driver.
-/// Fails the test when dropped if the model made a DMA outside the driver's mappings.
-struct NoStrayDma(Arc<vfpoll_nvme_model::FaultLog>);
-
-impl Drop for NoStrayDma {
-    fn drop(&mut self) {
-        if !std::thread::panicking() {
-            self.0.assert_none();
-        }
-    }
-}
-
-fn bring_up() -> (NoStrayDma, NvmeModel, Controller) {
+fn bring_up() -> (FaultCheck, NvmeModel, Controller) {
     let mapper = Arc::new(FakeMapper::new());
     let log = Arc::new(vfpoll_nvme_model::FaultLog::new(mapper.clone()));
     let cfg = ModelConfig {
@@ -40,7 +28,7 @@ fn bring_up() -> (NoStrayDma, NvmeModel, Controller) {
         ..Default::default()
     };
     let ctrl = Controller::new(model.bar0(), DmaContext::new(mapper), opts).unwrap();
-    (NoStrayDma(log), model, ctrl)
+    (FaultCheck(log), model, ctrl)
 }
 
 fn job(workload: Workload, io_size: usize, qd: u16, limit: Limit) -> JobSpec {

@@ -14,7 +14,8 @@ use vfpoll_engine::{
 };
 use vfpoll_nvme::{Controller, ControllerOptions};
 use vfpoll_nvme_model::{
-    Fault, FaultKind, ModelConfig, NamespaceConfig, NvmeModel, Status, ZoneInfo, ZoneState, ZonedConfig,
+    Fault, FaultCheck, FaultKind, ModelConfig, NamespaceConfig, NvmeModel, Status, ZoneInfo, ZoneState,
+    ZonedConfig,
 };
 
 /// Zones of namespace 1: 256 blocks of 4 KiB (1 MiB), 192 writable, as the test bed's.
@@ -22,20 +23,7 @@ const ZONE: u64 = 256;
 const CAP: u64 = 192;
 const ZONES: u64 = 16;
 
-/// A model with namespace 1 zoned (16 zones, at most 4 open and 6 active) and namespace 2
-/// plain (4 KiB blocks, 8 MiB), and the driver.
-/// Fails the test when dropped if the model made a DMA outside the driver's mappings.
-struct NoStrayDma(Arc<vfpoll_nvme_model::FaultLog>);
-
-impl Drop for NoStrayDma {
-    fn drop(&mut self) {
-        if !std::thread::panicking() {
-            self.0.assert_none();
-        }
-    }
-}
-
-fn bring_up() -> (NoStrayDma, NvmeModel, Controller) {
+fn bring_up() -> (FaultCheck, NvmeModel, Controller) {
     let mapper = Arc::new(FakeMapper::new());
     let log = Arc::new(vfpoll_nvme_model::FaultLog::new(mapper.clone()));
     let mut z = ZonedConfig::new(ZONE);
@@ -57,7 +45,7 @@ fn bring_up() -> (NoStrayDma, NvmeModel, Controller) {
         ..Default::default()
     };
     let ctrl = Controller::new(model.bar0(), DmaContext::new(mapper), opts).unwrap();
-    (NoStrayDma(log), model, ctrl)
+    (FaultCheck(log), model, ctrl)
 }
 
 fn job(workload: Workload, io_size: usize, qd: u16, verify: bool, seed: u64) -> JobSpec {

@@ -7,20 +7,9 @@ use std::time::Duration;
 use vfpoll_dma::{DmaContext, FakeMapper, PageSize};
 use vfpoll_gpu::{load, pattern, save, verify, CpuEngine, FileSource, NvmeSource, Options, Slots, Transfer};
 use vfpoll_nvme::{Controller, ControllerOptions, QpairOptions};
-use vfpoll_nvme_model::{FaultLog, ModelConfig, NamespaceConfig, NvmeModel};
+use vfpoll_nvme_model::{FaultCheck, FaultLog, ModelConfig, NamespaceConfig, NvmeModel};
 
-/// Fails the test when dropped if the model made a DMA outside the driver's mappings.
-struct NoStrayDma(Arc<FaultLog>);
-
-impl Drop for NoStrayDma {
-    fn drop(&mut self) {
-        if !std::thread::panicking() {
-            self.0.assert_none();
-        }
-    }
-}
-
-fn bring_up(lba: u32, blocks: u64, mdts: u8) -> (NoStrayDma, NvmeModel, Controller) {
+fn bring_up(lba: u32, blocks: u64, mdts: u8) -> (FaultCheck, NvmeModel, Controller) {
     let mapper = Arc::new(FakeMapper::new());
     let log = Arc::new(FaultLog::new(mapper.clone()));
     let cfg = ModelConfig {
@@ -35,7 +24,7 @@ fn bring_up(lba: u32, blocks: u64, mdts: u8) -> (NoStrayDma, NvmeModel, Controll
         ..Default::default()
     };
     let ctrl = Controller::new(model.bar0(), DmaContext::new(mapper), opts).unwrap();
-    (NoStrayDma(log), model, ctrl)
+    (FaultCheck(log), model, ctrl)
 }
 
 fn t(source_offset: u64, device_offset: u64, len: u64) -> Transfer {

@@ -523,6 +523,20 @@ impl std::fmt::Debug for FaultLog {
     }
 }
 
+/// Fails the test, when it is dropped at the test's end, if the controller made a DMA access
+/// outside the host's mappings (an overrun into a guard page, an unmapped address) that the
+/// test did not take with [`FaultLog::take`]. Not checked while the test is already failing.
+#[derive(Debug)]
+pub struct FaultCheck(pub std::sync::Arc<FaultLog>);
+
+impl Drop for FaultCheck {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            self.0.assert_none();
+        }
+    }
+}
+
 impl FaultLog {
     /// A log in front of `inner`.
     pub fn new(inner: std::sync::Arc<dyn DmaSpace>) -> Self {

@@ -88,7 +88,7 @@ use vfpoll_pci::mmio::{self, Mmio};
 
 pub use admin::{feature, log_page, opcode as admin_opcode};
 pub use config::{EventIdxPolicy, ModelConfig};
-pub use dma::{DmaFault, DmaSpace, FaultLog, HeapDma};
+pub use dma::{DmaFault, DmaSpace, FaultCheck, FaultLog, HeapDma};
 pub use fault::{Fault, FaultKind, QueueMatch};
 pub use io::opcode as io_opcode;
 pub use nsconfig::{

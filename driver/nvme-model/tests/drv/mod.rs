@@ -18,7 +18,7 @@ use vfpoll_dma::{DmaContext, DmaRegion, FakeMapper, PageSize};
 use vfpoll_nvme::{
     Controller, ControllerOptions, Done, IoBuffer, NvmeError, QpairOptions, QueuePair, RegionBuf,
 };
-use vfpoll_nvme_model::{DmaFault, FaultLog, ModelConfig, NamespaceConfig, NvmeModel};
+use vfpoll_nvme_model::{DmaFault, FaultCheck, FaultLog, ModelConfig, NamespaceConfig, NvmeModel};
 use vfpoll_pci::BusAddr;
 
 pub const PAGE: usize = 4096;
@@ -28,20 +28,6 @@ pub const HANG: Duration = Duration::from_secs(10);
 /// Upper bound for steps that take milliseconds (a teardown, an error noticed at once): far
 /// above what a loaded two-core machine adds, below the multi-second waits a bug would cause.
 pub const PROMPT: Duration = Duration::from_secs(5);
-
-/// Fails the test, when it is dropped at the test's end, if the controller made a DMA access
-/// outside the driver's mappings (an unmapped address, or past a buffer's end into the guard
-/// page after it) that the test did not take with [`Rig::expect_dma_faults`]. Not checked while
-/// the test is already failing.
-pub struct FaultCheck(pub Arc<FaultLog>);
-
-impl Drop for FaultCheck {
-    fn drop(&mut self) {
-        if !std::thread::panicking() {
-            self.0.assert_none();
-        }
-    }
-}
 
 /// The driver over the model. Fields drop in order: the controller shuts down before the model
 /// stops (queue pairs, held by the test as locals declared later, go first), and the DMA fault
