@@ -149,15 +149,9 @@ impl<B: IoBuffer> QueuePair<B> {
             Ok(dp) => dp,
             Err(e) => return Err((e, buf, meta)),
         };
-        self.free_cids.pop();
-        let s = &mut self.slots[slot as usize];
-        let cid = s.claim(slot, slot);
-        s.req = Request::new(tag, 1, op);
-        s.buf = Some(buf);
         let (opcode, fua) = op.io_opcode();
-        self.ring.push(
-            &mut self.mem,
-            &rw_words(Rw {
+        self.issue(slot, tag, op, Some(buf), None, |cid| {
+            rw_words(Rw {
                 op: opcode,
                 nsid,
                 cid,
@@ -167,10 +161,8 @@ impl<B: IoBuffer> QueuePair<B> {
                 ref_tag: if ref_tag { slba as u32 } else { 0 },
                 dp,
                 mptr: BusAddr(0),
-            }),
-        );
-        self.stats.requests += 1;
-        self.live += 1;
+            })
+        });
         Ok(())
     }
 
@@ -221,16 +213,9 @@ impl<B: IoBuffer> QueuePair<B> {
             Ok(p) => p,
             Err(e) => return Err((e, buf, meta)),
         };
-        self.free_cids.pop();
-        let s = &mut self.slots[slot as usize];
-        let cid = s.claim(slot, slot);
-        s.req = Request::new(tag, 1, op);
-        s.buf = Some(buf);
-        s.meta = meta;
         let (opcode, fua) = op.io_opcode();
-        self.ring.push(
-            &mut self.mem,
-            &rw_words(Rw {
+        self.issue(slot, tag, op, Some(buf), meta, |cid| {
+            rw_words(Rw {
                 op: opcode,
                 nsid: ns.nsid,
                 cid,
@@ -240,11 +225,34 @@ impl<B: IoBuffer> QueuePair<B> {
                 ref_tag: if ns.ref_tag { slba as u32 } else { 0 },
                 dp: p.data,
                 mptr: p.mptr,
-            }),
-        );
+            })
+        });
+        Ok(())
+    }
+
+    /// Issues a single-command request in free slot `slot` (the last of `free_cids`, checked by
+    /// the caller): takes the slot with a new command id, writes the entry `words(cid)` gives,
+    /// and keeps the request and its buffers there until the completion.
+    #[inline(always)]
+    pub(super) fn issue(
+        &mut self,
+        slot: u16,
+        tag: u64,
+        op: Op,
+        buf: Option<B>,
+        meta: Option<B>,
+        words: impl FnOnce(u16) -> [u64; 8],
+    ) {
+        debug_assert_eq!(self.free_cids.last(), Some(&slot));
+        self.free_cids.pop();
+        let s = &mut self.slots[slot as usize];
+        let cid = s.claim(slot, slot);
+        s.req = Request::new(tag, 1, op);
+        s.buf = buf;
+        s.meta = meta;
+        self.ring.push(&mut self.mem, &words(cid));
         self.stats.requests += 1;
         self.live += 1;
-        Ok(())
     }
 
     #[cold]
@@ -428,16 +436,14 @@ impl<B: IoBuffer> QueuePair<B> {
 
     pub(super) fn submit_nodata(&mut self, cmd: Command, op: Op, tag: u64) -> Result<()> {
         self.check_usable()?;
-        let Some(slot) = self.free_cids.pop() else {
+        let Some(&slot) = self.free_cids.last() else {
             return Err(self.full());
         };
-        let cid = self.claim(slot, slot);
-        let mut cmd = cmd;
-        cmd.set_cid(cid);
-        self.ring.push(&mut self.mem, &cmd.to_words());
-        self.stats.requests += 1;
-        self.live += 1;
-        self.slots[slot as usize].req = Request::new(tag, 1, op);
+        self.issue(slot, tag, op, None, None, |cid| {
+            let mut cmd = cmd;
+            cmd.set_cid(cid);
+            cmd.to_words()
+        });
         Ok(())
     }
 
@@ -475,15 +481,10 @@ impl<B: IoBuffer> QueuePair<B> {
                 Err(error) => return Err(Rejected { error, buf }),
             }
         }
-        self.free_cids.pop();
-        let cid = self.claim(slot, slot);
-        cmd.set_cid(cid);
-        self.ring.push(&mut self.mem, &cmd.to_words());
-        self.stats.requests += 1;
-        self.live += 1;
-        let s = &mut self.slots[slot as usize];
-        s.req = Request::new(tag, 1, Op::Raw);
-        s.buf = buf;
+        self.issue(slot, tag, Op::Raw, buf, None, |cid| {
+            cmd.set_cid(cid);
+            cmd.to_words()
+        });
         Ok(())
     }
 

@@ -2,7 +2,7 @@
 //! zone actions and appends. Reads and writes of a zoned namespace go through the ordinary
 //! paths (a write must start at its zone's write pointer; the controller says so otherwise).
 
-use super::slot::{Op, Request};
+use super::slot::Op;
 use super::xfer::{self, NsInfo};
 use super::{QueuePair, Rejected};
 use crate::buffer::IoBuffer;
@@ -55,15 +55,10 @@ impl<B: IoBuffer> QueuePair<B> {
         cmd.dw[12] = (len / 4 - 1) as u32;
         // ZRA 00h (Report Zones), the filter, Partial Report.
         cmd.dw[13] = (filter as u32) << 8 | (partial as u32) << 16;
-        self.free_cids.pop();
-        let cid = self.claim(slot, slot);
-        cmd.set_cid(cid);
-        self.ring.push(&mut self.mem, &cmd.to_words());
-        self.stats.requests += 1;
-        self.live += 1;
-        let s = &mut self.slots[slot as usize];
-        s.req = Request::new(tag, 1, Op::ZoneReport);
-        s.buf = Some(buf);
+        self.issue(slot, tag, Op::ZoneReport, Some(buf), None, |cid| {
+            cmd.set_cid(cid);
+            cmd.to_words()
+        });
         Ok(())
     }
 
@@ -135,11 +130,8 @@ impl<B: IoBuffer> QueuePair<B> {
             Ok(p) => p,
             Err(error) => return Err(Rejected { error, buf }),
         };
-        self.free_cids.pop();
-        let cid = self.claim(slot, slot);
-        self.ring.push(
-            &mut self.mem,
-            &rw_words(Rw {
+        self.issue(slot, tag, Op::ZoneAppend, Some(buf), None, |cid| {
+            rw_words(Rw {
                 op: op::ZONE_APPEND,
                 nsid,
                 cid,
@@ -151,13 +143,8 @@ impl<B: IoBuffer> QueuePair<B> {
                 ref_tag: if ns.ref_tag { zslba as u32 } else { 0 },
                 dp: p.data,
                 mptr: p.mptr,
-            }),
-        );
-        self.stats.requests += 1;
-        self.live += 1;
-        let s = &mut self.slots[slot as usize];
-        s.req = Request::new(tag, 1, Op::ZoneAppend);
-        s.buf = Some(buf);
+            })
+        });
         Ok(())
     }
 
