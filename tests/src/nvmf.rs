@@ -718,6 +718,8 @@ pub fn dd_read_direct(dev: &Path, offset: u64, len: usize) -> Vec<u8> {
 #[derive(Debug)]
 pub struct VfpollTarget {
     child: std::process::Child,
+    /// The rest of its standard output (kept open: the target prints on reloads).
+    stdout: std::io::BufReader<std::process::ChildStdout>,
 }
 
 impl VfpollTarget {
@@ -735,15 +737,69 @@ impl VfpollTarget {
             .unwrap_or_else(|e| panic!("vfpoll target: cannot start: {e} (is vfpoll on PATH?)"));
         let mut line = String::new();
         let out = child.stdout.take().expect("piped stdout");
-        std::io::BufReader::new(out)
-            .read_line(&mut line)
-            .expect("vfpoll target's first line");
+        let mut stdout = std::io::BufReader::new(out);
+        stdout.read_line(&mut line).expect("vfpoll target's first line");
         assert!(
             line.starts_with("vfpoll target:") && line.contains(&listen),
             "vfpoll target {args:?} did not start: {line:?} (status {:?})",
             child.try_wait()
         );
-        VfpollTarget { child }
+        VfpollTarget { child, stdout }
+    }
+
+    /// Starts `vfpoll target --config <config> <args>` and waits for its first line (one per
+    /// subsystem), which must name `first_nqn`.
+    pub fn with_config(config: &Path, first_nqn: &str, args: &[&str]) -> Self {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new("vfpoll")
+            .arg("target")
+            .arg("--config")
+            .arg(config)
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("vfpoll target: cannot start: {e} (is vfpoll on PATH?)"));
+        let mut stdout = std::io::BufReader::new(child.stdout.take().expect("piped stdout"));
+        let mut line = String::new();
+        stdout.read_line(&mut line).expect("vfpoll target's first line");
+        assert!(
+            line.starts_with("vfpoll target:") && line.contains(first_nqn),
+            "vfpoll target --config {} did not start: {line:?} (status {:?})",
+            config.display(),
+            child.try_wait()
+        );
+        VfpollTarget { child, stdout }
+    }
+
+    /// Sends SIGHUP (reload `--config`) and returns the lines the target prints about it, up
+    /// to `lines` of them or the first that says the reload was refused.
+    pub fn reload(&mut self, lines: usize) -> Vec<String> {
+        use std::io::BufRead;
+        run("kill", &["-HUP", &self.child.id().to_string()]);
+        let mut out = Vec::new();
+        while out.len() < lines {
+            let mut line = String::new();
+            let n = self.stdout.read_line(&mut line).expect("vfpoll target's output");
+            assert!(n > 0, "vfpoll target ended during a reload; it said {out:?}");
+            if !line.contains("reload") {
+                continue;
+            }
+            let refused = line.contains("reload refused");
+            out.push(line.trim().to_string());
+            if refused {
+                break;
+            }
+        }
+        out
+    }
+
+    /// The next line the target prints (e.g. a `--stats-json` line).
+    pub fn next_line(&mut self) -> String {
+        use std::io::BufRead;
+        let mut line = String::new();
+        let n = self.stdout.read_line(&mut line).expect("vfpoll target's output");
+        assert!(n > 0, "vfpoll target ended");
+        line
     }
 
     /// Whether the process is still running (it has not exited or been killed).

@@ -16,7 +16,7 @@ use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read};
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use vfpoll_dma::{DmaBuf, DmaPool};
 use vfpoll_nvme::status::{Sct, Status};
@@ -56,8 +56,10 @@ pub(crate) struct Ctx<'a> {
     pub ns: &'a HashMap<(SubsystemId, u32), usize>,
     /// Submissions a busy backend refused, retried by the worker.
     pub retry: &'a mut VecDeque<Submission>,
-    /// Counters.
+    /// Counters of the whole target.
     pub stats: &'a Stats,
+    /// The counters of a subsystem, taken by a connection at its Connect.
+    pub subsystem_stats: &'a dyn Fn(SubsystemId) -> Arc<Stats>,
     /// What the target offers in the ICResp.
     pub limits: &'a TargetLimits,
     /// Queues whose connections the worker closes (a controller reset ends its I/O queues).
@@ -114,6 +116,8 @@ enum Rx {
 struct Queue {
     queue: QueueRef,
     sqhd: SqHead,
+    /// The SQHD of the last completion, for completions of held requests.
+    last_head: u16,
     entries: u32,
     io: Option<IoQueue>,
 }
@@ -188,6 +192,8 @@ pub(crate) struct Conn {
     /// A termination request is queued: read nothing more, close once it is sent.
     closing: bool,
     closed: bool,
+    /// The counters of the subsystem the Connect named.
+    sub: Option<Arc<Stats>>,
 }
 
 impl Conn {
@@ -209,7 +215,40 @@ impl Conn {
             tx: VecDeque::new(),
             closing: false,
             closed: false,
+            sub: None,
         }
+    }
+
+    /// The port ID of the listener the connection came through.
+    pub(crate) fn portid(&self) -> u16 {
+        self.info.portid
+    }
+
+    /// Counts in the target's counters and the subsystem's.
+    fn count(&self, cx: &Ctx<'_>, f: impl Fn(&Stats)) {
+        f(cx.stats);
+        if let Some(s) = &self.sub {
+            f(s);
+        }
+    }
+
+    /// The connection is gone: it leaves its subsystem's count of connections.
+    pub(crate) fn forget_subsystem(&mut self) {
+        if let Some(s) = self.sub.take() {
+            s.disconnected();
+        }
+    }
+
+    /// Sends the completion of a held Asynchronous Event Request (an admin connection).
+    pub(crate) fn complete_held(&mut self, cqe: Cqe) {
+        if self.closed || self.closing {
+            return;
+        }
+        let Some(q) = self.queue.as_ref().filter(|q| q.queue.qid == 0) else {
+            return;
+        };
+        let head = q.last_head;
+        self.respond(cqe, head, 0);
     }
 
     /// The queue this connection serves, once connected.
@@ -432,7 +471,7 @@ impl Conn {
         }
         let (d, dg, digest) = (*d, layout.data_digest, [small[0], small[1], small[2], small[3]]);
         self.reset_header();
-        cx.stats.add_written(d.datal as u64);
+        self.count(cx, |s| s.add_written(d.datal as u64));
         let Some(cmd) = self.cmds.get_mut(&d.cccid) else {
             return Ok(Some(true));
         };
@@ -477,7 +516,7 @@ impl Conn {
                 Ok(())
             }
             HostPdu::CapsuleCmd(c) => {
-                cx.stats.add_command();
+                self.count(cx, Stats::add_command);
                 let (pad, len) = (h.layout.pad as usize, h.layout.data_len as usize);
                 let data = &body[pad.min(body.len())..(pad + len).min(body.len())];
                 let digest_ok = !h.layout.data_digest || {
@@ -505,10 +544,22 @@ impl Conn {
                 Err(_) if !fabrics::is_connect(&sqe) => [0; CONNECT_DATA_BYTES],
                 Err(_) => return self.respond(fail(cid, fabrics::status::DATA_SGL_LENGTH_INVALID), 0, 0),
             };
-            // The guard ends with this statement: the lock is not held while responding.
-            let connected = lock(cx.target).connect(&sqe, &connect_data, self.info.clone());
+            let mut target = lock(cx.target);
+            let connected = target.connect(&sqe, &connect_data, self.info.clone());
+            let subsystem = connected
+                .as_ref()
+                .ok()
+                .and_then(|o| target.controller_subsystem(o.queue.cntlid));
+            // The lock is not held while responding.
+            drop(target);
             match connected {
                 Ok(out) => {
+                    if let Some(id) = subsystem {
+                        let st = (cx.subsystem_stats)(id);
+                        st.connected();
+                        st.add_command();
+                        self.sub = Some(st);
+                    }
                     log::info!(
                         "{}: queue {} of controller {} connected ({} entries)",
                         self.info.peer,
@@ -525,6 +576,7 @@ impl Conn {
                     self.queue = Some(Queue {
                         queue: out.queue,
                         sqhd,
+                        last_head: head,
                         entries: out.entries,
                         io: out.io,
                     });
@@ -534,7 +586,9 @@ impl Conn {
             }
             return;
         };
-        let (head, qid, cntlid, entries) = (q.sqhd.advance(), q.queue.qid, q.queue.cntlid, q.entries);
+        let head = q.sqhd.advance();
+        q.last_head = head;
+        let (qid, cntlid, entries) = (q.queue.qid, q.queue.cntlid, q.entries);
         if !digest_ok {
             return self.respond(fail(cid, TRANSIENT_TRANSPORT_ERROR), head, qid);
         }
@@ -558,7 +612,7 @@ impl Conn {
             }
             return;
         }
-        cx.stats.add_io_command();
+        self.count(cx, Stats::add_io_command);
         if self.cmds.len() as u32 >= entries || self.cmds.contains_key(&cid) {
             log::warn!(
                 "{}: command {cid} past the queue's {entries} entries or a CID in use",
@@ -755,6 +809,7 @@ impl Conn {
         let Some(cmd) = self.cmds.remove(&cid) else { return };
         let qid = self.qid();
         if !status.is_success() {
+            self.count(cx, Stats::add_io_error);
             if let Some(io) = self.queue.as_ref().and_then(|q| q.io.as_ref()) {
                 io.record_error(&cmd.req, status);
             }
@@ -766,7 +821,7 @@ impl Conn {
         };
         match (cmd.req.op, cmd.buf) {
             (IoOp::Read { len, .. }, Some(buf)) if status.is_success() => {
-                cx.stats.add_read(len as u64);
+                self.count(cx, |s| s.add_read(len as u64));
                 self.c2h_dma(cid, buf);
             }
             (_, Some(buf)) => cx.pool.free(buf),
@@ -845,7 +900,7 @@ impl Conn {
     /// Answers a protocol error with a C2HTermReq (unless the error says not to) and closes
     /// the connection once it is sent (§3.6.2.5).
     fn protocol_error(&mut self, cx: &mut Ctx<'_>, e: &pdu::Error) {
-        cx.stats.add_protocol_error();
+        self.count(cx, Stats::add_protocol_error);
         log::warn!(
             "{}: protocol error: {e:?}; closing the connection",
             self.info.peer

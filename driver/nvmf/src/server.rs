@@ -11,30 +11,44 @@
 //! A controller's admin and I/O queues may live on different workers: when one of them ends (a
 //! disconnect, a reset, a keep-alive expiry), every worker gets a "close queue" message in its
 //! inbox and closes the connection carrying that queue if it holds it. Workers poll without
-//! blocking and nap briefly when a round found nothing to do, so an idle target costs little CPU.
+//! blocking; a worker that found nothing to do for [`ServerConfig::spin`] naps briefly between
+//! rounds, so an idle target costs little CPU while a busy one answers without a wake-up delay.
+//!
+//! A running server can be changed: listeners added and removed (the connections that came
+//! through a removed one are closed), namespaces added (with one backend per worker) and
+//! removed (their backends are dropped once their commands are done), hosts allowed or barred.
+//! Each change raises the asynchronous events the fabrics layer reports, and the held
+//! Asynchronous Event Requests complete on their controllers' admin connections.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use vfpoll_dma::{DmaContext, DmaError, DmaPool, PageSize};
+use vfpoll_dma::{DmaContext, DmaError, PageSize};
 
-use crate::backend::{Backend, Completion};
-use crate::conn::{Conn, Ctx, Submission};
-use crate::fabrics::{ConnInfo, QueueRef, SubsystemId, Target};
+use crate::backend::Backend;
+use crate::fabrics::{
+    AerCompletion, ConnInfo, Listener, NamespaceInfo, QueueRef, Subsystem, SubsystemId, Target,
+};
 use crate::pdu::{LimitsError, TargetLimits};
+
+mod worker;
+
+use worker::{ListenerThread, Worker};
 
 /// How often the keep-alive timers advance ([`Target::tick`]; KAS is one second).
 const TICK: Duration = Duration::from_secs(1);
-/// Rounds without progress before a worker starts napping.
-const SPIN_ROUNDS: u32 = 256;
 /// The nap of an idle worker.
 const NAP: Duration = Duration::from_micros(200);
+/// Idle rounds between two clock reads of a worker deciding whether to nap.
+const CLOCK_EVERY: u32 = 64;
+/// The default of [`ServerConfig::spin`].
+pub const DEFAULT_SPIN: Duration = Duration::from_millis(10);
 /// The nap of the listener thread between rounds that accepted nothing.
 const LISTEN_NAP: Duration = Duration::from_millis(1);
 
@@ -85,6 +99,11 @@ pub struct ServerConfig {
     pub buffers: usize,
     /// MAXH2CDATA offered to hosts; in-capsule data follows the target's options.
     pub maxh2cdata: u32,
+    /// How long a worker keeps polling after its last work before it naps between rounds
+    /// ([`DEFAULT_SPIN`]). Longer keeps latency low across gaps between a host's commands (a
+    /// QD1 host sends its next command one network round trip after the last answer); shorter
+    /// saves CPU. `Duration::MAX`: never nap.
+    pub spin: Duration,
 }
 
 /// Why a server did not start.
@@ -124,6 +143,26 @@ pub enum ServerError {
     /// No worker was given.
     #[error("a server needs at least one worker")]
     NoWorkers,
+    /// A change the target refused.
+    #[error(transparent)]
+    Config(#[from] crate::fabrics::ConfigError),
+    /// A namespace added at run time came with the wrong number of backends.
+    #[error(
+        "namespace {nsid} of {subsystem}: {given} backends given for {workers} workers: give one per worker"
+    )]
+    Backends {
+        /// The subsystem's NQN.
+        subsystem: String,
+        /// The namespace ID.
+        nsid: u32,
+        /// Backends given.
+        given: usize,
+        /// Workers running.
+        workers: usize,
+    },
+    /// The server has stopped.
+    #[error("the target has stopped")]
+    Stopped,
     /// A worker's start hook failed.
     #[error("worker {worker}: {reason}")]
     WorkerStart {
@@ -144,9 +183,37 @@ pub(crate) struct Stats {
     read_bytes: AtomicU64,
     written_bytes: AtomicU64,
     protocol_errors: AtomicU64,
+    io_errors: AtomicU64,
 }
 
 impl Stats {
+    pub(crate) fn add_io_error(&self) {
+        self.io_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn connected(&self) {
+        self.active.fetch_add(1, Ordering::Relaxed);
+        self.accepted.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn disconnected(&self) {
+        self.active.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    fn snapshot(&self) -> StatsSnapshot {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        StatsSnapshot {
+            accepted: get(&self.accepted),
+            active: get(&self.active),
+            commands: get(&self.commands),
+            io_commands: get(&self.io_commands),
+            read_bytes: get(&self.read_bytes),
+            written_bytes: get(&self.written_bytes),
+            protocol_errors: get(&self.protocol_errors),
+            io_errors: get(&self.io_errors),
+        }
+    }
+
     pub(crate) fn add_command(&self) {
         self.commands.fetch_add(1, Ordering::Relaxed);
     }
@@ -168,10 +235,12 @@ impl Stats {
     }
 }
 
-/// The counters at one moment.
+/// The counters at one moment: of the whole target ([`Server::stats`]), or of one subsystem
+/// ([`Server::subsystem_stats`], where connections are those bound to the subsystem by their
+/// Connect, and commands those on them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct StatsSnapshot {
-    /// Connections accepted.
+    /// Connections accepted (of a subsystem: queues connected).
     pub accepted: u64,
     /// Connections open now.
     pub active: u64,
@@ -185,73 +254,46 @@ pub struct StatsSnapshot {
     pub written_bytes: u64,
     /// Connections ended by a protocol error.
     pub protocol_errors: u64,
+    /// I/O commands completed with an error status.
+    pub io_errors: u64,
 }
 
-/// How long a stopping worker waits for its backends' commands in flight.
-const DRAIN: Duration = Duration::from_secs(5);
-
-/// A backend that counts its operations in flight, so that a stopping worker can wait for the
-/// device to finish with the buffers before it frees them.
-struct Counted {
-    inner: Box<dyn Backend>,
-    in_flight: Arc<AtomicU64>,
-}
-
-impl Backend for Counted {
-    fn block_size(&self) -> usize {
-        self.inner.block_size()
-    }
-
-    fn blocks(&self) -> u64 {
-        self.inner.blocks()
-    }
-
-    fn volatile_write_cache(&self) -> bool {
-        self.inner.volatile_write_cache()
-    }
-
-    fn submit(
-        &mut self,
-        pool: &mut DmaPool,
-        op: crate::backend::Op,
-        slba: u64,
-        nlb: u32,
-        buf: Option<vfpoll_dma::DmaBuf>,
-        tag: u64,
-    ) -> Result<(), crate::backend::Busy> {
-        self.inner.submit(pool, op, slba, nlb, buf, tag)?;
-        // Only this worker's thread touches the counter until it ends: Relaxed suffices.
-        self.in_flight.fetch_add(1, Ordering::Relaxed);
-        Ok(())
-    }
-
-    fn poll(&mut self, done: &mut dyn FnMut(Completion)) -> usize {
-        let mut n = 0u64;
-        self.inner.poll(&mut |c| {
-            n += 1;
-            done(c);
-        });
-        self.in_flight.fetch_sub(n, Ordering::Relaxed);
-        n as usize
-    }
-}
-
-/// What the listener sends a worker.
+/// What a worker is told.
 enum Msg {
     /// A new connection, its ID and where it came from.
     Conn(u64, TcpStream, ConnInfo),
     /// Close the connection carrying this queue, if this worker has it.
     Close(QueueRef),
+    /// Close every connection that came through this listener (it was removed).
+    ClosePort(u16),
+    /// Send this completion of a held Asynchronous Event Request on the controller's admin
+    /// queue, if this worker carries it.
+    Aer(AerCompletion),
+    /// Serve a namespace added at run time with this backend.
+    AddBackend(SubsystemId, u32, Box<dyn Backend>),
+    /// Drop a removed namespace's backend once its commands are done.
+    RemoveBackend(SubsystemId, u32),
+}
+
+/// What the listener thread is told.
+enum ListenMsg {
+    /// Accept on this socket too, for listener `portid`.
+    Add(u16, TcpListener),
+    /// Stop accepting for listener `portid`.
+    Remove(u16),
 }
 
 /// What the threads share.
 struct Shared {
     target: Mutex<Target>,
     inboxes: Vec<Sender<Msg>>,
+    listen: Mutex<Sender<ListenMsg>>,
     /// Connections per worker, for the listener's choice.
     loads: Vec<AtomicU64>,
     stop: AtomicBool,
     stats: Stats,
+    /// Counters per subsystem; a connection takes its subsystem's at Connect.
+    subsystems: Mutex<HashMap<SubsystemId, Arc<Stats>>>,
 }
 
 impl Shared {
@@ -261,22 +303,57 @@ impl Shared {
         self.target.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    fn send_all(&self, m: impl Fn() -> Msg) {
+        for tx in &self.inboxes {
+            // A worker that has ended holds no connection.
+            drop(tx.send(m()));
+        }
+    }
+
     /// Tells every worker to close these queues' connections.
     fn close_everywhere(&self, queues: impl IntoIterator<Item = QueueRef>) {
         for q in queues {
-            for tx in &self.inboxes {
-                // A worker that has ended holds no connection.
-                drop(tx.send(Msg::Close(q)));
-            }
+            self.send_all(|| Msg::Close(q));
         }
+    }
+
+    /// Sends held Asynchronous Event Request completions to the workers (the one carrying the
+    /// controller's admin queue answers).
+    fn deliver(&self, aers: impl IntoIterator<Item = AerCompletion>) {
+        for a in aers {
+            self.send_all(|| Msg::Aer(a));
+        }
+    }
+
+    /// The counters of subsystem `id` (made on first use).
+    pub(crate) fn subsystem_stats(&self, id: SubsystemId) -> Arc<Stats> {
+        let mut m = self.subsystems.lock().unwrap_or_else(PoisonError::into_inner);
+        m.entry(id).or_default().clone()
     }
 }
 
 /// A running target: its listener and worker threads. Dropping it stops it.
 pub struct Server {
-    addrs: Vec<SocketAddr>,
+    addrs: Mutex<Vec<(u16, SocketAddr)>>,
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
+}
+
+/// Binds listener `l`, non-blocking.
+fn bind(l: &Listener) -> Result<(TcpListener, SocketAddr), ServerError> {
+    let bad = || ServerError::BadListener {
+        portid: l.portid,
+        traddr: l.traddr.clone(),
+        trsvcid: l.trsvcid.clone(),
+    };
+    let ip: IpAddr = l.traddr.parse().map_err(|_| bad())?;
+    let port: u16 = l.trsvcid.parse().map_err(|_| bad())?;
+    let addr = SocketAddr::new(ip, port);
+    let sock = TcpListener::bind(addr).map_err(|source| ServerError::Bind { addr, source })?;
+    sock.set_nonblocking(true)
+        .map_err(|source| ServerError::Bind { addr, source })?;
+    let local = sock.local_addr().unwrap_or(addr);
+    Ok((sock, local))
 }
 
 impl Server {
@@ -287,30 +364,11 @@ impl Server {
         }
         let opts = *cfg.target.options();
         let limits = TargetLimits::new(cfg.maxh2cdata, opts.in_capsule_data)?;
-        if opts.max_transfer < 8192 {
-            // MDTS 0 means "no limit" (NVMe Base 2.0, Identify Controller MDTS): hosts may send
-            // larger commands, which are refused with Invalid Field.
-            log::warn!(
-                "max_transfer {} B is reported as MDTS 0 (no limit); hosts other than test clients \
-                 need at least 8 KiB",
-                opts.max_transfer
-            );
-        }
         let mut listeners = Vec::new();
         let mut addrs = Vec::new();
         for l in cfg.target.listeners() {
-            let bad = || ServerError::BadListener {
-                portid: l.portid,
-                traddr: l.traddr.clone(),
-                trsvcid: l.trsvcid.clone(),
-            };
-            let ip: IpAddr = l.traddr.parse().map_err(|_| bad())?;
-            let port: u16 = l.trsvcid.parse().map_err(|_| bad())?;
-            let addr = SocketAddr::new(ip, port);
-            let sock = TcpListener::bind(addr).map_err(|source| ServerError::Bind { addr, source })?;
-            sock.set_nonblocking(true)
-                .map_err(|source| ServerError::Bind { addr, source })?;
-            addrs.push(sock.local_addr().unwrap_or(addr));
+            let (sock, local) = bind(l)?;
+            addrs.push((l.portid, local));
             listeners.push((l.portid, sock));
         }
         let mut workers = Vec::new();
@@ -333,15 +391,18 @@ impl Server {
             inboxes.push(tx);
             workers.push((w.on_start, pool, backends, ns, rx));
         }
+        let (listen_tx, listen_rx) = mpsc::channel();
         let shared = Arc::new(Shared {
             target: Mutex::new(cfg.target),
             loads: inboxes.iter().map(|_| AtomicU64::new(0)).collect(),
             inboxes,
+            listen: Mutex::new(listen_tx),
             stop: AtomicBool::new(false),
             stats: Stats::default(),
+            subsystems: Mutex::new(HashMap::new()),
         });
         let mut server = Server {
-            addrs,
+            addrs: Mutex::new(addrs),
             shared: shared.clone(),
             threads: Vec::new(),
         };
@@ -352,9 +413,12 @@ impl Server {
                 shared: shared.clone(),
                 pool,
                 backends,
+                in_flight: Vec::new(),
                 ns,
+                retiring: Vec::new(),
                 inbox,
                 limits,
+                spin: cfg.spin,
                 _dma: cfg.dma.clone(),
             };
             let ready = ready_tx.clone();
@@ -387,6 +451,7 @@ impl Server {
         let listener = ListenerThread {
             shared: shared.clone(),
             listeners,
+            inbox: listen_rx,
         };
         let handle = std::thread::Builder::new()
             .name("nvmf-listener".into())
@@ -396,9 +461,14 @@ impl Server {
         Ok(server)
     }
 
-    /// The addresses the listeners are bound to, in the target's listener order.
-    pub fn local_addrs(&self) -> &[SocketAddr] {
-        &self.addrs
+    /// The addresses the listeners are bound to, in the order they were added.
+    pub fn local_addrs(&self) -> Vec<SocketAddr> {
+        self.listener_addrs().into_iter().map(|(_, a)| a).collect()
+    }
+
+    /// The listeners' port IDs and the addresses they are bound to.
+    pub fn listener_addrs(&self) -> Vec<(u16, SocketAddr)> {
+        self.addrs.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
     /// How many worker threads poll connections.
@@ -415,19 +485,220 @@ impl Server {
             .collect()
     }
 
-    /// The counters now.
+    /// The counters of the whole target now.
     pub fn stats(&self) -> StatsSnapshot {
-        let s = &self.shared.stats;
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        StatsSnapshot {
-            accepted: get(&s.accepted),
-            active: get(&s.active),
-            commands: get(&s.commands),
-            io_commands: get(&s.io_commands),
-            read_bytes: get(&s.read_bytes),
-            written_bytes: get(&s.written_bytes),
-            protocol_errors: get(&s.protocol_errors),
+        self.shared.stats.snapshot()
+    }
+
+    /// The counters of each subsystem now, by NQN, in the target's order (the discovery
+    /// subsystem's connections count only in [`Server::stats`]).
+    pub fn subsystem_stats(&self) -> Vec<(String, StatsSnapshot)> {
+        let names: Vec<(SubsystemId, String)> = self
+            .shared
+            .target()
+            .subsystems()
+            .map(|(id, s)| (id, s.nqn.clone()))
+            .collect();
+        names
+            .into_iter()
+            .map(|(id, nqn)| (nqn, self.shared.subsystem_stats(id).snapshot()))
+            .collect()
+    }
+
+    /// Runs `f` on the target (e.g. to read its controllers or subsystems).
+    pub fn with_target<T>(&self, f: impl FnOnce(&Target) -> T) -> T {
+        f(&self.shared.target())
+    }
+
+    /// Adds a listener at run time: binds it, names it in the discovery log (raising the
+    /// discovery change event) and accepts on it. Returns the address it is bound to.
+    pub fn add_listener(&self, l: Listener) -> Result<SocketAddr, ServerError> {
+        self.check_running()?;
+        let (sock, local) = bind(&l)?;
+        let aers = self.shared.target().add_listener(l.clone())?;
+        let sent = self
+            .shared
+            .listen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .send(ListenMsg::Add(l.portid, sock));
+        if sent.is_err() {
+            return Err(ServerError::Stopped);
         }
+        self.addrs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push((l.portid, local));
+        self.shared.deliver(aers);
+        Ok(local)
+    }
+
+    /// Removes listener `portid` at run time: it accepts no more, the discovery log stops
+    /// naming it (a discovery change event), and the connections that came through it are
+    /// closed, as when a port of Linux's target is removed. A host with another path goes on
+    /// there (multipath).
+    pub fn remove_listener(&self, portid: u16) -> Result<(), ServerError> {
+        self.check_running()?;
+        let aers = self.shared.target().remove_listener(portid)?;
+        drop(
+            self.shared
+                .listen
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .send(ListenMsg::Remove(portid)),
+        );
+        self.addrs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|(p, _)| *p != portid);
+        self.shared.send_all(|| Msg::ClosePort(portid));
+        self.shared.deliver(aers);
+        Ok(())
+    }
+
+    /// Adds namespace `info` to subsystem `nqn` at run time, served by `backends` (one per
+    /// worker, in worker order); hosts get a Namespace Attribute Changed event.
+    pub fn add_namespace(
+        &self,
+        nqn: &str,
+        info: NamespaceInfo,
+        backends: Vec<Box<dyn Backend>>,
+    ) -> Result<(), ServerError> {
+        self.check_running()?;
+        if backends.len() != self.workers() {
+            return Err(ServerError::Backends {
+                subsystem: nqn.to_owned(),
+                nsid: info.nsid,
+                given: backends.len(),
+                workers: self.workers(),
+            });
+        }
+        let mut target = self.shared.target();
+        let id = target
+            .subsystem_id(nqn)
+            .ok_or_else(|| ServerError::NoSuchSubsystem(nqn.to_owned()))?;
+        if target
+            .subsystem(id)
+            .is_some_and(|s| s.namespaces.iter().any(|n| n.nsid == info.nsid))
+        {
+            return Err(crate::fabrics::ConfigError::BadNamespace {
+                subsystem: nqn.to_owned(),
+                nsid: info.nsid,
+                why: "the subsystem has that NSID already: remove it first or choose another".into(),
+            }
+            .into());
+        }
+        // The backends first: a host hears of the namespace only once every worker serves it.
+        let nsid = info.nsid;
+        for (tx, b) in self.shared.inboxes.iter().zip(backends) {
+            drop(tx.send(Msg::AddBackend(id, nsid, b)));
+        }
+        let aers = match target.add_namespace(id, info) {
+            Ok(a) => a,
+            Err(e) => {
+                drop(target);
+                self.shared.send_all(|| Msg::RemoveBackend(id, nsid));
+                return Err(e.into());
+            }
+        };
+        drop(target);
+        self.shared.deliver(aers);
+        Ok(())
+    }
+
+    /// Removes namespace `nsid` from subsystem `nqn` at run time: new commands to it fail with
+    /// Invalid Namespace, hosts get a Namespace Attribute Changed event, and each worker drops
+    /// its backend once the commands it has in flight are done.
+    pub fn remove_namespace(&self, nqn: &str, nsid: u32) -> Result<(), ServerError> {
+        self.check_running()?;
+        let mut target = self.shared.target();
+        let id = target
+            .subsystem_id(nqn)
+            .ok_or_else(|| ServerError::NoSuchSubsystem(nqn.to_owned()))?;
+        let aers = target.remove_namespace(id, nsid)?;
+        drop(target);
+        self.shared.send_all(|| Msg::RemoveBackend(id, nsid));
+        self.shared.deliver(aers);
+        Ok(())
+    }
+
+    /// Adds subsystem `sub` at run time with its namespaces, each served by the backends given
+    /// for its NSID (one per worker, in worker order); discovery controllers hear of it.
+    pub fn add_subsystem(
+        &self,
+        sub: Subsystem,
+        mut backends: HashMap<u32, Vec<Box<dyn Backend>>>,
+    ) -> Result<(), ServerError> {
+        self.check_running()?;
+        for ns in &sub.namespaces {
+            let given = backends.get(&ns.nsid).map_or(0, Vec::len);
+            if given != self.workers() {
+                return Err(ServerError::Backends {
+                    subsystem: sub.nqn.clone(),
+                    nsid: ns.nsid,
+                    given,
+                    workers: self.workers(),
+                });
+            }
+        }
+        let nsids: Vec<u32> = sub.namespaces.iter().map(|n| n.nsid).collect();
+        let mut target = self.shared.target();
+        let (id, aers) = target.add_subsystem(sub)?;
+        // Sent while the target is locked: a host can connect only after this, and a worker
+        // takes its messages before it reads the commands of a round.
+        for nsid in nsids {
+            let per_worker = backends.remove(&nsid).unwrap_or_default();
+            for (tx, b) in self.shared.inboxes.iter().zip(per_worker) {
+                drop(tx.send(Msg::AddBackend(id, nsid, b)));
+            }
+        }
+        drop(target);
+        self.shared.deliver(aers);
+        Ok(())
+    }
+
+    /// Removes subsystem `nqn` at run time: its controllers end (their connections are
+    /// closed), its backends are dropped once their commands are done, and discovery
+    /// controllers hear of it.
+    pub fn remove_subsystem(&self, nqn: &str) -> Result<(), ServerError> {
+        self.check_running()?;
+        let mut target = self.shared.target();
+        let id = target
+            .subsystem_id(nqn)
+            .ok_or_else(|| ServerError::NoSuchSubsystem(nqn.to_owned()))?;
+        let nsids: Vec<u32> = target
+            .subsystem(id)
+            .map(|s| s.namespaces.iter().map(|n| n.nsid).collect())
+            .unwrap_or_default();
+        let (queues, aers) = target.remove_subsystem(id)?;
+        drop(target);
+        self.shared.close_everywhere(queues);
+        for nsid in nsids {
+            self.shared.send_all(|| Msg::RemoveBackend(id, nsid));
+        }
+        self.shared.deliver(aers);
+        Ok(())
+    }
+
+    /// Sets which hosts may connect to subsystem `nqn` (`None`: any host). Controllers already
+    /// connected stay; new Connects are checked against the new list.
+    pub fn set_allowed_hosts(&self, nqn: &str, hosts: Option<Vec<String>>) -> Result<(), ServerError> {
+        self.check_running()?;
+        let mut target = self.shared.target();
+        let id = target
+            .subsystem_id(nqn)
+            .ok_or_else(|| ServerError::NoSuchSubsystem(nqn.to_owned()))?;
+        let aers = target.set_allowed_hosts(id, hosts)?;
+        drop(target);
+        self.shared.deliver(aers);
+        Ok(())
+    }
+
+    fn check_running(&self) -> Result<(), ServerError> {
+        if self.shared.stop.load(Ordering::Acquire) || !self.is_running() {
+            return Err(ServerError::Stopped);
+        }
+        Ok(())
     }
 
     /// True while the listener and every worker run.
@@ -454,257 +725,5 @@ impl Server {
 impl Drop for Server {
     fn drop(&mut self) {
         self.shutdown();
-    }
-}
-
-/// The listener thread: accepts connections, hands them out, advances the keep-alive timers.
-struct ListenerThread {
-    shared: Arc<Shared>,
-    listeners: Vec<(u16, TcpListener)>,
-}
-
-impl ListenerThread {
-    fn run(self) {
-        let mut next_id = 1u64;
-        let mut last_tick = Instant::now();
-        while !self.shared.stop.load(Ordering::Acquire) {
-            let accepted = self.accept(&mut next_id);
-            if last_tick.elapsed() >= TICK {
-                let now = Instant::now();
-                last_tick = now;
-                let mut target = self.shared.target();
-                let mut close = Vec::new();
-                for cntlid in target.tick(now) {
-                    close.extend(target.drop_controller(cntlid));
-                }
-                drop(target);
-                self.shared.close_everywhere(close);
-            }
-            if !accepted {
-                std::thread::sleep(LISTEN_NAP);
-            }
-        }
-    }
-
-    /// Accepts what the listeners have, each connection to the least loaded worker.
-    fn accept(&self, next_id: &mut u64) -> bool {
-        let mut any = false;
-        for (portid, l) in &self.listeners {
-            loop {
-                match l.accept() {
-                    Ok((s, peer)) => {
-                        any = true;
-                        if let Err(e) = s.set_nonblocking(true) {
-                            log::warn!("{peer}: cannot make the socket non-blocking: {e}");
-                            continue;
-                        }
-                        drop(s.set_nodelay(true));
-                        let info = ConnInfo {
-                            portid: *portid,
-                            local_addr: s.local_addr().ok().map(|a| a.ip().to_string()),
-                            peer: peer.to_string(),
-                        };
-                        let loads = &self.shared.loads;
-                        let worker = (0..loads.len())
-                            .min_by_key(|&i| loads[i].load(Ordering::Relaxed))
-                            .unwrap_or(0);
-                        log::debug!("{peer}: connected, to worker {worker}");
-                        let id = *next_id;
-                        *next_id += 1;
-                        // Counted here so that the next accept sees it; the worker uncounts it.
-                        loads[worker].fetch_add(1, Ordering::Relaxed);
-                        self.shared.stats.accepted.fetch_add(1, Ordering::Relaxed);
-                        self.shared.stats.active.fetch_add(1, Ordering::Relaxed);
-                        if self.shared.inboxes[worker].send(Msg::Conn(id, s, info)).is_err() {
-                            log::warn!("{peer}: worker {worker} has ended; connection dropped");
-                            loads[worker].fetch_sub(1, Ordering::Relaxed);
-                            self.shared.stats.active.fetch_sub(1, Ordering::Relaxed);
-                        }
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(e) => {
-                        log::warn!("listener {portid}: accept: {e}");
-                        break;
-                    }
-                }
-            }
-        }
-        any
-    }
-}
-
-/// Everything one worker thread owns.
-struct Worker {
-    index: usize,
-    shared: Arc<Shared>,
-    pool: DmaPool,
-    backends: Vec<Box<dyn Backend>>,
-    ns: HashMap<(SubsystemId, u32), usize>,
-    inbox: Receiver<Msg>,
-    limits: TargetLimits,
-    /// Keeps the DMA mappings alive as long as the pool.
-    _dma: DmaContext,
-}
-
-impl Worker {
-    fn run(mut self) {
-        let shared = self.shared.clone();
-        let in_flight: Vec<Arc<AtomicU64>> = self.backends.iter().map(|_| Arc::default()).collect();
-        self.backends = std::mem::take(&mut self.backends)
-            .into_iter()
-            .zip(&in_flight)
-            .map(|(inner, n)| {
-                Box::new(Counted {
-                    inner,
-                    in_flight: n.clone(),
-                }) as Box<dyn Backend>
-            })
-            .collect();
-        let mut conns: HashMap<u64, Conn> = HashMap::new();
-        let mut retry: VecDeque<Submission> = VecDeque::new();
-        let mut close: Vec<QueueRef> = Vec::new();
-        let mut ended: Vec<QueueRef> = Vec::new();
-        let mut done: Vec<Completion> = Vec::new();
-        let mut idle = 0u32;
-        while !shared.stop.load(Ordering::Acquire) {
-            let mut progress = false;
-            while let Ok(m) = self.inbox.try_recv() {
-                progress = true;
-                match m {
-                    Msg::Conn(id, s, info) => {
-                        conns.insert(id, Conn::new(id, s, info, &self.limits));
-                    }
-                    Msg::Close(q) => close.push(q),
-                }
-            }
-            for b in self.backends.iter_mut() {
-                b.poll(&mut |c| done.push(c));
-            }
-            for _ in 0..retry.len() {
-                let Some(mut s) = retry.pop_front() else { break };
-                let buf = s.buf.take();
-                match self.backends[s.backend].submit(&mut self.pool, s.op.clone(), s.slba, s.nlb, buf, s.tag)
-                {
-                    Ok(()) => progress = true,
-                    Err(busy) => {
-                        s.buf = busy.buf;
-                        retry.push_back(s);
-                    }
-                }
-            }
-            {
-                let mut cx = Ctx {
-                    target: &shared.target,
-                    pool: &mut self.pool,
-                    backends: &mut self.backends,
-                    ns: &self.ns,
-                    retry: &mut retry,
-                    stats: &shared.stats,
-                    limits: &self.limits,
-                    close: &mut ended,
-                };
-                for c in done.drain(..) {
-                    progress = true;
-                    let cid = (c.tag & 0xffff) as u16;
-                    match conns.get_mut(&(c.tag >> 16)) {
-                        Some(conn) => conn.complete(&mut cx, cid, c.status, c.buf),
-                        None => {
-                            if let Some(b) = c.buf {
-                                cx.pool.free(b);
-                            }
-                        }
-                    }
-                }
-                for conn in conns.values_mut() {
-                    progress |= conn.receive(&mut cx);
-                    progress |= conn.flush(cx.pool);
-                }
-            }
-            for q in close.drain(..) {
-                for conn in conns.values_mut() {
-                    if conn.queue() == Some(q) {
-                        conn.close(&mut self.pool);
-                    }
-                }
-            }
-            let before = conns.len();
-            conns.retain(|_, c| {
-                if !c.is_closed() {
-                    return true;
-                }
-                c.close(&mut self.pool);
-                if let Some(q) = c.queue() {
-                    ended.extend(shared.target().disconnect(q));
-                }
-                false
-            });
-            if conns.len() != before {
-                progress = true;
-                let gone = (before - conns.len()) as u64;
-                shared.loads[self.index].fetch_sub(gone, Ordering::Relaxed);
-                shared.stats.active.fetch_sub(gone, Ordering::Relaxed);
-            }
-            // Queues that ended here may be carried by other workers' connections.
-            shared.close_everywhere(ended.drain(..));
-            if progress {
-                idle = 0;
-            } else {
-                idle = idle.saturating_add(1);
-                if idle > SPIN_ROUNDS {
-                    std::thread::sleep(NAP);
-                } else {
-                    std::hint::spin_loop();
-                }
-            }
-        }
-        let n = conns.len() as u64;
-        for (_, mut c) in conns.drain() {
-            c.close(&mut self.pool);
-            if let Some(q) = c.queue() {
-                shared.target().disconnect(q);
-            }
-        }
-        // Retried submissions never reached a backend: their buffers go back now.
-        for sub in retry.drain(..) {
-            if let Some(b) = sub.buf {
-                self.pool.free(b);
-            }
-        }
-        // Backends shut down cleanly: wait until the device is done with every buffer.
-        let t = Instant::now();
-        let pending = |f: &[Arc<AtomicU64>]| f.iter().map(|n| n.load(Ordering::Relaxed)).sum::<u64>();
-        while pending(&in_flight) > 0 && t.elapsed() < DRAIN {
-            for b in self.backends.iter_mut() {
-                b.poll(&mut |c| done.push(c));
-            }
-            for c in done.drain(..) {
-                if let Some(b) = c.buf {
-                    self.pool.free(b);
-                }
-            }
-            std::hint::spin_loop();
-        }
-        let left = pending(&in_flight);
-        if left > 0 {
-            // A device may still write into these buffers: never free that memory (the worker,
-            // with its pool, backends and DMA mappings, is leaked below).
-            log::error!(
-                "worker {}: {left} backend operations still in flight after {DRAIN:?}; keeping their \
-                 buffers",
-                self.index
-            );
-        }
-        // Connections handed over but not yet taken are closed by dropping their sockets.
-        let mut pending = 0u64;
-        while let Ok(m) = self.inbox.try_recv() {
-            if let Msg::Conn(..) = m {
-                pending += 1;
-            }
-        }
-        shared.loads[self.index].fetch_sub(n + pending, Ordering::Relaxed);
-        shared.stats.active.fetch_sub(n + pending, Ordering::Relaxed);
-        if left > 0 {
-            std::mem::forget(self);
-        }
     }
 }

@@ -1,0 +1,301 @@
+//! `vfpoll target`: serve vfpoll NVMe namespaces (or RAM) to NVMe/TCP initiators such as
+//! Linux's `nvme connect -t tcp`, until SIGINT or SIGTERM. One subsystem from the command line,
+//! or any number of subsystems and listeners from a TOML file (`--config`), which SIGHUP
+//! reloads.
+
+mod devices;
+mod plan;
+mod reload;
+
+use std::collections::HashMap;
+use std::io::{IsTerminal, Write};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use clap::Args as ClapArgs;
+use vfpoll_dma::PageSize;
+use vfpoll_engine::affinity::pin_current;
+use vfpoll_nvmf::fabrics::{Target, TargetOptions};
+use vfpoll_nvmf::server::{NamespaceBackend, Server, ServerConfig, StatsSnapshot, WorkerConfig};
+
+use crate::ctx::Ctx;
+use crate::units::{parse_nonzero_bytes, parse_page_size};
+use devices::Devices;
+use plan::{Plan, Settings, DEFAULT_NQN};
+
+/// Options of `vfpoll target`.
+#[derive(Debug, ClapArgs)]
+pub struct Args {
+    /// Address and TCP port to listen on (4420 is the NVMe/TCP port); repeat for more
+    /// listeners (port IDs 1, 2, ... in order: paths for the host's multipath). Default
+    /// 127.0.0.1:4420.
+    #[arg(long, value_name = "ADDR:PORT", conflicts_with = "config")]
+    listen: Vec<SocketAddr>,
+    /// The subsystem's NQN, which hosts name in `nvme connect -n`.
+    #[arg(long, default_value = DEFAULT_NQN, value_name = "NQN", conflicts_with = "config")]
+    nqn: String,
+    /// Serve namespace NSID of the NVMe controller at BDF (bound to vfio-pci); repeat for
+    /// more. They get NSIDs 1, 2, ... in order, then the --malloc ones.
+    #[arg(long, value_name = "BDF/NSID", conflicts_with = "config")]
+    ns: Vec<String>,
+    /// Serve a RAM namespace of SIZE bytes (e.g. 64M); repeat for more.
+    #[arg(long, value_name = "SIZE", value_parser = parse_nonzero_bytes, conflicts_with = "config")]
+    malloc: Vec<u64>,
+    /// Block size of the RAM namespaces: 512 or 4096.
+    #[arg(long, default_value_t = 512, conflicts_with = "config")]
+    block_size: u32,
+    /// Allow only these host NQNs (repeat for more); without it every host may connect.
+    #[arg(long, value_name = "NQN", conflicts_with = "config")]
+    allow_host: Vec<String>,
+    /// Serve what this TOML file describes: target settings, [[listener]]s, [[subsystem]]s
+    /// with [[subsystem.namespace]]s (see `vfpoll target --help` and the README). SIGHUP
+    /// reloads it: listeners, subsystems, namespaces and allowed hosts change without a
+    /// restart.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Use VFIO's no-IOMMU mode for NVMe namespaces (needs root and
+    /// enable_unsafe_noiommu_mode).
+    #[arg(long)]
+    noiommu: bool,
+    /// Page size of the data buffers: 2M or 1G (hugepages). A buffer lies in one page and a
+    /// command moves up to 128 KiB. Default 2M.
+    #[arg(long, value_parser = parse_page_size)]
+    page_size: Option<PageSize>,
+    /// Cores to run workers on, one pinned worker each (e.g. `2-3` or `1,3`); each new connection
+    /// goes to the worker with the fewest. Without it one unpinned worker serves all.
+    #[arg(long, value_name = "LIST")]
+    cores: Option<String>,
+    /// How long a worker keeps polling after its last work before it naps between rounds
+    /// (200 µs naps): longer keeps latency low when hosts pause, shorter saves CPU. Default 10.
+    #[arg(long, value_name = "MS")]
+    spin_ms: Option<u64>,
+    /// Print one JSON line per second on stdout: per subsystem I/O commands per second, bytes
+    /// read and written, connections (queues), I/O errors and protocol errors; for the whole
+    /// target connections (discovery ones too) and connections per worker.
+    #[arg(long)]
+    stats_json: bool,
+}
+
+/// Runs the target.
+pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
+    let settings = Settings {
+        cores: a.cores.clone(),
+        page_size: a.page_size,
+        noiommu: a.noiommu,
+        spin_ms: a.spin_ms,
+    };
+    let mut plan = match &a.config {
+        Some(path) => Plan::from_file(path, &settings)?,
+        None => Plan::from_args(
+            settings.clone(),
+            &a.listen,
+            &a.nqn,
+            &a.ns,
+            &a.malloc,
+            a.block_size,
+            &a.allow_host,
+        )?,
+    };
+    let page_size = plan.page_size;
+    let max_transfer = (page_size.bytes() as u32).min(128 << 10);
+    let workers = plan.cores.len();
+    let mut devices = Devices::new(plan.has_nvme(), plan.noiommu, page_size)?;
+    // One backend per worker and namespace: its own queue pair for an NVMe namespace, shared
+    // storage for RAM.
+    let mut subsystems = Vec::new();
+    let mut per_worker: Vec<Vec<NamespaceBackend>> = (0..workers).map(|_| Vec::new()).collect();
+    for s in &plan.subsystems {
+        let (sub, backends) = reload::build_subsystem(&mut devices, s, workers)?;
+        for (nsid, list) in backends {
+            for (w, backend) in list.into_iter().enumerate() {
+                per_worker[w].push(NamespaceBackend {
+                    subsystem_nqn: s.nqn.clone(),
+                    nsid,
+                    backend,
+                });
+            }
+        }
+        subsystems.push(sub);
+    }
+    let opts = TargetOptions {
+        max_transfer,
+        ..TargetOptions::default()
+    };
+    let target = Target::new(opts, plan.listeners.clone(), subsystems)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        // The first signal stops the target cleanly (connections closed, backends drained, the
+        // controller shut down); a second one, while that hangs, exits at once with status 1.
+        signal_hook::flag::register_conditional_shutdown(sig, 1, Arc::clone(&stop))
+            .context("installing a signal handler")?;
+        signal_hook::flag::register(sig, Arc::clone(&stop)).context("installing a signal handler")?;
+    }
+    let hup = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGHUP, Arc::clone(&hup))
+        .context("installing a signal handler")?;
+    let server = Server::start(ServerConfig {
+        target,
+        workers: per_worker
+            .into_iter()
+            .zip(&plan.cores)
+            .map(|(namespaces, &core)| WorkerConfig {
+                namespaces,
+                on_start: core.map(|c| {
+                    Box::new(move || pin_current(c).map_err(|e| format!("pinning to core {c}: {e}")))
+                        as vfpoll_nvmf::server::WorkerStart
+                }),
+            })
+            .collect(),
+        dma: devices.dma().clone(),
+        page_size,
+        buffers: 256,
+        maxh2cdata: max_transfer,
+        spin: plan.spin,
+    })
+    .context("starting the target")?;
+    let first = server.local_addrs()[0];
+    for s in &plan.subsystems {
+        println!(
+            "vfpoll target: {} ({} namespace(s)) on {}, {} worker(s){} (nvme connect -t tcp -a {} -s {} -n {})",
+            s.nqn,
+            s.namespaces.len(),
+            server
+                .local_addrs()
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(" and "),
+            server.workers(),
+            plan.cores_text
+                .as_ref()
+                .map(|c| format!(" on cores {c}"))
+                .unwrap_or_default(),
+            first.ip(),
+            first.port(),
+            s.nqn
+        );
+    }
+    drop(std::io::stdout().flush());
+    let tty = std::io::stderr().is_terminal();
+    let started = Instant::now();
+    let mut last = (Instant::now(), server.stats(), snapshot_map(&server));
+    while !stop.load(Ordering::Relaxed) && server.is_running() {
+        std::thread::sleep(Duration::from_millis(100));
+        if hup.swap(false, Ordering::Relaxed) {
+            reload(&server, &mut devices, &mut plan, a.config.as_ref(), &settings);
+        }
+        if (!tty && !a.stats_json) || last.0.elapsed() < Duration::from_secs(1) {
+            continue;
+        }
+        let now = (Instant::now(), server.stats(), snapshot_map(&server));
+        let secs = now.0.duration_since(last.0).as_secs_f64();
+        if tty {
+            let rate = |b: u64, a: u64| b.saturating_sub(a) as f64 / secs;
+            eprint!(
+                "\r{} connections, {:.0} IOPS, read {:.1} MB/s, written {:.1} MB/s, {} errors   ",
+                now.1.active,
+                rate(now.1.io_commands, last.1.io_commands),
+                rate(now.1.read_bytes, last.1.read_bytes) / 1e6,
+                rate(now.1.written_bytes, last.1.written_bytes) / 1e6,
+                now.1.protocol_errors + now.1.io_errors
+            );
+        }
+        if a.stats_json {
+            let line = stats_line(&server, &now, &last, started);
+            let mut out = std::io::stdout().lock();
+            // A closed stdout (the reader went away) must not stop the target.
+            drop(writeln!(out, "{line}").and_then(|()| out.flush()));
+        }
+        last = now;
+    }
+    let st = server.stats();
+    server.stop();
+    drop(devices);
+    if tty {
+        eprintln!();
+    }
+    println!(
+        "vfpoll target: stopped; {} connections, {} commands, {} protocol errors",
+        st.accepted, st.commands, st.protocol_errors
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Re-reads `--config` and applies what changed; says what it did on stdout (and the log).
+fn reload(
+    server: &Server,
+    devices: &mut Devices,
+    plan: &mut Plan,
+    config: Option<&PathBuf>,
+    settings: &Settings,
+) {
+    let Some(path) = config else {
+        log::warn!("SIGHUP: nothing to reload (the target runs without --config)");
+        return;
+    };
+    let new = match Plan::from_file(path, settings) {
+        Ok(p) => p,
+        Err(e) => {
+            println!("vfpoll target: reload refused, the target runs on unchanged: {e:#}");
+            drop(std::io::stdout().flush());
+            return;
+        }
+    };
+    let out = reload::apply(server, devices, plan, &new);
+    if out.applied.is_empty() && out.failed.is_empty() {
+        println!("vfpoll target: reloaded {}: nothing changed", path.display());
+    }
+    for line in &out.applied {
+        println!("vfpoll target: reloaded {}: {line}", path.display());
+    }
+    for line in &out.failed {
+        println!("vfpoll target: reload of {}: not done: {line}", path.display());
+    }
+    drop(std::io::stdout().flush());
+}
+
+type Sample = (Instant, StatsSnapshot, HashMap<String, StatsSnapshot>);
+
+fn snapshot_map(server: &Server) -> HashMap<String, StatsSnapshot> {
+    server.subsystem_stats().into_iter().collect()
+}
+
+/// One `--stats-json` line: rates over the last interval and totals, per subsystem.
+fn stats_line(server: &Server, now: &Sample, last: &Sample, started: Instant) -> serde_json::Value {
+    let secs = now.0.duration_since(last.0).as_secs_f64();
+    let rate = |b: u64, a: u64| b.saturating_sub(a) as f64 / secs;
+    let mut subs: Vec<(&String, &StatsSnapshot)> = now.2.iter().collect();
+    subs.sort_by(|a, b| a.0.cmp(b.0));
+    let subsystems: Vec<serde_json::Value> = subs
+        .into_iter()
+        .map(|(nqn, s)| {
+            let p = last.2.get(nqn).copied().unwrap_or_default();
+            serde_json::json!({
+                "nqn": nqn,
+                "iops": rate(s.io_commands, p.io_commands),
+                "read_bytes_per_s": rate(s.read_bytes, p.read_bytes),
+                "written_bytes_per_s": rate(s.written_bytes, p.written_bytes),
+                "read_bytes": s.read_bytes,
+                "written_bytes": s.written_bytes,
+                "io_commands": s.io_commands,
+                "io_errors": s.io_errors,
+                "connections": s.active,
+                "connections_accepted": s.accepted,
+                "protocol_errors": s.protocol_errors,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "time_s": now.0.duration_since(started).as_secs_f64(),
+        "subsystems": subsystems,
+        "connections": now.1.active,
+        "connections_accepted": now.1.accepted,
+        "protocol_errors": now.1.protocol_errors,
+        "worker_connections": server.worker_connections(),
+    })
+}

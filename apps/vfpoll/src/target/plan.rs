@@ -1,0 +1,541 @@
+//! What `vfpoll target` serves, as a [`Plan`]: built from the command line or from a TOML file
+//! (`--config`), checked as a whole before anything is opened, and compared with the running
+//! plan when the file is reloaded (SIGHUP).
+//!
+//! ```toml
+//! cores = "1-2"            # one pinned worker per core (default: one unpinned worker)
+//! page_size = "2M"         # data buffer pages: 2M or 1G
+//! noiommu = false          # VFIO no-IOMMU mode for NVMe namespaces
+//! spin_ms = 10             # polling after the last work before a worker naps
+//!
+//! [[listener]]
+//! address = "127.0.0.1:4420"
+//! port_id = 1              # default: its place in the file, from 1
+//!
+//! [[subsystem]]
+//! nqn = "nqn.2024-01.io.example:disks"
+//! serial = "..."           # default: derived from the NQN (stable across restarts)
+//! model = "vfpoll"
+//! allow_hosts = ["nqn.2014-08.org.nvmexpress:uuid:..."]   # default: any host
+//!
+//! [[subsystem.namespace]]
+//! nsid = 1                 # default: the next free NSID
+//! nvme = "0000:00:03.0/1"  # an NVMe namespace (BDF/NSID, bound to vfio-pci)
+//!
+//! [[subsystem.namespace]]
+//! malloc = "64M"           # or RAM
+//! block_size = 512
+//! ```
+
+use std::collections::{BTreeSet, HashSet};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+use serde::Deserialize;
+use vfpoll_dma::PageSize;
+use vfpoll_engine::affinity::parse_cores;
+use vfpoll_nvmf::fabrics::{validate_nqn, Listener};
+use vfpoll_nvmf::server::DEFAULT_SPIN;
+use vfpoll_pci::Bdf;
+
+use crate::units::{parse_nonzero_bytes, parse_page_size};
+
+/// The subsystem NQN when none is given.
+pub const DEFAULT_NQN: &str = "nqn.2024-01.io.vfpoll:target";
+/// The listener when none is given: loopback, the NVMe/TCP port.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:4420";
+
+/// Where a namespace's blocks live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// Namespace `nsid` of the NVMe controller at `bdf` (bound to vfio-pci).
+    Nvme {
+        /// The controller.
+        bdf: Bdf,
+        /// Its namespace.
+        nsid: u32,
+    },
+    /// RAM: `bytes` in blocks of `block_size`.
+    Malloc {
+        /// Size in bytes.
+        bytes: u64,
+        /// 512 or 4096.
+        block_size: u32,
+    },
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::Nvme { bdf, nsid } => write!(f, "nvme:{bdf}/{nsid}"),
+            Source::Malloc { bytes, block_size } => write!(f, "malloc:{bytes}B/{block_size}"),
+        }
+    }
+}
+
+/// A namespace of a subsystem.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NsPlan {
+    /// Its NSID in the subsystem.
+    pub nsid: u32,
+    /// Its blocks.
+    pub source: Source,
+}
+
+/// A subsystem.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubsystemPlan {
+    /// Its NQN.
+    pub nqn: String,
+    /// Serial number (default: derived from the NQN).
+    pub serial: Option<String>,
+    /// Model number (default: "vfpoll").
+    pub model: Option<String>,
+    /// Hosts allowed (`None`: any).
+    pub allowed_hosts: Option<Vec<String>>,
+    /// Namespaces, by NSID.
+    pub namespaces: Vec<NsPlan>,
+}
+
+/// Everything the target serves and how.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    /// One worker per entry, pinned to that core (`None`: one unpinned worker).
+    pub cores: Vec<Option<usize>>,
+    /// The core list as written, for messages.
+    pub cores_text: Option<String>,
+    /// Page size of the data buffers.
+    pub page_size: PageSize,
+    /// VFIO no-IOMMU mode for NVMe namespaces.
+    pub noiommu: bool,
+    /// How long an idle worker polls before napping.
+    pub spin: Duration,
+    /// The listeners.
+    pub listeners: Vec<Listener>,
+    /// The subsystems.
+    pub subsystems: Vec<SubsystemPlan>,
+}
+
+/// The target-wide settings, from the command line or the file.
+#[derive(Debug, Clone, Default)]
+pub struct Settings {
+    /// `--cores`.
+    pub cores: Option<String>,
+    /// `--page-size`.
+    pub page_size: Option<PageSize>,
+    /// `--noiommu`.
+    pub noiommu: bool,
+    /// `--spin-ms`.
+    pub spin_ms: Option<u64>,
+}
+
+impl Plan {
+    /// A plan of one subsystem `nqn` from the command line: `nvme` namespaces first (NSIDs 1,
+    /// 2, ... in order), then the RAM ones.
+    pub fn from_args(
+        settings: Settings,
+        listen: &[SocketAddr],
+        nqn: &str,
+        nvme: &[String],
+        malloc: &[u64],
+        block_size: u32,
+        allow_hosts: &[String],
+    ) -> anyhow::Result<Plan> {
+        let mut namespaces = Vec::new();
+        for spec in nvme {
+            let (bdf, nsid) = parse_ns(spec).map_err(|e| anyhow::anyhow!("--ns {e}"))?;
+            namespaces.push(Source::Nvme { bdf, nsid });
+        }
+        for &bytes in malloc {
+            namespaces.push(Source::Malloc { bytes, block_size });
+        }
+        if namespaces.is_empty() {
+            bail!("nothing to serve: give --ns BDF/NSID, --malloc SIZE or --config FILE");
+        }
+        let listen: Vec<SocketAddr> = if listen.is_empty() {
+            vec![DEFAULT_LISTEN.parse().expect("a socket address")]
+        } else {
+            listen.to_vec()
+        };
+        let plan = Plan {
+            listeners: listen
+                .iter()
+                .enumerate()
+                .map(|(i, a)| Listener::tcp(i as u16 + 1, *a))
+                .collect(),
+            subsystems: vec![SubsystemPlan {
+                nqn: nqn.to_owned(),
+                serial: None,
+                model: None,
+                allowed_hosts: (!allow_hosts.is_empty()).then(|| allow_hosts.to_vec()),
+                namespaces: namespaces
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, source)| NsPlan {
+                        nsid: i as u32 + 1,
+                        source,
+                    })
+                    .collect(),
+            }],
+            ..Plan::settings(&settings)?
+        };
+        plan.check()?;
+        Ok(plan)
+    }
+
+    /// The plan a TOML file describes; `overrides` from the command line win over the file's
+    /// target-wide settings.
+    pub fn from_file(path: &Path, overrides: &Settings) -> anyhow::Result<Plan> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        Plan::from_toml(&text, overrides).with_context(|| format!("{}", path.display()))
+    }
+
+    /// The plan TOML `text` describes (see the module documentation).
+    pub fn from_toml(text: &str, overrides: &Settings) -> anyhow::Result<Plan> {
+        let f: File = toml::from_str(text)?;
+        let settings = Settings {
+            cores: overrides.cores.clone().or(f.cores),
+            page_size: match (overrides.page_size, f.page_size) {
+                (Some(p), _) => Some(p),
+                (None, Some(s)) => Some(parse_page_size(&s).map_err(|e| anyhow::anyhow!("page_size: {e}"))?),
+                (None, None) => None,
+            },
+            noiommu: overrides.noiommu || f.noiommu,
+            spin_ms: overrides.spin_ms.or(f.spin_ms),
+        };
+        let mut listeners = Vec::new();
+        for (i, l) in f.listener.iter().enumerate() {
+            let portid = l.port_id.unwrap_or(i as u16 + 1);
+            listeners.push(Listener::tcp(portid, l.address));
+        }
+        if listeners.is_empty() {
+            listeners.push(Listener::tcp(
+                1,
+                DEFAULT_LISTEN.parse().expect("a socket address"),
+            ));
+        }
+        let mut subsystems = Vec::new();
+        for s in f.subsystem {
+            let mut namespaces = Vec::new();
+            let mut next = 1u32;
+            for n in s.namespace {
+                let nsid = n.nsid.unwrap_or(next);
+                let what = || format!("subsystem {} namespace {nsid}", s.nqn);
+                let source = match (n.nvme, n.malloc) {
+                    (Some(spec), None) => {
+                        if n.block_size.is_some() {
+                            bail!("{}: block_size is for malloc namespaces (an NVMe namespace has its own format)", what());
+                        }
+                        let (bdf, nsid) =
+                            parse_ns(&spec).map_err(|e| anyhow::anyhow!("{}: nvme = {e}", what()))?;
+                        Source::Nvme { bdf, nsid }
+                    }
+                    (None, Some(size)) => Source::Malloc {
+                        bytes: parse_nonzero_bytes(&size)
+                            .map_err(|e| anyhow::anyhow!("{}: malloc: {e}", what()))?,
+                        block_size: n.block_size.unwrap_or(512),
+                    },
+                    _ => bail!(
+                        "{}: give exactly one of nvme = \"BDF/NSID\" or malloc = \"SIZE\"",
+                        what()
+                    ),
+                };
+                namespaces.push(NsPlan { nsid, source });
+                next = nsid.saturating_add(1);
+            }
+            subsystems.push(SubsystemPlan {
+                nqn: s.nqn,
+                serial: s.serial,
+                model: s.model,
+                allowed_hosts: s.allow_hosts,
+                namespaces,
+            });
+        }
+        let plan = Plan {
+            listeners,
+            subsystems,
+            ..Plan::settings(&settings)?
+        };
+        plan.check()?;
+        Ok(plan)
+    }
+
+    /// A plan with these settings and nothing to serve yet.
+    fn settings(s: &Settings) -> anyhow::Result<Plan> {
+        let page_size = s.page_size.unwrap_or(PageSize::Huge2M);
+        if page_size == PageSize::Base4K {
+            // MDTS counts in 4 KiB pages as a power of two with 0 meaning "no limit": the
+            // smallest limit a controller can state is 8 KiB, more than one 4 KiB page holds.
+            bail!("page size 4K: a command's data must fit one buffer page and MDTS cannot say 4 KiB; use 2M (reserve hugepages with `vfpoll setup`)");
+        }
+        let cores = match &s.cores {
+            Some(list) => parse_cores(list)
+                .map_err(|e| anyhow::anyhow!("cores {list}: {e}"))?
+                .into_iter()
+                .map(Some)
+                .collect(),
+            None => vec![None],
+        };
+        Ok(Plan {
+            cores,
+            cores_text: s.cores.clone(),
+            page_size,
+            noiommu: s.noiommu,
+            spin: s.spin_ms.map_or(DEFAULT_SPIN, Duration::from_millis),
+            listeners: Vec::new(),
+            subsystems: Vec::new(),
+        })
+    }
+
+    /// Checks what the fabrics layer cannot see: names, duplicates, one use per NVMe namespace.
+    pub fn check(&self) -> anyhow::Result<()> {
+        let mut ports = HashSet::new();
+        let mut addrs = HashSet::new();
+        for l in &self.listeners {
+            if l.portid == 0 || !ports.insert(l.portid) {
+                bail!(
+                    "listener {}:{}: port_id {} is 0 or used twice; give each listener its own",
+                    l.traddr,
+                    l.trsvcid,
+                    l.portid
+                );
+            }
+            if !addrs.insert((l.traddr.clone(), l.trsvcid.clone())) {
+                bail!("listener {}:{} is given twice", l.traddr, l.trsvcid);
+            }
+        }
+        if self.subsystems.is_empty() {
+            bail!("no subsystem: add a [[subsystem]] with an nqn and its [[subsystem.namespace]]s");
+        }
+        let mut nqns = HashSet::new();
+        let mut used = HashSet::new();
+        for s in &self.subsystems {
+            validate_nqn(&s.nqn)?;
+            if !nqns.insert(s.nqn.as_str()) {
+                bail!("subsystem {} is given twice: give each its own NQN", s.nqn);
+            }
+            for h in s.allowed_hosts.iter().flatten() {
+                validate_nqn(h).map_err(|e| anyhow::anyhow!("subsystem {}: allowed host: {e}", s.nqn))?;
+            }
+            let mut nsids = BTreeSet::new();
+            for n in &s.namespaces {
+                if n.nsid == 0 || !nsids.insert(n.nsid) {
+                    bail!("subsystem {}: NSID {} is 0 or used twice", s.nqn, n.nsid);
+                }
+                match n.source {
+                    Source::Nvme { bdf, nsid } => {
+                        if !used.insert((bdf, nsid)) {
+                            bail!("NVMe namespace {bdf}/{nsid} is served twice: a namespace belongs to one subsystem namespace (hosts of both would overwrite each other's data unknowingly)");
+                        }
+                    }
+                    Source::Malloc { block_size, .. } => {
+                        if block_size != 512 && block_size != 4096 {
+                            bail!(
+                                "subsystem {} namespace {}: block size {block_size}: use 512 or 4096",
+                                s.nqn,
+                                n.nsid
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether any namespace is on an NVMe controller.
+    pub fn has_nvme(&self) -> bool {
+        self.subsystems
+            .iter()
+            .flat_map(|s| &s.namespaces)
+            .any(|n| matches!(n.source, Source::Nvme { .. }))
+    }
+}
+
+/// `0000:00:03.0/1` → the BDF and NSID.
+pub fn parse_ns(s: &str) -> anyhow::Result<(Bdf, u32)> {
+    let Some((bdf, nsid)) = s.rsplit_once('/') else {
+        bail!("{s}: write BDF/NSID, e.g. 0000:00:03.0/1");
+    };
+    let bdf: Bdf = bdf
+        .parse()
+        .map_err(|e| anyhow::anyhow!("{s}: {bdf} is not a PCI address: {e}"))?;
+    let nsid: u32 = nsid
+        .parse()
+        .ok()
+        .filter(|&n| n != 0)
+        .with_context(|| format!("{s}: {nsid} is not a namespace ID (1 and up)"))?;
+    Ok((bdf, nsid))
+}
+
+/// The TOML file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    cores: Option<String>,
+    page_size: Option<String>,
+    #[serde(default)]
+    noiommu: bool,
+    spin_ms: Option<u64>,
+    #[serde(default)]
+    listener: Vec<FileListener>,
+    #[serde(default)]
+    subsystem: Vec<FileSubsystem>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileListener {
+    address: SocketAddr,
+    port_id: Option<u16>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileSubsystem {
+    nqn: String,
+    serial: Option<String>,
+    model: Option<String>,
+    allow_hosts: Option<Vec<String>>,
+    #[serde(default)]
+    namespace: Vec<FileNamespace>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileNamespace {
+    nsid: Option<u32>,
+    nvme: Option<String>,
+    malloc: Option<String>,
+    block_size: Option<u32>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FILE: &str = r#"
+        cores = "0-1"
+        spin_ms = 3
+
+        [[listener]]
+        address = "127.0.0.1:4420"
+
+        [[listener]]
+        address = "127.0.0.2:4421"
+        port_id = 7
+
+        [[subsystem]]
+        nqn = "nqn.2024-01.io.vfpoll:a"
+        allow_hosts = ["nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-555555555555"]
+
+        [[subsystem.namespace]]
+        nvme = "0000:00:03.0/1"
+
+        [[subsystem.namespace]]
+        nsid = 5
+        malloc = "1M"
+        block_size = 4096
+
+        [[subsystem.namespace]]
+        malloc = "64k"
+
+        [[subsystem]]
+        nqn = "nqn.2024-01.io.vfpoll:b"
+    "#;
+
+    #[test]
+    fn a_file_becomes_a_plan() {
+        let p = Plan::from_toml(FILE, &Settings::default()).unwrap();
+        assert_eq!(p.cores, vec![Some(0), Some(1)]);
+        assert_eq!(p.spin, Duration::from_millis(3));
+        assert_eq!(p.page_size, PageSize::Huge2M);
+        let ports: Vec<u16> = p.listeners.iter().map(|l| l.portid).collect();
+        assert_eq!(ports, [1, 7]);
+        assert_eq!(p.listeners[1].traddr, "127.0.0.2");
+        let a = &p.subsystems[0];
+        let nsids: Vec<u32> = a.namespaces.iter().map(|n| n.nsid).collect();
+        assert_eq!(nsids, [1, 5, 6], "NSIDs follow the last one given");
+        assert_eq!(
+            a.namespaces[1].source,
+            Source::Malloc {
+                bytes: 1 << 20,
+                block_size: 4096
+            }
+        );
+        assert_eq!(a.allowed_hosts.as_ref().map(Vec::len), Some(1));
+        assert!(p.subsystems[1].namespaces.is_empty());
+        assert!(p.has_nvme());
+        let o = Settings {
+            cores: Some("3".into()),
+            ..Settings::default()
+        };
+        assert_eq!(
+            Plan::from_toml(FILE, &o).unwrap().cores,
+            vec![Some(3)],
+            "the command line wins"
+        );
+    }
+
+    #[test]
+    fn bad_files_say_what_is_wrong() {
+        let err = |t: &str| format!("{:#}", Plan::from_toml(t, &Settings::default()).unwrap_err());
+        assert!(err("colour = 1").contains("unknown field"));
+        assert!(err("").contains("no subsystem"));
+        let sub = "[[subsystem]]\nnqn = \"nqn.2024-01.io.vfpoll:a\"\n";
+        assert!(err(&format!("{sub}[[subsystem.namespace]]\n")).contains("exactly one of"));
+        assert!(err(&format!(
+            "{sub}[[subsystem.namespace]]\nmalloc = \"1M\"\nblock_size = 520\n"
+        ))
+        .contains("512 or 4096"));
+        assert!(err(&format!(
+            "{sub}[[subsystem.namespace]]\nnvme = \"0000:00:03.0/1\"\nblock_size = 512\n"
+        ))
+        .contains("own format"));
+        assert!(err(&format!(
+            "{sub}[[subsystem.namespace]]\nnvme = \"0000:00:03.0/1\"\n[[subsystem.namespace]]\nnvme = \"0000:00:03.0/1\"\n"
+        ))
+        .contains("served twice"));
+        assert!(err(&format!("{sub}[[subsystem.namespace]]\nnsid = 2\nmalloc = \"1M\"\n[[subsystem.namespace]]\nnsid = 2\nmalloc = \"1M\"\n")).contains("used twice"));
+        assert!(err(&format!("{sub}{sub}")).contains("given twice"));
+        assert!(err("[[subsystem]]\nnqn = \"disk\"\n").contains("nqn."));
+        assert!(err(&format!("page_size = \"4K\"\n{sub}")).contains("MDTS"));
+        let two =
+            "[[listener]]\naddress = \"127.0.0.1:1\"\n[[listener]]\naddress = \"127.0.0.1:2\"\nport_id = 1\n";
+        assert!(err(&format!("{two}{sub}")).contains("used twice"));
+    }
+
+    #[test]
+    fn the_command_line_becomes_a_plan() {
+        let p = Plan::from_args(
+            Settings::default(),
+            &[],
+            DEFAULT_NQN,
+            &["0000:00:03.0/2".into()],
+            &[1 << 20],
+            4096,
+            &[],
+        )
+        .unwrap();
+        assert_eq!(p.listeners.len(), 1);
+        assert_eq!(p.listeners[0].trsvcid, "4420");
+        let ns = &p.subsystems[0].namespaces;
+        assert_eq!(ns[0].nsid, 1);
+        assert_eq!(ns[0].source.to_string(), "nvme:0000:00:03.0/2");
+        assert_eq!(ns[1].nsid, 2);
+        assert!(p.subsystems[0].allowed_hosts.is_none());
+        let none = Plan::from_args(Settings::default(), &[], DEFAULT_NQN, &[], &[], 512, &[]);
+        assert!(none.unwrap_err().to_string().contains("nothing to serve"));
+    }
+
+    #[test]
+    fn ns_specs_parse() {
+        let (bdf, nsid) = parse_ns("0000:00:03.0/2").unwrap();
+        assert_eq!((bdf.to_string().as_str(), nsid), ("0000:00:03.0", 2));
+        assert!(parse_ns("0000:00:03.0").is_err());
+        assert!(parse_ns("0000:00:03.0/0").is_err());
+        assert!(parse_ns("nonsense/1").is_err());
+    }
+}

@@ -1,0 +1,431 @@
+//! The listener thread and the worker threads of a [`super::Server`].
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::Receiver;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use vfpoll_dma::{DmaContext, DmaPool};
+
+use super::{ListenMsg, Msg, Shared, CLOCK_EVERY, LISTEN_NAP, NAP, TICK};
+use crate::backend::{Backend, Completion};
+use crate::conn::{Conn, Ctx, Submission};
+use crate::fabrics::{ConnInfo, QueueRef, SubsystemId};
+use crate::pdu::TargetLimits;
+
+/// How long a stopping worker waits for its backends' commands in flight.
+const DRAIN: Duration = Duration::from_secs(5);
+
+/// A backend that counts its operations in flight, so that a stopping worker can wait for the
+/// device to finish with the buffers before it frees them.
+struct Counted {
+    inner: Box<dyn Backend>,
+    in_flight: Arc<AtomicU64>,
+}
+
+impl Backend for Counted {
+    fn block_size(&self) -> usize {
+        self.inner.block_size()
+    }
+
+    fn blocks(&self) -> u64 {
+        self.inner.blocks()
+    }
+
+    fn volatile_write_cache(&self) -> bool {
+        self.inner.volatile_write_cache()
+    }
+
+    fn submit(
+        &mut self,
+        pool: &mut DmaPool,
+        op: crate::backend::Op,
+        slba: u64,
+        nlb: u32,
+        buf: Option<vfpoll_dma::DmaBuf>,
+        tag: u64,
+    ) -> Result<(), crate::backend::Busy> {
+        self.inner.submit(pool, op, slba, nlb, buf, tag)?;
+        // Only this worker's thread touches the counter until it ends: Relaxed suffices.
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn poll(&mut self, done: &mut dyn FnMut(Completion)) -> usize {
+        let mut n = 0u64;
+        self.inner.poll(&mut |c| {
+            n += 1;
+            done(c);
+        });
+        self.in_flight.fetch_sub(n, Ordering::Relaxed);
+        n as usize
+    }
+}
+
+/// A removed namespace's place among a worker's backends: commands still routed to it (retried
+/// submissions) complete with Invalid Namespace, so indices of the others stay put.
+struct Gone {
+    done: VecDeque<Completion>,
+}
+
+impl Backend for Gone {
+    fn block_size(&self) -> usize {
+        512
+    }
+
+    fn blocks(&self) -> u64 {
+        0
+    }
+
+    fn submit(
+        &mut self,
+        _pool: &mut DmaPool,
+        _op: crate::backend::Op,
+        _slba: u64,
+        _nlb: u32,
+        buf: Option<vfpoll_dma::DmaBuf>,
+        tag: u64,
+    ) -> Result<(), crate::backend::Busy> {
+        self.done.push_back(Completion {
+            tag,
+            status: vfpoll_nvme::status::Status::INVALID_NAMESPACE,
+            buf,
+        });
+        Ok(())
+    }
+
+    fn poll(&mut self, done: &mut dyn FnMut(Completion)) -> usize {
+        let n = self.done.len();
+        for c in self.done.drain(..) {
+            done(c);
+        }
+        n
+    }
+}
+
+/// The listener thread: accepts connections, hands them out, advances the keep-alive timers.
+pub(super) struct ListenerThread {
+    pub(super) shared: Arc<Shared>,
+    pub(super) listeners: Vec<(u16, TcpListener)>,
+    pub(super) inbox: Receiver<ListenMsg>,
+}
+
+impl ListenerThread {
+    pub(super) fn run(mut self) {
+        let mut next_id = 1u64;
+        let mut last_tick = Instant::now();
+        while !self.shared.stop.load(Ordering::Acquire) {
+            while let Ok(m) = self.inbox.try_recv() {
+                match m {
+                    ListenMsg::Add(portid, sock) => self.listeners.push((portid, sock)),
+                    ListenMsg::Remove(portid) => self.listeners.retain(|(p, _)| *p != portid),
+                }
+            }
+            let accepted = self.accept(&mut next_id);
+            if last_tick.elapsed() >= TICK {
+                let now = Instant::now();
+                last_tick = now;
+                let mut target = self.shared.target();
+                let mut close = Vec::new();
+                for cntlid in target.tick(now) {
+                    close.extend(target.drop_controller(cntlid));
+                }
+                drop(target);
+                self.shared.close_everywhere(close);
+            }
+            if !accepted {
+                std::thread::sleep(LISTEN_NAP);
+            }
+        }
+    }
+
+    /// Accepts what the listeners have, each connection to the least loaded worker.
+    fn accept(&self, next_id: &mut u64) -> bool {
+        let mut any = false;
+        for (portid, l) in &self.listeners {
+            loop {
+                match l.accept() {
+                    Ok((s, peer)) => {
+                        any = true;
+                        if let Err(e) = s.set_nonblocking(true) {
+                            log::warn!("{peer}: cannot make the socket non-blocking: {e}");
+                            continue;
+                        }
+                        drop(s.set_nodelay(true));
+                        let info = ConnInfo {
+                            portid: *portid,
+                            local_addr: s.local_addr().ok().map(|a| a.ip().to_string()),
+                            peer: peer.to_string(),
+                        };
+                        let loads = &self.shared.loads;
+                        let worker = (0..loads.len())
+                            .min_by_key(|&i| loads[i].load(Ordering::Relaxed))
+                            .unwrap_or(0);
+                        log::debug!("{peer}: connected, to worker {worker}");
+                        let id = *next_id;
+                        *next_id += 1;
+                        // Counted here so that the next accept sees it; the worker uncounts it.
+                        loads[worker].fetch_add(1, Ordering::Relaxed);
+                        self.shared.stats.connected();
+                        if self.shared.inboxes[worker].send(Msg::Conn(id, s, info)).is_err() {
+                            log::warn!("{peer}: worker {worker} has ended; connection dropped");
+                            loads[worker].fetch_sub(1, Ordering::Relaxed);
+                            self.shared.stats.disconnected();
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) => {
+                        log::warn!("listener {portid}: accept: {e}");
+                        break;
+                    }
+                }
+            }
+        }
+        any
+    }
+}
+
+/// Everything one worker thread owns.
+pub(super) struct Worker {
+    pub(super) index: usize,
+    pub(super) shared: Arc<Shared>,
+    pub(super) pool: DmaPool,
+    pub(super) backends: Vec<Box<dyn Backend>>,
+    /// Operations in flight per backend (same indices).
+    pub(super) in_flight: Vec<Arc<AtomicU64>>,
+    pub(super) ns: HashMap<(SubsystemId, u32), usize>,
+    /// Backends of removed namespaces, dropped once nothing is in flight on them.
+    pub(super) retiring: Vec<usize>,
+    pub(super) inbox: Receiver<Msg>,
+    pub(super) limits: TargetLimits,
+    pub(super) spin: Duration,
+    /// Keeps the DMA mappings alive as long as the pool.
+    pub(super) _dma: DmaContext,
+}
+
+impl Worker {
+    /// Wraps `b` to count its operations in flight and adds it; returns its index.
+    fn push_backend(&mut self, b: Box<dyn Backend>) -> usize {
+        let n = Arc::new(AtomicU64::new(0));
+        self.in_flight.push(n.clone());
+        self.backends.push(Box::new(Counted {
+            inner: b,
+            in_flight: n,
+        }));
+        self.backends.len() - 1
+    }
+
+    /// Handles one message; connections opened go into `conns`, queues to close into `close`.
+    fn message(&mut self, m: Msg, conns: &mut HashMap<u64, Conn>, close: &mut Vec<QueueRef>) {
+        match m {
+            Msg::Conn(id, s, info) => {
+                conns.insert(id, Conn::new(id, s, info, &self.limits));
+            }
+            Msg::Close(q) => close.push(q),
+            Msg::ClosePort(portid) => {
+                for c in conns.values_mut().filter(|c| c.portid() == portid) {
+                    c.close(&mut self.pool);
+                }
+            }
+            Msg::Aer(a) => {
+                let admin = QueueRef {
+                    cntlid: a.cntlid,
+                    qid: 0,
+                };
+                if let Some(c) = conns.values_mut().find(|c| c.queue() == Some(admin)) {
+                    c.complete_held(a.cqe);
+                }
+            }
+            Msg::AddBackend(id, nsid, b) => {
+                let i = self.push_backend(b);
+                if let Some(old) = self.ns.insert((id, nsid), i) {
+                    self.retiring.push(old);
+                }
+            }
+            Msg::RemoveBackend(id, nsid) => {
+                if let Some(i) = self.ns.remove(&(id, nsid)) {
+                    self.retiring.push(i);
+                }
+            }
+        }
+    }
+
+    /// Drops the backends of removed namespaces that have nothing in flight.
+    fn retire(&mut self) {
+        let (backends, in_flight) = (&mut self.backends, &self.in_flight);
+        self.retiring.retain(|&i| {
+            if in_flight[i].load(Ordering::Relaxed) != 0 {
+                return true;
+            }
+            backends[i] = Box::new(Gone {
+                done: VecDeque::new(),
+            });
+            false
+        });
+    }
+
+    pub(super) fn run(mut self) {
+        let shared = self.shared.clone();
+        for b in std::mem::take(&mut self.backends) {
+            self.push_backend(b);
+        }
+        let mut conns: HashMap<u64, Conn> = HashMap::new();
+        let mut retry: VecDeque<Submission> = VecDeque::new();
+        let mut close: Vec<QueueRef> = Vec::new();
+        let mut ended: Vec<QueueRef> = Vec::new();
+        let mut done: Vec<Completion> = Vec::new();
+        let mut idle = 0u32;
+        let mut last_work = Instant::now();
+        while !shared.stop.load(Ordering::Acquire) {
+            let mut progress = false;
+            while let Ok(m) = self.inbox.try_recv() {
+                progress = true;
+                self.message(m, &mut conns, &mut close);
+            }
+            if !self.retiring.is_empty() {
+                self.retire();
+            }
+            for b in self.backends.iter_mut() {
+                b.poll(&mut |c| done.push(c));
+            }
+            for _ in 0..retry.len() {
+                let Some(mut s) = retry.pop_front() else { break };
+                let buf = s.buf.take();
+                match self.backends[s.backend].submit(&mut self.pool, s.op.clone(), s.slba, s.nlb, buf, s.tag)
+                {
+                    Ok(()) => progress = true,
+                    Err(busy) => {
+                        s.buf = busy.buf;
+                        retry.push_back(s);
+                    }
+                }
+            }
+            {
+                let mut cx = Ctx {
+                    target: &shared.target,
+                    pool: &mut self.pool,
+                    backends: &mut self.backends,
+                    ns: &self.ns,
+                    retry: &mut retry,
+                    stats: &shared.stats,
+                    subsystem_stats: &|id| shared.subsystem_stats(id),
+                    limits: &self.limits,
+                    close: &mut ended,
+                };
+                for c in done.drain(..) {
+                    progress = true;
+                    let cid = (c.tag & 0xffff) as u16;
+                    match conns.get_mut(&(c.tag >> 16)) {
+                        Some(conn) => conn.complete(&mut cx, cid, c.status, c.buf),
+                        None => {
+                            if let Some(b) = c.buf {
+                                cx.pool.free(b);
+                            }
+                        }
+                    }
+                }
+                for conn in conns.values_mut() {
+                    progress |= conn.receive(&mut cx);
+                    progress |= conn.flush(cx.pool);
+                }
+            }
+            for q in close.drain(..) {
+                for conn in conns.values_mut() {
+                    if conn.queue() == Some(q) {
+                        conn.close(&mut self.pool);
+                    }
+                }
+            }
+            let before = conns.len();
+            conns.retain(|_, c| {
+                if !c.is_closed() {
+                    return true;
+                }
+                c.close(&mut self.pool);
+                c.forget_subsystem();
+                if let Some(q) = c.queue() {
+                    ended.extend(shared.target().disconnect(q));
+                }
+                false
+            });
+            if conns.len() != before {
+                progress = true;
+                let gone = (before - conns.len()) as u64;
+                shared.loads[self.index].fetch_sub(gone, Ordering::Relaxed);
+                shared.stats.active.fetch_sub(gone, Ordering::Relaxed);
+            }
+            // Queues that ended here may be carried by other workers' connections.
+            shared.close_everywhere(ended.drain(..));
+            if progress {
+                idle = 0;
+                continue;
+            }
+            idle = idle.wrapping_add(1);
+            if idle.is_multiple_of(CLOCK_EVERY) {
+                if idle == CLOCK_EVERY {
+                    // The first clock read of an idle stretch: work last happened about now.
+                    last_work = Instant::now();
+                } else if last_work.elapsed() >= self.spin {
+                    // Napping from here on until there is work again (idle stays a multiple of
+                    // CLOCK_EVERY past the first).
+                    std::thread::sleep(NAP);
+                    idle = idle.wrapping_sub(1);
+                }
+            }
+            std::hint::spin_loop();
+        }
+        let n = conns.len() as u64;
+        for (_, mut c) in conns.drain() {
+            c.close(&mut self.pool);
+            c.forget_subsystem();
+            if let Some(q) = c.queue() {
+                shared.target().disconnect(q);
+            }
+        }
+        // Retried submissions never reached a backend: their buffers go back now.
+        for sub in retry.drain(..) {
+            if let Some(b) = sub.buf {
+                self.pool.free(b);
+            }
+        }
+        // Backends shut down cleanly: wait until the device is done with every buffer.
+        let t = Instant::now();
+        let pending = |f: &[Arc<AtomicU64>]| f.iter().map(|n| n.load(Ordering::Relaxed)).sum::<u64>();
+        while pending(&self.in_flight) > 0 && t.elapsed() < DRAIN {
+            for b in self.backends.iter_mut() {
+                b.poll(&mut |c| done.push(c));
+            }
+            for c in done.drain(..) {
+                if let Some(b) = c.buf {
+                    self.pool.free(b);
+                }
+            }
+            std::hint::spin_loop();
+        }
+        let left = pending(&self.in_flight);
+        if left > 0 {
+            // A device may still write into these buffers: never free that memory (the worker,
+            // with its pool, backends and DMA mappings, is leaked below).
+            log::error!(
+                "worker {}: {left} backend operations still in flight after {DRAIN:?}; keeping their \
+                 buffers",
+                self.index
+            );
+        }
+        // Connections handed over but not yet taken are closed by dropping their sockets.
+        let mut pending = 0u64;
+        while let Ok(m) = self.inbox.try_recv() {
+            if let Msg::Conn(..) = m {
+                pending += 1;
+            }
+        }
+        shared.loads[self.index].fetch_sub(n + pending, Ordering::Relaxed);
+        shared.stats.active.fetch_sub(n + pending, Ordering::Relaxed);
+        if left > 0 {
+            std::mem::forget(self);
+        }
+    }
+}
