@@ -15,20 +15,30 @@
 //! - [`Target::tick`] periodically, dropping expired controllers with
 //!   [`Target::drop_controller`], and [`Target::disconnect`] when a connection ends.
 //!
-//! Configuration changes ([`Target::add_namespace`], [`Target::set_health`], ...) return the
-//! completions of held Asynchronous Event Requests ([`AerCompletion`]) to send.
+//! Configuration changes ([`Target::add_namespace`], [`Target::set_health`],
+//! [`Target::set_ana_state`], ...) return the completions of held Asynchronous Event Requests
+//! ([`AerCompletion`]) to send.
+//!
+//! Asymmetric Namespace Access (NVMe Base 2.0 §8.1.3): each namespace has an ANA group
+//! ([`NamespaceInfo::ana_group`]) and each (listener port, group) an [`AnaState`]
+//! ([`Listener::ana`], [`Target::set_ana_state`]); a controller reports the states of the port
+//! its admin queue came through (CMIC bit 3, the ANA log page 0Ch, ANA Change notices), and
+//! refuses I/O on paths that are not accessible, so Linux's native multipath picks its paths
+//! per listener.
 //!
 //! What the Linux initiator (`drivers/nvme/host/core.c`, `fabrics.c`, `tcp.c`) checks holds
 //! here: Identify's CNTLID equals Connect's, KAS is non-zero, IOCCSZ ≥ 4, IORCSZ ≥ 1, ICDOFF
 //! 0, SGLs are supported, MAXCMD is non-zero, CMIC says the subsystem may have several
 //! controllers and namespaces are shared (NMIC), so that two controllers of one host are
 //! accepted and native multipath sees one namespace; namespaces carry stable NGUID, UUID and
-//! EUI-64 identifiers.
+//! EUI-64 identifiers; MNAN is 1 to NN and the ANA log page of MNAN namespaces in NANAGRPID
+//! groups fits MDTS (else Linux refuses the controller or turns ANA off).
 //!
 //! The target serves plain data formats only (512 to 4096-byte blocks, no metadata, no
 //! protection information).
 
 mod admin;
+mod ana;
 mod config;
 mod controller;
 mod identify;
@@ -41,6 +51,7 @@ mod wire;
 mod tests;
 
 pub use admin::{AdminEffect, AdminOutcome};
+pub use ana::{AnaState, ANAGRPMAX, ANATT_SECONDS, ANA_DESCRIPTOR_BYTES, ANA_HEADER_BYTES};
 pub use config::{
     validate_nqn, AdrFam, ConfigError, Listener, NamespaceIds, NamespaceInfo, Subsystem, TargetOptions,
     DEFAULT_MAX_NSID, DISCOVERY_NQN, NQN_MAX,

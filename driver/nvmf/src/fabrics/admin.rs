@@ -8,7 +8,8 @@ use std::sync::atomic::Ordering;
 use vfpoll_nvme::cmd::{admin_op, feature};
 use vfpoll_nvme::status::Status;
 
-use super::config::{Listener, Subsystem, TargetOptions, DISCOVERY_NQN};
+use super::ana::{self, AnaPorts};
+use super::config::{Listener, NamespaceInfo, Subsystem, TargetOptions, DISCOVERY_NQN};
 use super::controller::{csts, CcChange, Cntlid, Controller, Features, WCE_DEFAULT};
 use super::identify::{self, ctrl_val, ControllerPage, IDENTIFY_BYTES};
 use super::logpage::{self, lid, subtype, DiscoveryEntry, Health};
@@ -111,6 +112,7 @@ struct Cx<'a> {
     /// The controller's subsystem (`None` for a discovery controller).
     sub: Option<&'a SubsysState>,
     genctr: u64,
+    ana: &'a AnaPorts,
 }
 
 impl Target {
@@ -130,6 +132,7 @@ impl Target {
             subsystems,
             controllers,
             genctr,
+            ana,
             ..
         } = self;
         let Some(ctrl) = controllers.get_mut(&cntlid) else {
@@ -142,6 +145,7 @@ impl Target {
             subsystems,
             sub: ctrl.subsystem.and_then(|id| subsystems.get(&id)),
             genctr: *genctr,
+            ana,
         };
         match dispatch(&cx, ctrl, sqe) {
             Ok(Outcome::Held) => AdminOutcome::Held,
@@ -286,11 +290,12 @@ fn identify(cx: &Cx<'_>, ctrl: &Controller, sqe: &Sqe) -> Result<Reply, Status> 
             oncs: 0,
             vwc_present: false,
             ioccsz: 0,
+            mnan: 0,
         })));
     };
     let s = &sub.cfg;
     // An NSID of the namespace structures: 1 to NN; an inactive one gets a zeroed page.
-    let ns_page = |build: fn(&super::config::NamespaceInfo) -> Vec<u8>| {
+    let ns_page = |build: &dyn Fn(&NamespaceInfo) -> Vec<u8>| {
         if nsid == 0 || nsid > sub.max_nsid {
             return Err(Status::INVALID_NAMESPACE);
         }
@@ -298,6 +303,8 @@ fn identify(cx: &Cx<'_>, ctrl: &Controller, sqe: &Sqe) -> Result<Reply, Status> 
             sub.namespace(nsid).map_or_else(|| vec![0; IDENTIFY_BYTES], build),
         ))
     };
+    // The namespace's ANA state as this controller's port shows it.
+    let ana_of = |ns: &NamespaceInfo| cx.ana.state(ctrl.conn.portid, ns.ana_group);
     match cns {
         0x01 => Ok(Reply::data(identify::controller(&ControllerPage {
             cntlid: ctrl.cntlid.0,
@@ -312,9 +319,10 @@ fn identify(cx: &Cx<'_>, ctrl: &Controller, sqe: &Sqe) -> Result<Reply, Status> 
             oncs: oncs(s),
             vwc_present: s.namespaces.iter().any(|n| n.volatile_write_cache),
             ioccsz: cx.opts.ioccsz(),
+            mnan: ana::mnan(cx.opts.max_transfer, sub.max_nsid),
         }))),
-        0x00 => ns_page(identify::namespace),
-        0x08 => ns_page(identify::ns_cs_independent),
+        0x00 => ns_page(&|ns| identify::namespace(ns, ana_of(ns))),
+        0x08 => ns_page(&identify::ns_cs_independent),
         0x02 => {
             if nsid >= 0xffff_fffe {
                 return Err(Status::INVALID_NAMESPACE);
@@ -334,7 +342,8 @@ fn identify(cx: &Cx<'_>, ctrl: &Controller, sqe: &Sqe) -> Result<Reply, Status> 
 
 /// Get Log Page (NVMe Base 2.0 §5.16): NUMD dwords (NUMDL, NUMDU) from byte offset LPO
 /// (dword aligned, not past the page), zero-filled past the page's end. Without RAE, reading
-/// a page re-arms its asynchronous event (and empties the Changed Namespace List).
+/// a page re-arms its asynchronous event (and empties the Changed Namespace List). The ANA
+/// log page (0Ch) is the one the controller's port shows.
 fn get_log_page(cx: &Cx<'_>, ctrl: &mut Controller, sqe: &Sqe) -> Result<Reply, Status> {
     let page_id = sqe.dw[10] as u8;
     let lsp = (sqe.dw[10] >> 8) & 0x7f;
@@ -365,6 +374,10 @@ fn get_log_page(cx: &Cx<'_>, ctrl: &mut Controller, sqe: &Sqe) -> Result<Reply, 
         }
         (lid::FIRMWARE_SLOT, Some(sub)) => logpage::firmware_slot(&sub.cfg.firmware),
         (lid::CHANGED_NS, Some(_)) => ctrl.changed.page(),
+        // LSP bit 0: Return Groups Only.
+        (lid::ANA, Some(sub)) => cx
+            .ana
+            .log_page(ctrl.conn.portid, &sub.cfg.namespaces, lsp & 1 != 0),
         _ => return Err(status::INVALID_LOG_PAGE),
     };
     if offset > page.len() as u64 {
@@ -555,7 +568,7 @@ fn set_features(cx: &Cx<'_>, ctrl: &mut Controller, sqe: &Sqe) -> Result<Reply, 
             let allowed = if ctrl.subsystem.is_none() {
                 ctrl_val::OAES_DISCOVERY
             } else {
-                ctrl_val::OAES_NS_ATTR | AEC_SMART
+                ctrl_val::OAES_NS_ATTR | ctrl_val::OAES_ANA | AEC_SMART
             };
             if dw11 & !allowed != 0 {
                 return Err(Status::INVALID_FIELD);

@@ -2,9 +2,12 @@
 //! discovery log names, and the limits every controller reports. NQNs are checked here (NVMe
 //! Base 2.0 §4.5), and a namespace's identifiers are derived so that they survive restarts.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
 use vfpoll_nvme::NsFormat;
+
+use super::ana::{valid_group, AnaState, ANAGRPMAX};
 
 /// The well-known NQN of the discovery subsystem (NVMe Base 2.0 §4.5, NVMe Qualified Names).
 pub const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
@@ -231,12 +234,16 @@ pub struct NamespaceInfo {
     pub write_zeroes: bool,
     /// The backend implements deallocation (Dataset Management with the Deallocate attribute).
     pub deallocate: bool,
+    /// The namespace's ANA group (ANAGRPID, NVMe Base 2.0 §8.1.3): 1 to
+    /// [`ANAGRPMAX`](super::ANAGRPMAX); 1 unless set. Each port has a state per group
+    /// ([`Listener::ana`], [`Target::set_ana_state`](super::Target::set_ana_state)).
+    pub ana_group: u32,
 }
 
 impl NamespaceInfo {
     /// A namespace of `blocks` blocks of `block_size` bytes with identifiers derived from
     /// `subsystem_nqn`, `nsid` and `backend` ([`NamespaceIds::derive`]); no volatile write
-    /// cache, Write Zeroes or deallocation until set.
+    /// cache, Write Zeroes or deallocation until set; ANA group 1.
     pub fn new(subsystem_nqn: &str, nsid: u32, backend: &str, block_size: u32, blocks: u64) -> Self {
         let ids = NamespaceIds::derive(subsystem_nqn, nsid, backend);
         NamespaceInfo {
@@ -249,6 +256,7 @@ impl NamespaceInfo {
             volatile_write_cache: false,
             write_zeroes: false,
             deallocate: false,
+            ana_group: 1,
         }
     }
 
@@ -299,6 +307,12 @@ impl NamespaceInfo {
         }
         if self.blocks == 0 || self.blocks.checked_mul(self.block_size as u64).is_none() {
             return Err(bad(format!("a size of {} blocks cannot be served", self.blocks)));
+        }
+        if !valid_group(self.ana_group) {
+            return Err(bad(format!(
+                "ANA group {}: ANA group IDs run from 1 to {ANAGRPMAX}",
+                self.ana_group
+            )));
         }
         if self.nguid == [0; 16] && self.uuid == [0; 16] && self.eui64 == [0; 8] {
             return Err(bad(
@@ -447,10 +461,15 @@ pub struct Listener {
     pub trsvcid: String,
     /// Address family.
     pub adrfam: AdrFam,
+    /// ANA states of this port by ANA group ID (NVMe Base 2.0 §8.1.3): what controllers
+    /// connected through the port report for the namespaces of each group. Groups not named
+    /// are Optimized. [`Target::set_ana_state`](super::Target::set_ana_state) changes them
+    /// at run time (and keeps this map up to date in [`Target::listeners`](super::Target::listeners)).
+    pub ana: BTreeMap<u32, AnaState>,
 }
 
 impl Listener {
-    /// The listener on `addr` with port ID `portid`.
+    /// The listener on `addr` with port ID `portid`, every ANA group Optimized.
     pub fn tcp(portid: u16, addr: SocketAddr) -> Self {
         Listener {
             portid,
@@ -461,7 +480,15 @@ impl Listener {
             } else {
                 AdrFam::Ipv6
             },
+            ana: BTreeMap::new(),
         }
+    }
+
+    /// This listener with ANA group `group` in `state` (e.g. a second path to a subsystem,
+    /// [`AnaState::NonOptimized`]).
+    pub fn with_ana(mut self, group: u32, state: AnaState) -> Self {
+        self.ana.insert(group, state);
+        self
     }
 
     /// Whether the listener accepts on every address (its discovery entries name the address
@@ -480,6 +507,9 @@ impl Listener {
         }
         if self.trsvcid.is_empty() || self.trsvcid.len() > 31 || !self.trsvcid.is_ascii() {
             return Err(bad("TRSVCID must be 1 to 31 ASCII characters"));
+        }
+        if !self.ana.keys().all(|&g| valid_group(g)) {
+            return Err(bad("ANA group IDs run from 1 to 128"));
         }
         Ok(())
     }

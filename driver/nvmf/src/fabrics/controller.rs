@@ -4,11 +4,12 @@
 
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use vfpoll_nvme::status::Status;
 
+use super::ana::AnaCell;
 use super::config::TargetOptions;
 use super::identify::ctrl_val;
 use super::logpage::{lid, ChangedNs, ErrorLog};
@@ -86,6 +87,8 @@ pub(crate) enum Event {
     /// SMART / Health status with its information (00h reliability, 01h temperature, 02h
     /// spare); read log 02h.
     Smart(u8),
+    /// Notice: Asymmetric Namespace Access Change (information 03h); read log 0Ch.
+    AnaChange,
 }
 
 impl Event {
@@ -94,6 +97,7 @@ impl Event {
             Event::NamespaceChanged => (2, 0x00, lid::CHANGED_NS),
             Event::DiscoveryChanged => (2, 0xf0, lid::DISCOVERY),
             Event::Smart(info) => (1, info, lid::SMART),
+            Event::AnaChange => (2, 0x03, lid::ANA),
         };
         ty | (info as u32) << 8 | (page as u32) << 16
     }
@@ -104,6 +108,7 @@ impl Event {
             Event::NamespaceChanged => 1,
             Event::DiscoveryChanged => 2,
             Event::Smart(_) => 4,
+            Event::AnaChange => 8,
         }
     }
 }
@@ -114,6 +119,7 @@ fn aec_enables(aec: u32, ev: Event, warning: u8) -> bool {
         Event::NamespaceChanged => aec & ctrl_val::OAES_NS_ATTR != 0,
         Event::DiscoveryChanged => aec & ctrl_val::OAES_DISCOVERY != 0,
         Event::Smart(_) => aec as u8 & warning != 0,
+        Event::AnaChange => aec & ctrl_val::OAES_ANA != 0,
     }
 }
 
@@ -153,6 +159,8 @@ pub(crate) struct CtrlShared {
     pub ready: AtomicBool,
     /// The Volatile Write Cache feature's WCE.
     pub write_cache: AtomicBool,
+    /// The ANA states of the port the controller's admin queue connected through.
+    pub ana: Arc<AnaCell>,
     errors: Mutex<ErrorLog>,
 }
 
@@ -218,7 +226,7 @@ pub(crate) struct Controller {
     pub features: Features,
     pub aer: Aer,
     pub changed: ChangedNs,
-    pub shared: std::sync::Arc<CtrlShared>,
+    pub shared: Arc<CtrlShared>,
     /// When the Keep Alive Timer last restarted, as `Target::tick` saw it.
     pub last_activity: Option<Instant>,
     /// The Keep Alive Timer expired; reported once.
@@ -226,6 +234,8 @@ pub(crate) struct Controller {
 }
 
 impl Controller {
+    // One argument per thing Connect decides; a parameter struct would only restate them.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         cntlid: Cntlid,
         subsystem: Option<SubsystemId>,
@@ -234,8 +244,12 @@ impl Controller {
         conn: ConnInfo,
         kato_ms: u32,
         granted: u16,
+        ana: Arc<AnaCell>,
     ) -> Self {
-        let shared = std::sync::Arc::new(CtrlShared::default());
+        let shared = Arc::new(CtrlShared {
+            ana,
+            ..CtrlShared::default()
+        });
         shared.touch();
         shared.write_cache.store(WCE_DEFAULT, Ordering::Relaxed);
         Controller {
@@ -373,6 +387,7 @@ impl Controller {
             lid::CHANGED_NS => Event::NamespaceChanged.mask_bit(),
             lid::DISCOVERY => Event::DiscoveryChanged.mask_bit(),
             lid::SMART => Event::Smart(0).mask_bit(),
+            lid::ANA => Event::AnaChange.mask_bit(),
             _ => return,
         };
         self.aer.masked &= !bit;
@@ -414,6 +429,7 @@ mod tests {
             ConnInfo::default(),
             5000,
             4,
+            Arc::default(),
         )
     }
 
@@ -491,5 +507,6 @@ mod tests {
         );
         assert_eq!(Event::DiscoveryChanged.dw0(), 0x0070_f002);
         assert_eq!(Event::Smart(1).dw0(), 0x0002_0101);
+        assert_eq!(Event::AnaChange.dw0(), 0x000c_0302);
     }
 }

@@ -2,6 +2,7 @@
 //! `vfpoll_nvme::identify` parses): the controller, a namespace, the active namespace list,
 //! namespace identification descriptors and the command-set independent namespace structure.
 
+use super::ana::{AnaState, ANAGRPMAX, ANATT_SECONDS};
 use super::config::NamespaceInfo;
 
 /// Bytes of every Identify data structure.
@@ -44,6 +45,14 @@ pub mod ctrl_off {
     pub const ELPE: usize = 262;
     /// Keep Alive Support (100 ms units).
     pub const KAS: usize = 320;
+    /// ANA Transition Time (seconds).
+    pub const ANATT: usize = 342;
+    /// Asymmetric Namespace Access Capabilities.
+    pub const ANACAP: usize = 343;
+    /// ANA Group Identifier Maximum.
+    pub const ANAGRPMAX: usize = 344;
+    /// Number of ANA Group Identifiers.
+    pub const NANAGRPID: usize = 348;
     /// Submission Queue Entry Size.
     pub const SQES: usize = 512;
     /// Completion Queue Entry Size.
@@ -58,6 +67,8 @@ pub mod ctrl_off {
     pub const VWC: usize = 525;
     /// SGL Support.
     pub const SGLS: usize = 536;
+    /// Maximum Number of Allowed Namespaces.
+    pub const MNAN: usize = 540;
     /// NVM Subsystem NVMe Qualified Name, 256 bytes.
     pub const SUBNQN: usize = 768;
     /// I/O Queue Command Capsule Supported Size (16-byte units).
@@ -76,11 +87,15 @@ pub mod ctrl_off {
 pub mod ctrl_val {
     /// VER and the VS property: NVMe 2.0.0 (NVMe Base 2.0 §3.1.3.2).
     pub const VERSION: u32 = 0x0002_0000;
-    /// CMIC: the subsystem may have several ports (bit 0) and several controllers (bit 1).
-    /// Linux refuses a second controller of a subsystem without bit 1.
-    pub const CMIC: u8 = 0b11;
+    /// CMIC of an I/O controller: the subsystem may have several ports (bit 0) and several
+    /// controllers (bit 1), and the controller reports ANA (bit 3, NVMe Base 2.0 §8.1.3).
+    /// Linux refuses a second controller of a subsystem without bit 1, and with bit 3 reads
+    /// the ANA log page and requires MNAN of 1 to NN.
+    pub const CMIC: u8 = 0b1011;
     /// OAES bit 8: Namespace Attribute Notices.
     pub const OAES_NS_ATTR: u32 = 1 << 8;
+    /// OAES bit 11: Asymmetric Namespace Access Change Notices (and AEC bit 11 enables them).
+    pub const OAES_ANA: u32 = 1 << 11;
     /// OAES bit 31: Discovery Log Page Change Notification (discovery controllers).
     pub const OAES_DISCOVERY: u32 = 1 << 31;
     /// CTRATT: 128-bit host identifiers (bit 0, required of fabrics controllers) and
@@ -118,6 +133,15 @@ pub mod ctrl_val {
     pub const VWC_NO_BROADCAST_FLUSH: u8 = 0b100;
     /// MSDBD: one SGL data block descriptor per command, as NVMe/TCP carries.
     pub const MSDBD: u8 = 1;
+    /// ANATT: how long a group may stay in the ANA Change state, in seconds.
+    pub const ANATT: u8 = super::ANATT_SECONDS;
+    /// ANACAP: the states reported, bits 0 to 4 (Optimized, Non-Optimized, Inaccessible,
+    /// Persistent Loss, Change). Bit 6 is clear: a namespace's ANAGRPID may change while it is
+    /// attached (`Target::update_namespace`). Bit 7 is clear: there is no Namespace Management
+    /// to give an ANAGRPID to.
+    pub const ANACAP: u8 = 0b1_1111;
+    /// ANAGRPMAX and NANAGRPID: group IDs 1 to 128, every one usable.
+    pub const ANAGRPMAX: u32 = super::ANAGRPMAX;
 }
 
 /// What Identify Controller reports for one controller.
@@ -135,6 +159,8 @@ pub(crate) struct ControllerPage<'a> {
     pub oncs: u16,
     pub vwc_present: bool,
     pub ioccsz: u32,
+    /// MNAN (`ana::mnan`).
+    pub mnan: u32,
 }
 
 pub(crate) fn put16(b: &mut [u8], o: usize, v: u16) {
@@ -178,6 +204,8 @@ pub(crate) fn controller(p: &ControllerPage<'_>) -> Vec<u8> {
     put_ascii(&mut b, o::SN, 20, p.serial);
     put_ascii(&mut b, o::MN, 40, p.model);
     put_ascii(&mut b, o::FR, 8, p.firmware);
+    // A discovery controller has no namespaces and no ANA (with CMIC bit 3 Linux would check
+    // MNAN against its NN of 0 and refuse it).
     b[o::CMIC] = if p.discovery { 0 } else { v::CMIC };
     b[o::MDTS] = p.mdts;
     put16(&mut b, o::CNTLID, p.cntlid);
@@ -185,7 +213,7 @@ pub(crate) fn controller(p: &ControllerPage<'_>) -> Vec<u8> {
     let oaes = if p.discovery {
         v::OAES_DISCOVERY
     } else {
-        v::OAES_NS_ATTR
+        v::OAES_NS_ATTR | v::OAES_ANA
     };
     put32(&mut b, o::OAES, oaes);
     put32(&mut b, o::CTRATT, v::CTRATT);
@@ -203,6 +231,13 @@ pub(crate) fn controller(p: &ControllerPage<'_>) -> Vec<u8> {
     }
     b[o::LPA] = v::LPA;
     put16(&mut b, o::KAS, v::KAS);
+    if !p.discovery {
+        b[o::ANATT] = v::ANATT;
+        b[o::ANACAP] = v::ANACAP;
+        put32(&mut b, o::ANAGRPMAX, v::ANAGRPMAX);
+        put32(&mut b, o::NANAGRPID, v::ANAGRPMAX);
+        put32(&mut b, o::MNAN, p.mnan);
+    }
     b[o::SQES] = v::SQES;
     b[o::CQES] = v::CQES;
     put16(&mut b, o::MAXCMD, p.maxcmd);
@@ -242,6 +277,8 @@ pub mod ns_off {
     pub const NMIC: usize = 30;
     /// NVM Capacity (bytes, 128 bits).
     pub const NVMCAP: usize = 48;
+    /// ANA Group Identifier.
+    pub const ANAGRPID: usize = 92;
     /// Namespace Globally Unique Identifier.
     pub const NGUID: usize = 104;
     /// IEEE Extended Unique Identifier.
@@ -252,18 +289,26 @@ pub mod ns_off {
 
 /// Identify Namespace (CNS 00h): one LBA format, the namespace's, without metadata; shared
 /// (NMIC bit 0: every controller of the subsystem sees it, and Linux needs the bit to put two
-/// controllers' paths under one namespace).
-pub(crate) fn namespace(ns: &NamespaceInfo) -> Vec<u8> {
+/// controllers' paths under one namespace); its ANA group. `ana` is the group's state as the
+/// asking controller sees it: NUSE is 0 in the Inaccessible and Persistent Loss states (NVM
+/// Command Set 1.0, Identify Namespace NUSE; Linux's target does the same).
+pub(crate) fn namespace(ns: &NamespaceInfo, ana: AnaState) -> Vec<u8> {
     use ns_off as o;
     let mut b = vec![0u8; IDENTIFY_BYTES];
     put64(&mut b, o::NSZE, ns.blocks);
     put64(&mut b, o::NCAP, ns.blocks);
-    put64(&mut b, o::NUSE, ns.blocks);
+    let in_use = if matches!(ana, AnaState::Inaccessible | AnaState::PersistentLoss) {
+        0
+    } else {
+        ns.blocks
+    };
+    put64(&mut b, o::NUSE, in_use);
     b[o::NSFEAT] = 0;
     b[o::NLBAF] = 0;
     b[o::FLBAS] = 0;
     b[o::NMIC] = 1;
     put128(&mut b, o::NVMCAP, ns.blocks as u128 * ns.block_size as u128);
+    put32(&mut b, o::ANAGRPID, ns.ana_group);
     b[o::NGUID..o::NGUID + 16].copy_from_slice(&ns.nguid);
     b[o::EUI64..o::EUI64 + 8].copy_from_slice(&ns.eui64);
     // LBAF: MS 0 (bits 15:0), LBADS (bits 23:16), RP 0.

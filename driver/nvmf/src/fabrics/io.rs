@@ -5,7 +5,8 @@
 //! Workers decode through an [`IoQueue`], one per I/O queue, which reads the namespace table
 //! and the controller's state without the [`Target`](super::Target): a worker thread needs no
 //! lock per command. A namespace change publishes a new table; each queue picks it up at its
-//! next command.
+//! next command. The ANA states of the controller's port are atomics the queue reads in place
+//! (`ana::AnaCell`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -151,6 +152,8 @@ pub(crate) struct NsIo {
     pub vwc: bool,
     pub write_zeroes: bool,
     pub deallocate: bool,
+    /// ANA group ID.
+    pub group: u32,
 }
 
 /// A subsystem's namespaces, sorted by ID.
@@ -170,6 +173,7 @@ impl NsTable {
                 vwc: n.volatile_write_cache,
                 write_zeroes: n.write_zeroes,
                 deallocate: n.deallocate,
+                group: n.ana_group,
             })
             .collect();
         list.sort_by_key(|n| n.nsid);
@@ -330,6 +334,11 @@ pub(crate) fn decode(
         // Includes NSID FFFFFFFFh: VWC reports no broadcast Flush.
         return Err(Status::INVALID_NAMESPACE);
     };
+    // NVMe Base 2.0 §8.1.3.3 to §8.1.3.5: no I/O through a path whose ANA state is
+    // Inaccessible, Persistent Loss or Change (every I/O command, as Linux's target does).
+    if let Some(st) = ctrl.ana.io_refusal(ns.group) {
+        return Err(st);
+    }
     let op = match opcode {
         io_op::READ | io_op::WRITE => {
             let (slba, blocks) = range(sqe, ns)?;

@@ -1,6 +1,7 @@
 //! Log pages (NVMe Base 2.0 §5.16.1): Error Information, SMART / Health Information, Firmware
 //! Slot Information, Changed Namespace List, and the discovery controller's Discovery log
-//! page (log 70h, as NVMe-oF 1.1 defines it).
+//! page (log 70h, as NVMe-oF 1.1 defines it). The Asymmetric Namespace Access log (0Ch) is
+//! built in `ana`.
 
 use std::collections::{BTreeSet, VecDeque};
 
@@ -19,6 +20,8 @@ pub mod lid {
     pub const FIRMWARE_SLOT: u8 = 0x03;
     /// Changed Namespace List.
     pub const CHANGED_NS: u8 = 0x04;
+    /// Asymmetric Namespace Access (NVMe Base 2.0 §5.16.1.13).
+    pub const ANA: u8 = 0x0c;
     /// Discovery (discovery controllers only).
     pub const DISCOVERY: u8 = 0x70;
 }

@@ -1,7 +1,8 @@
 //! The target: subsystems, listeners, the discovery subsystem, and the controllers hosts
 //! create with Connect (NVMe-oF 1.1, Connect command; the dynamic controller model). Keep
-//! alive, teardown, and the configuration changes that raise asynchronous events live here;
-//! admin commands are in `admin`, I/O decoding in `io`.
+//! alive, teardown, and the configuration changes that raise asynchronous events live here
+//! (ANA states among them, NVMe Base 2.0 §8.1.3); admin commands are in `admin`, I/O decoding
+//! in `io`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -9,6 +10,7 @@ use std::time::Instant;
 
 use vfpoll_nvme::status::Status;
 
+use super::ana::{self, AnaPorts, AnaState};
 use super::config::{ConfigError, Listener, NamespaceInfo, Subsystem, TargetOptions, DISCOVERY_NQN};
 use super::controller::{Cntlid, Controller, Event};
 use super::io::{self, IoLimits, IoQueue, IoRequest, NsCell, NsTable};
@@ -152,6 +154,10 @@ impl SubsysState {
         self.cfg.namespaces.iter().find(|n| n.nsid == nsid)
     }
 
+    fn has_group(&self, group: u32) -> bool {
+        self.cfg.namespaces.iter().any(|n| n.ana_group == group)
+    }
+
     fn publish(&mut self) {
         self.cfg.namespaces.sort_by_key(|n| n.nsid);
         self.cell.replace(NsTable::new(&self.cfg.namespaces));
@@ -175,6 +181,7 @@ pub struct Target {
     pub(super) controllers: BTreeMap<Cntlid, Controller>,
     next_cntlid: u16,
     pub(super) genctr: u64,
+    pub(super) ana: AnaPorts,
 }
 
 impl Target {
@@ -193,6 +200,7 @@ impl Target {
             controllers: BTreeMap::new(),
             next_cntlid: 1,
             genctr: 0,
+            ana: AnaPorts::default(),
         };
         for l in listeners {
             t.add_listener(l)?;
@@ -251,6 +259,11 @@ impl Target {
                 ready: c.enabled(),
             })
             .collect()
+    }
+
+    /// The subsystem of controller `cntlid` (`None`: a discovery controller, or none such).
+    pub fn controller_subsystem(&self, cntlid: Cntlid) -> Option<SubsystemId> {
+        self.controllers.get(&cntlid).and_then(|c| c.subsystem)
     }
 
     /// Handles the Connect command that opens a queue (NVMe-oF 1.1, Connect command):
@@ -345,7 +358,8 @@ impl Target {
             } else {
                 0
             };
-            let c = Controller::new(cntlid, subsystem, hostnqn, hostid, peer, kato_ms, granted);
+            let ana = self.ana.cell(peer.portid);
+            let c = Controller::new(cntlid, subsystem, hostnqn, hostid, peer, kato_ms, granted, ana);
             self.controllers.insert(cntlid, c);
             log::debug!("controller {} created for {}", cntlid.0, subnqn);
             return Ok(ConnectOutcome {
@@ -543,6 +557,9 @@ impl Target {
         if self.subsystem_id(&s.nqn).is_some() {
             return Err(ConfigError::DuplicateSubsystem(s.nqn));
         }
+        let mut nsids: Vec<u32> = s.namespaces.iter().map(|n| n.nsid).collect();
+        nsids.sort_unstable();
+        self.check_capacity(&s.nqn, s.max_nsid(), &nsids)?;
         let id = SubsystemId(self.next_subsystem);
         self.next_subsystem += 1;
         let mut state = SubsysState {
@@ -575,7 +592,27 @@ impl Target {
         Ok((queues, self.discovery_changed()))
     }
 
-    /// Adds a listener.
+    /// Refuses more namespaces than MNAN (`ana::mnan`): `nsids` are the namespace IDs the
+    /// subsystem would hold, ascending.
+    fn check_capacity(&self, nqn: &str, max_nsid: u32, nsids: &[u32]) -> Result<(), ConfigError> {
+        let mnan = ana::mnan(self.opts.max_transfer, max_nsid);
+        match nsids.get(mnan as usize) {
+            None => Ok(()),
+            Some(&nsid) => Err(ConfigError::BadNamespace {
+                subsystem: nqn.to_owned(),
+                nsid,
+                why: format!(
+                    "a subsystem holds at most {mnan} namespaces (MNAN: the ANA log page of that \
+                     many must fit a transfer of max_transfer = {} bytes); raise max_transfer",
+                    self.opts.max_transfer
+                ),
+            }),
+        }
+    }
+
+    /// Adds a listener; its ANA states ([`Listener::ana`]) apply to the controllers that
+    /// connect through it (and to those still connected through an earlier listener with its
+    /// port ID, which hear of a change as [`Target::set_ana_state`] tells them).
     pub fn add_listener(&mut self, l: Listener) -> Result<Vec<AerCompletion>, ConfigError> {
         l.validate()?;
         if self.listeners.iter().any(|x| x.portid == l.portid) {
@@ -584,8 +621,86 @@ impl Target {
                 why: "the port ID is used by another listener",
             });
         }
+        let mut events = Vec::new();
+        let mut groups = self.ana.non_optimized(l.portid);
+        groups.extend(l.ana.keys());
+        for g in groups {
+            let state = l.ana.get(&g).copied().unwrap_or_default();
+            events.extend(self.apply_ana(l.portid, g, state));
+        }
         self.listeners.push(l);
-        Ok(self.discovery_changed())
+        events.extend(self.discovery_changed());
+        Ok(events)
+    }
+
+    /// The ANA state of `group` as controllers connected through port `portid` see it.
+    pub fn ana_state(&self, portid: u16, group: u32) -> AnaState {
+        self.ana.state(portid, group)
+    }
+
+    /// Sets the ANA state of `group` on port `portid` (NVMe Base 2.0 §8.1.3): controllers
+    /// whose admin queue connected through the port report it for the group's namespaces
+    /// from now on, and I/O commands to those namespaces through them fail with the state's
+    /// Path Related Status when it is Inaccessible, Persistent Loss or Change. Each such
+    /// controller whose subsystem has a namespace in the group gets an Asymmetric Namespace
+    /// Access Change notice (if it enabled them, AEC bit 11); the returned completions are
+    /// those of held Asynchronous Event Requests. Setting the state a group already has
+    /// changes nothing.
+    ///
+    /// `portid` names a listener (or one removed while its connections stay); `group` is 1
+    /// to [`ANAGRPMAX`](super::ANAGRPMAX).
+    pub fn set_ana_state(
+        &mut self,
+        portid: u16,
+        group: u32,
+        state: AnaState,
+    ) -> Result<Vec<AerCompletion>, ConfigError> {
+        let listener = self.listeners.iter_mut().find(|l| l.portid == portid);
+        if listener.is_none() && !self.ana.has_port(portid) {
+            return Err(ConfigError::BadListener {
+                what: format!("port {portid}"),
+                why: "no such listener",
+            });
+        }
+        if !ana::valid_group(group) {
+            return Err(ConfigError::BadOption {
+                option: "ANA group",
+                value: group.into(),
+                why: "ANA group IDs run from 1 to 128 (ANAGRPMAX)",
+            });
+        }
+        if let Some(l) = listener {
+            l.ana.insert(group, state);
+        }
+        Ok(self.apply_ana(portid, group, state))
+    }
+
+    /// Sets a state and tells the controllers whose view changed.
+    fn apply_ana(&mut self, portid: u16, group: u32, state: AnaState) -> Vec<AerCompletion> {
+        if !self.ana.set(portid, group, state) {
+            return Vec::new();
+        }
+        log::debug!("port {portid}: ANA group {group} is {state}");
+        let Target {
+            subsystems,
+            controllers,
+            ..
+        } = self;
+        controllers
+            .values_mut()
+            .filter(|c| {
+                c.conn.portid == portid
+                    && c.subsystem
+                        .and_then(|id| subsystems.get(&id))
+                        .is_some_and(|s| s.has_group(group))
+            })
+            .filter_map(|c| {
+                c.raise(Event::AnaChange, 0).map(|(cid, dw0)| AerCompletion {
+                    cntlid: c.cntlid,
+                    cqe: cqe(cid, Status::SUCCESS, dw0),
+                })
+            })
+            .collect()
     }
 
     /// Removes the listener with port ID `portid` (its connections stay; the runtime closes
@@ -643,10 +758,15 @@ impl Target {
                 why: "the namespace ID is in use".into(),
             });
         }
-        let nsid = ns.nsid;
+        let mut nsids: Vec<u32> = s.cfg.namespaces.iter().map(|n| n.nsid).chain([ns.nsid]).collect();
+        nsids.sort_unstable();
+        let (nqn, max_nsid) = (s.cfg.nqn.clone(), s.max_nsid);
+        self.check_capacity(&nqn, max_nsid, &nsids)?;
+        let s = self.subsys_mut(id)?;
+        let (nsid, group) = (ns.nsid, ns.ana_group);
         s.cfg.namespaces.push(ns);
         s.publish();
-        Ok(self.namespace_changed(id, nsid))
+        Ok(self.namespace_changed(id, nsid, &[group]))
     }
 
     /// Replaces a namespace's description (e.g. resized), with the notice.
@@ -664,9 +784,14 @@ impl Target {
                 nsid,
             });
         };
+        let groups: Vec<u32> = if slot.ana_group == ns.ana_group {
+            Vec::new()
+        } else {
+            vec![slot.ana_group, ns.ana_group]
+        };
         *slot = ns;
         s.publish();
-        Ok(self.namespace_changed(id, nsid))
+        Ok(self.namespace_changed(id, nsid, &groups))
     }
 
     /// Removes a namespace, with the notice; its commands fail with Invalid Namespace or
@@ -677,24 +802,46 @@ impl Target {
         nsid: u32,
     ) -> Result<Vec<AerCompletion>, ConfigError> {
         let s = self.subsys_mut(id)?;
-        let before = s.cfg.namespaces.len();
-        s.cfg.namespaces.retain(|n| n.nsid != nsid);
-        if s.cfg.namespaces.len() == before {
+        let Some(gone) = s.namespace(nsid).map(|n| n.ana_group) else {
             return Err(ConfigError::NoSuchNamespace {
                 subsystem: s.cfg.nqn.clone(),
                 nsid,
             });
-        }
+        };
+        s.cfg.namespaces.retain(|n| n.nsid != nsid);
         s.health.remove(&nsid);
         s.publish();
-        Ok(self.namespace_changed(id, nsid))
+        Ok(self.namespace_changed(id, nsid, &[gone]))
     }
 
-    fn namespace_changed(&mut self, id: SubsystemId, nsid: u32) -> Vec<AerCompletion> {
+    /// Namespace `nsid` of subsystem `id` was added, changed or removed: a Namespace
+    /// Attribute Changed notice, and an ANA Change notice when `groups` (the ANA groups it
+    /// joined or left) is not empty, since the ANA log page lists the NSIDs of each group.
+    fn namespace_changed(&mut self, id: SubsystemId, nsid: u32, groups: &[u32]) -> Vec<AerCompletion> {
         for c in self.controllers.values_mut().filter(|c| c.subsystem == Some(id)) {
             c.changed.add(nsid);
         }
-        self.raise_all(Some(id), Event::NamespaceChanged, 0)
+        let mut events = self.raise_all(Some(id), Event::NamespaceChanged, 0);
+        if !groups.is_empty() {
+            self.ana.membership_changed(groups);
+            events.extend(self.raise_all(Some(id), Event::AnaChange, 0));
+        }
+        events
+    }
+
+    /// Sets which hosts may connect to subsystem `id` (`None`: any host; NQNs checked).
+    /// Controllers already connected stay; the discovery log a host reads may change, so
+    /// discovery controllers get a Discovery Log Page Change event.
+    pub fn set_allowed_hosts(
+        &mut self,
+        id: SubsystemId,
+        hosts: Option<Vec<String>>,
+    ) -> Result<Vec<AerCompletion>, ConfigError> {
+        for h in hosts.iter().flatten() {
+            super::config::validate_nqn(h)?;
+        }
+        self.subsys_mut(id)?.cfg.allowed_hosts = hosts;
+        Ok(self.discovery_changed())
     }
 
     /// Updates a namespace's health for the SMART / Health log; a newly set critical warning

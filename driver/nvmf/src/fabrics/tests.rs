@@ -2,6 +2,7 @@
 //! sequence Linux's initiator runs at connect time, and what it checks.
 
 mod admin;
+mod ana;
 mod connect;
 mod io;
 mod props;

@@ -130,6 +130,14 @@ pub mod status {
     pub const CONNECT_INVALID_PARAMETERS: Status = Status::new(Sct::CommandSpecific, 0x82, true);
     /// Connect Invalid Host (84h): the host NQN may not use the subsystem.
     pub const CONNECT_INVALID_HOST: Status = Status::new(Sct::CommandSpecific, 0x84, true);
+    /// Asymmetric Access Persistent Loss (NVMe Base 2.0 Figure 105, Path Related Status 01h):
+    /// the namespace is in the ANA Persistent Loss state on this controller's path. DNR is
+    /// clear so that a multipath host retries on another path (Linux fails over only then).
+    pub const ANA_PERSISTENT_LOSS: Status = Status::new(Sct::Path, 0x01, false);
+    /// Asymmetric Access Inaccessible (Path Related Status 02h): the ANA Inaccessible state.
+    pub const ANA_INACCESSIBLE: Status = Status::new(Sct::Path, 0x02, false);
+    /// Asymmetric Access Transition (Path Related Status 03h): the ANA Change state.
+    pub const ANA_TRANSITION: Status = Status::new(Sct::Path, 0x03, false);
 }
 
 /// Which way a command's data moves (opcode bits 1:0, NVMe Base 2.0 Figure 138).

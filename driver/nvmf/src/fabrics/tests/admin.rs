@@ -19,10 +19,18 @@ fn identify_controller_fields_at_their_offsets() {
     );
     assert_eq!(&b[24..30], b"vfpoll");
     assert_eq!(b[30], b' ');
-    assert_eq!(b[ctrl_off::CMIC], 0b11, "multi-port, multi-controller");
+    assert_eq!(
+        b[ctrl_off::CMIC],
+        0b1011,
+        "multi-port, multi-controller, ANA reporting"
+    );
     assert_eq!(b[ctrl_off::MDTS], 8, "1 MiB in 4 KiB pages");
     assert_eq!(le32(&b, ctrl_off::VER), 0x0002_0000);
-    assert_eq!(le32(&b, ctrl_off::OAES), 1 << 8);
+    assert_eq!(
+        le32(&b, ctrl_off::OAES),
+        1 << 8 | 1 << 11,
+        "namespace and ANA notices"
+    );
     assert_eq!(le32(&b, ctrl_off::CTRATT), 1 | 1 << 6, "128-bit host ID, TBKAS");
     assert_eq!(b[ctrl_off::CNTRLTYPE], 1, "I/O controller");
     assert_eq!(le16(&b, ctrl_off::OACS), 0);
