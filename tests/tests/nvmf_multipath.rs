@@ -6,7 +6,9 @@
 //!   of one subsystem, one namespace head (native NVMe multipath), both paths carrying I/O
 //!   (round-robin). fio writes and verifies through the head while listener 1 is removed
 //!   (`--config` edited, SIGHUP): its controller loses its connection, I/O goes on over the
-//!   other path, nothing is lost; listener 1 comes back and the host reconnects.
+//!   other path, nothing is lost; listener 1 comes back and the host reconnects. Before that,
+//!   ANA: listener 1 made inaccessible by a reload, the host reads the ANA change and sends I/O
+//!   over listener 2 only, until it is optimized again.
 //! - **Reload**: a namespace added and removed at run time appears and disappears on the host
 //!   (Namespace Attribute Changed events); a subsystem added appears in the discovery log and
 //!   one restricted to another host refuses this one; a broken file is refused and the target
@@ -40,12 +42,21 @@ fn config_path() -> PathBuf {
 /// A configuration: listeners `(port ID, TCP port)`, subsystem [`NQN`] with `namespaces` (TOML
 /// of its `[[subsystem.namespace]]` tables), then `more` (other subsystems).
 fn write_config(listeners: &[(u16, u16)], namespaces: &str, more: &str) {
+    write_config_ana(listeners, None, namespaces, more);
+}
+
+/// [`write_config`] with listener 1's ANA state `ana1` (`None`: optimized, the default).
+fn write_config_ana(listeners: &[(u16, u16)], ana1: Option<&str>, namespaces: &str, more: &str) {
     let mut t = String::new();
     if mode() == vfpoll_pci::vfio::IommuMode::NoIommu {
         t += "noiommu = true\n";
     }
     for (id, port) in listeners {
-        t += &format!("[[listener]]\naddress = \"127.0.0.1:{port}\"\nport_id = {id}\n\n");
+        t += &format!("[[listener]]\naddress = \"127.0.0.1:{port}\"\nport_id = {id}\n");
+        if let (1, Some(state)) = (id, ana1) {
+            t += &format!("ana_state = \"{state}\"\n");
+        }
+        t += "\n";
     }
     t += &format!("[[subsystem]]\nnqn = \"{NQN}\"\n\n{namespaces}\n{more}");
     fs::write(config_path(), t).unwrap();
@@ -85,9 +96,9 @@ fn nvme_subsystem_dir(nqn: &str) -> PathBuf {
         .unwrap_or_else(|| panic!("no /sys/class/nvme-subsystem entry for {nqn}"))
 }
 
-/// Reads and writes completed on controller `ctrl`'s path to namespace 1 (the hidden
-/// `nvme<S>c<C>n<H>` disk of native multipath).
-fn path_ios(ctrl: &FabricController) -> (u64, u64) {
+/// Controller `ctrl`'s path to namespace 1: the hidden `nvme<S>c<C>n<H>` disk of native
+/// multipath, in sysfs.
+fn path_dir(ctrl: &FabricController) -> PathBuf {
     let dir = ctrl.sysfs_dir();
     let path = fs::read_dir(&dir)
         .unwrap()
@@ -95,7 +106,20 @@ fn path_ios(ctrl: &FabricController) -> (u64, u64) {
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .find(|n| n.starts_with("nvme") && n.contains('c') && n.ends_with("n1"))
         .unwrap_or_else(|| panic!("{}: no multipath path disk for namespace 1", dir.display()));
-    let stat = fs::read_to_string(dir.join(&path).join("stat")).unwrap();
+    dir.join(path)
+}
+
+/// The ANA state the host sees on `ctrl`'s path (`optimized`, `inaccessible`, ...).
+fn path_ana_state(ctrl: &FabricController) -> String {
+    fs::read_to_string(path_dir(ctrl).join("ana_state"))
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+/// Reads and writes completed on controller `ctrl`'s path to namespace 1.
+fn path_ios(ctrl: &FabricController) -> (u64, u64) {
+    let stat = fs::read_to_string(path_dir(ctrl).join("stat")).unwrap();
     let f: Vec<u64> = stat.split_whitespace().map(|x| x.parse().unwrap()).collect();
     (f[0], f[4])
 }
@@ -153,7 +177,7 @@ fn fio_write_verify(dev: &Path) -> std::process::Child {
 
 #[test]
 #[ignore = "test bed"]
-fn two_listeners_are_two_paths_and_io_survives_losing_one() {
+fn guest_two_listeners_are_two_paths_and_io_survives_losing_one() {
     setup();
     bind_all(&[NVME_B]);
     let ns = format!("[[subsystem.namespace]]\nnsid = 1\nnvme = \"{NVME_B}/1\"\n\n");
@@ -193,6 +217,38 @@ fn two_listeners_are_two_paths_and_io_survives_losing_one() {
     assert!(
         ra + wa > 0 && rb + wb > 0,
         "round-robin I/O did not use both paths: {a:?} {ra}/{wa}, {b:?} {rb}/{wb}"
+    );
+    assert_eq!(path_ana_state(&a), "optimized");
+
+    // ANA: listener 1 made inaccessible (ANA Change notice, the host re-reads the ANA log):
+    // I/O goes over path 2 only; then optimized again.
+    let ports = [(1, NVMF_TCP_PORT), (2, PORT2)];
+    write_config_ana(&ports, Some("inaccessible"), &ns, "");
+    let said = target.reload(1);
+    assert!(
+        said[0].contains("ANA group 1") && said[0].contains("inaccessible"),
+        "{said:?}"
+    );
+    wait_for(
+        "the host seeing path 1 inaccessible",
+        Duration::from_secs(20),
+        || path_ana_state(&a) == "inaccessible",
+    );
+    let (a0, b0) = (path_ios(&a), path_ios(&b));
+    write_read(&head, 7);
+    assert_eq!(path_ios(&a), a0, "I/O on the inaccessible path");
+    assert_ne!(path_ios(&b), b0, "no I/O on the optimized path");
+    assert_eq!(a.attr("state"), "live", "an inaccessible path stays connected");
+    write_config(&ports, &ns, "");
+    let said = target.reload(1);
+    assert!(
+        said[0].contains("ANA group 1") && said[0].contains("optimized"),
+        "{said:?}"
+    );
+    wait_for(
+        "the host seeing path 1 optimized again",
+        Duration::from_secs(20),
+        || path_ana_state(&a) == "optimized",
     );
 
     // Listener 1 goes while fio writes: its controller loses its connection, I/O fails over.
@@ -242,7 +298,7 @@ fn two_listeners_are_two_paths_and_io_survives_losing_one() {
 
 #[test]
 #[ignore = "test bed"]
-fn reloading_the_config_adds_and_removes_namespaces_subsystems_and_hosts() {
+fn guest_reloading_the_config_adds_and_removes_namespaces_subsystems_and_hosts() {
     setup();
     write_config(&[(1, NVMF_TCP_PORT)], &malloc_ns(1, "16M"), "");
     let mut target = VfpollTarget::with_config(&config_path(), NQN, &["--stats-json"]);

@@ -56,8 +56,6 @@ pub(crate) struct Ctx<'a> {
     pub ns: &'a HashMap<(SubsystemId, u32), usize>,
     /// Submissions a busy backend refused, retried by the worker.
     pub retry: &'a mut VecDeque<Submission>,
-    /// Counters of the whole target.
-    pub stats: &'a Stats,
     /// The counters of a subsystem, taken by a connection at its Connect.
     pub subsystem_stats: &'a dyn Fn(SubsystemId) -> Arc<Stats>,
     /// What the target offers in the ICResp.
@@ -192,13 +190,21 @@ pub(crate) struct Conn {
     /// A termination request is queued: read nothing more, close once it is sent.
     closing: bool,
     closed: bool,
+    /// The target's counters.
+    stats: Arc<Stats>,
     /// The counters of the subsystem the Connect named.
     sub: Option<Arc<Stats>>,
 }
 
 impl Conn {
     /// A new connection (already non-blocking) with ID `id`.
-    pub(crate) fn new(id: u64, stream: TcpStream, info: ConnInfo, limits: &TargetLimits) -> Self {
+    pub(crate) fn new(
+        id: u64,
+        stream: TcpStream,
+        info: ConnInfo,
+        limits: &TargetLimits,
+        stats: Arc<Stats>,
+    ) -> Self {
         Conn {
             id,
             stream,
@@ -215,6 +221,7 @@ impl Conn {
             tx: VecDeque::new(),
             closing: false,
             closed: false,
+            stats,
             sub: None,
         }
     }
@@ -225,8 +232,8 @@ impl Conn {
     }
 
     /// Counts in the target's counters and the subsystem's.
-    fn count(&self, cx: &Ctx<'_>, f: impl Fn(&Stats)) {
-        f(cx.stats);
+    fn count(&self, f: impl Fn(&Stats)) {
+        f(&self.stats);
         if let Some(s) = &self.sub {
             f(s);
         }
@@ -300,7 +307,7 @@ impl Conn {
                 Ok(None) => break,
                 Err(e) => {
                     progress = true;
-                    self.protocol_error(cx, &e);
+                    self.protocol_error(&e);
                 }
             }
         }
@@ -471,7 +478,7 @@ impl Conn {
         }
         let (d, dg, digest) = (*d, layout.data_digest, [small[0], small[1], small[2], small[3]]);
         self.reset_header();
-        self.count(cx, |s| s.add_written(d.datal as u64));
+        self.count(|s| s.add_written(d.datal as u64));
         let Some(cmd) = self.cmds.get_mut(&d.cccid) else {
             return Ok(Some(true));
         };
@@ -516,7 +523,7 @@ impl Conn {
                 Ok(())
             }
             HostPdu::CapsuleCmd(c) => {
-                self.count(cx, Stats::add_command);
+                self.count(Stats::add_command);
                 let (pad, len) = (h.layout.pad as usize, h.layout.data_len as usize);
                 let data = &body[pad.min(body.len())..(pad + len).min(body.len())];
                 let digest_ok = !h.layout.data_digest || {
@@ -612,7 +619,7 @@ impl Conn {
             }
             return;
         }
-        self.count(cx, Stats::add_io_command);
+        self.count(Stats::add_io_command);
         if self.cmds.len() as u32 >= entries || self.cmds.contains_key(&cid) {
             log::warn!(
                 "{}: command {cid} past the queue's {entries} entries or a CID in use",
@@ -809,7 +816,6 @@ impl Conn {
         let Some(cmd) = self.cmds.remove(&cid) else { return };
         let qid = self.qid();
         if !status.is_success() {
-            self.count(cx, Stats::add_io_error);
             if let Some(io) = self.queue.as_ref().and_then(|q| q.io.as_ref()) {
                 io.record_error(&cmd.req, status);
             }
@@ -821,7 +827,7 @@ impl Conn {
         };
         match (cmd.req.op, cmd.buf) {
             (IoOp::Read { len, .. }, Some(buf)) if status.is_success() => {
-                self.count(cx, |s| s.add_read(len as u64));
+                self.count(|s| s.add_read(len as u64));
                 self.c2h_dma(cid, buf);
             }
             (_, Some(buf)) => cx.pool.free(buf),
@@ -836,6 +842,12 @@ impl Conn {
 
     /// Queues a CapsuleResp with `cqe`, SQHD `head` and SQID `qid`.
     fn respond(&mut self, mut cqe: Cqe, head: u16, qid: u16) {
+        if qid != 0 && cqe.status != 0 {
+            self.stats.add_io_error();
+            if let Some(s) = &self.sub {
+                s.add_io_error();
+            }
+        }
         cqe.sq_head = head;
         cqe.sq_id = qid;
         let mut out = vec![0u8; MAX_TX_HEADER_LEN];
@@ -899,8 +911,8 @@ impl Conn {
 
     /// Answers a protocol error with a C2HTermReq (unless the error says not to) and closes
     /// the connection once it is sent (§3.6.2.5).
-    fn protocol_error(&mut self, cx: &mut Ctx<'_>, e: &pdu::Error) {
-        self.count(cx, Stats::add_protocol_error);
+    fn protocol_error(&mut self, e: &pdu::Error) {
+        self.count(Stats::add_protocol_error);
         log::warn!(
             "{}: protocol error: {e:?}; closing the connection",
             self.info.peer

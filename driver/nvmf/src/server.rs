@@ -33,7 +33,7 @@ use vfpoll_dma::{DmaContext, DmaError, PageSize};
 
 use crate::backend::Backend;
 use crate::fabrics::{
-    AerCompletion, ConnInfo, Listener, NamespaceInfo, QueueRef, Subsystem, SubsystemId, Target,
+    AerCompletion, AnaState, ConnInfo, Listener, NamespaceInfo, QueueRef, Subsystem, SubsystemId, Target,
 };
 use crate::pdu::{LimitsError, TargetLimits};
 
@@ -291,7 +291,7 @@ struct Shared {
     /// Connections per worker, for the listener's choice.
     loads: Vec<AtomicU64>,
     stop: AtomicBool,
-    stats: Stats,
+    stats: Arc<Stats>,
     /// Counters per subsystem; a connection takes its subsystem's at Connect.
     subsystems: Mutex<HashMap<SubsystemId, Arc<Stats>>>,
 }
@@ -398,7 +398,7 @@ impl Server {
             inboxes,
             listen: Mutex::new(listen_tx),
             stop: AtomicBool::new(false),
-            stats: Stats::default(),
+            stats: Arc::default(),
             subsystems: Mutex::new(HashMap::new()),
         });
         let mut server = Server {
@@ -676,6 +676,16 @@ impl Server {
         for nsid in nsids {
             self.shared.send_all(|| Msg::RemoveBackend(id, nsid));
         }
+        self.shared.deliver(aers);
+        Ok(())
+    }
+
+    /// Sets the ANA state of group `group` on listener `portid` (NVMe Base 2.0 §8.1.3): hosts
+    /// connected through it get an ANA Change notice and read the new state; I/O on an
+    /// inaccessible path fails with a path error, so a multipath host sends it over another.
+    pub fn set_ana_state(&self, portid: u16, group: u32, state: AnaState) -> Result<(), ServerError> {
+        self.check_running()?;
+        let aers = self.shared.target().set_ana_state(portid, group, state)?;
         self.shared.deliver(aers);
         Ok(())
     }

@@ -89,7 +89,8 @@ impl Devices {
                 let format = geo
                     .format
                     .map_err(|e| anyhow::anyhow!("namespace {nsid} of {bdf}: {e}"))?;
-                let info = NamespaceInfo::from_format(nqn, ns.nsid, &name, &format, geo.blocks)?;
+                let mut info = NamespaceInfo::from_format(nqn, ns.nsid, &name, &format, geo.blocks)?;
+                info.ana_group = ns.ana_group;
                 let vwc = ctrl.identify().vwc & 1 == 1;
                 let mut backends: Vec<Box<dyn Backend>> = Vec::new();
                 for w in 0..workers {
@@ -118,6 +119,7 @@ impl Devices {
                 let mut info = NamespaceInfo::new(nqn, ns.nsid, "malloc", block_size, blocks);
                 info.write_zeroes = true;
                 info.deallocate = true;
+                info.ana_group = ns.ana_group;
                 // A namespace re-added under the same NQN and NSID keeps its data only if it
                 // has the same size; otherwise it starts zeroed.
                 let key = (nqn.to_owned(), ns.nsid);

@@ -52,8 +52,8 @@ pub struct Args {
     /// Allow only these host NQNs (repeat for more); without it every host may connect.
     #[arg(long, value_name = "NQN", conflicts_with = "config")]
     allow_host: Vec<String>,
-    /// Serve what this TOML file describes: target settings, [[listener]]s, [[subsystem]]s
-    /// with [[subsystem.namespace]]s (see `vfpoll target --help` and the README). SIGHUP
+    /// Serve what this TOML file describes: target settings, `[[listener]]`s, `[[subsystem]]`s
+    /// with `[[subsystem.namespace]]`s (the README shows one). SIGHUP
     /// reloads it: listeners, subsystems, namespaces and allowed hosts change without a
     /// restart.
     #[arg(long, value_name = "FILE")]

@@ -11,6 +11,8 @@
 //! [[listener]]
 //! address = "127.0.0.1:4420"
 //! port_id = 1              # default: its place in the file, from 1
+//! ana_state = "optimized"  # ANA state of every group through this listener (multipath):
+//!                          # optimized, non-optimized, inaccessible, persistent-loss, change
 //!
 //! [[subsystem]]
 //! nqn = "nqn.2024-01.io.example:disks"
@@ -21,6 +23,7 @@
 //! [[subsystem.namespace]]
 //! nsid = 1                 # default: the next free NSID
 //! nvme = "0000:00:03.0/1"  # an NVMe namespace (BDF/NSID, bound to vfio-pci)
+//! ana_group = 1            # its ANA group (1 to 128, default 1)
 //!
 //! [[subsystem.namespace]]
 //! malloc = "64M"           # or RAM
@@ -36,7 +39,7 @@ use anyhow::{bail, Context as _};
 use serde::Deserialize;
 use vfpoll_dma::PageSize;
 use vfpoll_engine::affinity::parse_cores;
-use vfpoll_nvmf::fabrics::{validate_nqn, Listener};
+use vfpoll_nvmf::fabrics::{validate_nqn, AnaState, Listener, ANAGRPMAX};
 use vfpoll_nvmf::server::DEFAULT_SPIN;
 use vfpoll_pci::Bdf;
 
@@ -80,6 +83,8 @@ impl std::fmt::Display for Source {
 pub struct NsPlan {
     /// Its NSID in the subsystem.
     pub nsid: u32,
+    /// Its ANA group.
+    pub ana_group: u32,
     /// Its blocks.
     pub source: Source,
 }
@@ -175,6 +180,7 @@ impl Plan {
                     .enumerate()
                     .map(|(i, source)| NsPlan {
                         nsid: i as u32 + 1,
+                        ana_group: 1,
                         source,
                     })
                     .collect(),
@@ -194,7 +200,7 @@ impl Plan {
 
     /// The plan TOML `text` describes (see the module documentation).
     pub fn from_toml(text: &str, overrides: &Settings) -> anyhow::Result<Plan> {
-        let f: File = toml::from_str(text)?;
+        let f: File = toml::from_str(text).map_err(|e| toml_error(text, &e))?;
         let settings = Settings {
             cores: overrides.cores.clone().or(f.cores),
             page_size: match (overrides.page_size, f.page_size) {
@@ -205,10 +211,30 @@ impl Plan {
             noiommu: overrides.noiommu || f.noiommu,
             spin_ms: overrides.spin_ms.or(f.spin_ms),
         };
+        // The ANA groups in use: a listener's `ana_state` applies to each.
+        let mut groups: BTreeSet<u32> = f
+            .subsystem
+            .iter()
+            .flat_map(|s| &s.namespace)
+            .map(|n| n.ana_group.unwrap_or(1))
+            .collect();
+        groups.insert(1);
+        if let Some(g) = groups.iter().find(|&&g| !(1..=ANAGRPMAX).contains(&g)) {
+            bail!("ana_group {g}: ANA groups run from 1 to {ANAGRPMAX}");
+        }
         let mut listeners = Vec::new();
         for (i, l) in f.listener.iter().enumerate() {
             let portid = l.port_id.unwrap_or(i as u16 + 1);
-            listeners.push(Listener::tcp(portid, l.address));
+            let mut listener = Listener::tcp(portid, l.address);
+            if let Some(name) = &l.ana_state {
+                let Some(state) = AnaState::from_name(name) else {
+                    bail!("listener {}: ana_state {name:?}: use optimized, non-optimized, inaccessible, persistent-loss or change", l.address);
+                };
+                for &g in &groups {
+                    listener = listener.with_ana(g, state);
+                }
+            }
+            listeners.push(listener);
         }
         if listeners.is_empty() {
             listeners.push(Listener::tcp(
@@ -242,7 +268,11 @@ impl Plan {
                         what()
                     ),
                 };
-                namespaces.push(NsPlan { nsid, source });
+                namespaces.push(NsPlan {
+                    nsid,
+                    ana_group: n.ana_group.unwrap_or(1),
+                    source,
+                });
                 next = nsid.saturating_add(1);
             }
             subsystems.push(SubsystemPlan {
@@ -390,6 +420,7 @@ struct File {
 struct FileListener {
     address: SocketAddr,
     port_id: Option<u16>,
+    ana_state: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -410,6 +441,18 @@ struct FileNamespace {
     nvme: Option<String>,
     malloc: Option<String>,
     block_size: Option<u32>,
+    ana_group: Option<u32>,
+}
+
+/// A TOML error on one line: where, and what.
+fn toml_error(text: &str, e: &toml::de::Error) -> anyhow::Error {
+    match e.span() {
+        Some(span) => {
+            let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
+            anyhow::anyhow!("line {line}: {}", e.message().trim())
+        }
+        None => anyhow::anyhow!("{}", e.message().trim()),
+    }
 }
 
 #[cfg(test)]
@@ -426,6 +469,7 @@ mod tests {
         [[listener]]
         address = "127.0.0.2:4421"
         port_id = 7
+        ana_state = "non-optimized"
 
         [[subsystem]]
         nqn = "nqn.2024-01.io.vfpoll:a"
@@ -438,6 +482,7 @@ mod tests {
         nsid = 5
         malloc = "1M"
         block_size = 4096
+        ana_group = 2
 
         [[subsystem.namespace]]
         malloc = "64k"
@@ -455,6 +500,9 @@ mod tests {
         let ports: Vec<u16> = p.listeners.iter().map(|l| l.portid).collect();
         assert_eq!(ports, [1, 7]);
         assert_eq!(p.listeners[1].traddr, "127.0.0.2");
+        assert!(p.listeners[0].ana.is_empty(), "optimized unless told");
+        let ana: Vec<(u32, AnaState)> = p.listeners[1].ana.iter().map(|(g, s)| (*g, *s)).collect();
+        assert_eq!(ana, [(1, AnaState::NonOptimized), (2, AnaState::NonOptimized)]);
         let a = &p.subsystems[0];
         let nsids: Vec<u32> = a.namespaces.iter().map(|n| n.nsid).collect();
         assert_eq!(nsids, [1, 5, 6], "NSIDs follow the last one given");
@@ -482,7 +530,15 @@ mod tests {
     #[test]
     fn bad_files_say_what_is_wrong() {
         let err = |t: &str| format!("{:#}", Plan::from_toml(t, &Settings::default()).unwrap_err());
-        assert!(err("colour = 1").contains("unknown field"));
+        let e = err("\n\ncolour = 1");
+        assert!(
+            e.contains("line 3") && e.contains("unknown field") && !e.contains('\n'),
+            "{e}"
+        );
+        let l = "[[listener]]\naddress = \"127.0.0.1:1\"\nana_state = \"sideways\"\n";
+        assert!(
+            err(&format!("{l}[[subsystem]]\nnqn = \"nqn.2024-01.io.vfpoll:a\"\n")).contains("non-optimized")
+        );
         assert!(err("").contains("no subsystem"));
         let sub = "[[subsystem]]\nnqn = \"nqn.2024-01.io.vfpoll:a\"\n";
         assert!(err(&format!("{sub}[[subsystem.namespace]]\n")).contains("exactly one of"));

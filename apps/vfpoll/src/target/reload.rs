@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use vfpoll_nvmf::fabrics::Subsystem;
+use vfpoll_nvmf::fabrics::{AnaState, Listener, Subsystem};
 use vfpoll_nvmf::server::Server;
 
 use super::devices::Devices;
@@ -39,11 +39,10 @@ pub fn apply(server: &Server, devices: &mut Devices, current: &mut Plan, new: &P
         );
     }
     // Listeners, by port ID: gone or moved ones first (a moved one is removed and re-added).
-    let same = |a: &vfpoll_nvmf::fabrics::Listener, b: &vfpoll_nvmf::fabrics::Listener| {
-        a.traddr == b.traddr && a.trsvcid == b.trsvcid
-    };
+    let same = |a: &Listener, b: &Listener| a.traddr == b.traddr && a.trsvcid == b.trsvcid;
     for l in current.listeners.clone() {
-        if new.listeners.iter().any(|n| n.portid == l.portid && same(n, &l)) {
+        if let Some(n) = new.listeners.iter().find(|n| n.portid == l.portid && same(n, &l)) {
+            ana_changes(server, current, &l, n, &mut out);
             continue;
         }
         match server.remove_listener(l.portid) {
@@ -101,6 +100,30 @@ pub fn apply(server: &Server, devices: &mut Devices, current: &mut Plan, new: &P
         update_subsystem(server, devices, &mut current.subsystems[i], s, workers, &mut out);
     }
     out
+}
+
+/// Applies the ANA state changes of a listener that stays.
+fn ana_changes(server: &Server, current: &mut Plan, old: &Listener, new: &Listener, out: &mut Outcome) {
+    let groups: std::collections::BTreeSet<u32> = old.ana.keys().chain(new.ana.keys()).copied().collect();
+    for g in groups {
+        let state = |l: &Listener| l.ana.get(&g).copied().unwrap_or(AnaState::Optimized);
+        let (was, now) = (state(old), state(new));
+        if was == now {
+            continue;
+        }
+        match server.set_ana_state(new.portid, g, now) {
+            Ok(()) => {
+                out.applied
+                    .push(format!("listener {}: ANA group {g} {was} -> {now}", new.portid));
+                if let Some(c) = current.listeners.iter_mut().find(|c| c.portid == new.portid) {
+                    c.ana.insert(g, now);
+                }
+            }
+            Err(e) => out
+                .failed
+                .push(format!("listener {}: ANA group {g}: {e}", new.portid)),
+        }
+    }
 }
 
 fn add_subsystem(

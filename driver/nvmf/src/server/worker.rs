@@ -222,7 +222,10 @@ impl Worker {
     fn message(&mut self, m: Msg, conns: &mut HashMap<u64, Conn>, close: &mut Vec<QueueRef>) {
         match m {
             Msg::Conn(id, s, info) => {
-                conns.insert(id, Conn::new(id, s, info, &self.limits));
+                conns.insert(
+                    id,
+                    Conn::new(id, s, info, &self.limits, self.shared.stats.clone()),
+                );
             }
             Msg::Close(q) => close.push(q),
             Msg::ClosePort(portid) => {
@@ -310,7 +313,6 @@ impl Worker {
                     backends: &mut self.backends,
                     ns: &self.ns,
                     retry: &mut retry,
-                    stats: &shared.stats,
                     subsystem_stats: &|id| shared.subsystem_stats(id),
                     limits: &self.limits,
                     close: &mut ended,
