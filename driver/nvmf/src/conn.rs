@@ -13,7 +13,7 @@
 //! and reading stops while the answers queued for sending pass a limit.
 
 use std::collections::{HashMap, VecDeque};
-use std::io::{self, Read};
+use std::io;
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
@@ -32,7 +32,11 @@ use crate::pdu::{
     DIGEST_LEN, MAX_HEADER_LEN, MAX_TX_HEADER_LEN,
 };
 use crate::server::Stats;
-use crate::sys;
+use crate::sys::{self, Piece, MAX_PIECES};
+
+mod stage;
+
+use stage::{ReadResult, RxStage};
 
 /// Transient Transport Error (NVMe Base 2.0 Figure 94, 22h): the status of a command whose data
 /// failed its data digest (NVMe/TCP 1.0c §3.3.1.1: data digest errors complete the command,
@@ -183,6 +187,8 @@ pub(crate) struct Conn {
     /// error found after it.
     last_hdr: usize,
     rx: Rx,
+    /// Received bytes not yet parsed.
+    stage: RxStage,
     queue: Option<Queue>,
     cmds: HashMap<u16, Cmd>,
     waiting: VecDeque<u16>,
@@ -215,6 +221,7 @@ impl Conn {
             hdr_need: COMMON_HEADER_LEN,
             last_hdr: 0,
             rx: Rx::Header,
+            stage: RxStage::new(),
             queue: None,
             cmds: HashMap::new(),
             waiting: VecDeque::new(),
@@ -335,7 +342,7 @@ impl Conn {
                 }
             }
             Rx::Body { body, pos, .. } => {
-                match read_some(&mut self.stream, &mut body[*pos..]) {
+                match self.stage.read(&mut self.stream, &mut body[*pos..]) {
                     ReadResult::Data(n) => *pos += n,
                     ReadResult::Again => return Ok(None),
                     ReadResult::Closed => {
@@ -358,7 +365,7 @@ impl Conn {
 
     /// Reads into `hdr[have..need]`; `None` when nothing could be read (or the peer closed).
     fn read_plain(&mut self, have: usize, need: usize) -> Option<usize> {
-        match read_some(&mut self.stream, &mut self.hdr[have..need]) {
+        match self.stage.read(&mut self.stream, &mut self.hdr[have..need]) {
             ReadResult::Data(n) => Some(n),
             ReadResult::Again => None,
             ReadResult::Closed => {
@@ -448,22 +455,35 @@ impl Conn {
         let (pad, len, dg) = (layout.pad, layout.data_len, layout.digest_len());
         let fd = self.stream.as_raw_fd();
         let r = if *pos < pad {
-            read_some(&mut self.stream, &mut small[*pos as usize..pad as usize])
+            self.stage
+                .read(&mut self.stream, &mut small[*pos as usize..pad as usize])
         } else if *pos < pad + len {
             let Some(buf) = self.cmds.get_mut(&d.cccid).and_then(|c| c.buf.as_mut()) else {
                 return Err(pdu::Error::unknown_cccid(pdu::PduType::H2cData, d.cccid));
             };
             let at = (d.datao + (*pos - pad)) as usize;
-            match sys::recv_into(fd, buf, at, (pad + len - *pos) as usize) {
-                Ok(0) => ReadResult::Closed,
-                Ok(n) => ReadResult::Data(n),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => ReadResult::Again,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => ReadResult::Data(0),
-                Err(_) => ReadResult::Closed,
+            let want = (pad + len - *pos) as usize;
+            let staged = self.stage.available();
+            if !staged.is_empty() {
+                // Data that came with earlier PDUs in one receive: copied on.
+                let n = staged.len().min(want);
+                if cx.pool.write(buf, at, &staged[..n]).is_err() {
+                    return Err(pdu::Error::unexpected(pdu::PduType::H2cData));
+                }
+                self.stage.consume(n);
+                ReadResult::Data(n)
+            } else {
+                match sys::recv_into(fd, buf, at, want) {
+                    Ok(0) => ReadResult::Closed,
+                    Ok(n) => ReadResult::Data(n),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => ReadResult::Again,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => ReadResult::Data(0),
+                    Err(_) => ReadResult::Closed,
+                }
             }
         } else {
             let o = (*pos - pad - len) as usize;
-            read_some(&mut self.stream, &mut small[o..dg as usize])
+            self.stage.read(&mut self.stream, &mut small[o..dg as usize])
         };
         match r {
             ReadResult::Data(n) => *pos += n as u32,
@@ -939,27 +959,40 @@ impl Conn {
         }
     }
 
-    /// Sends what is queued, as far as the socket takes it. Returns whether anything went.
+    /// Sends what is queued, as far as the socket takes it, gathering many PDUs into one
+    /// `sendmsg` (a deep queue's answers go out together). Returns whether anything went.
     pub(crate) fn flush(&mut self, pool: &mut DmaPool) -> bool {
+        /// Bytes offered to one `sendmsg` at most.
+        const BATCH: usize = 256 << 10;
         let fd = self.stream.as_raw_fd();
         let mut progress = false;
-        while let Some(t) = self.tx.front_mut() {
-            let total = t.total();
-            if t.sent < total {
-                let hl = t.head.len();
-                let dl = t.data.as_ref().map_or(0, |b| b.len());
-                let s = t.sent;
-                let head = &t.head[s.min(hl)..];
-                let data = t.data.as_ref().and_then(|b| {
-                    let off = s.saturating_sub(hl).min(dl);
-                    (off < dl).then_some((b, off, dl - off))
-                });
-                let tail = &t.tail[s.saturating_sub(hl + dl).min(t.tail_len)..t.tail_len];
-                match sys::send(fd, head, data, tail) {
-                    Ok(n) => {
-                        t.sent += n;
-                        progress |= n > 0;
+        while !self.tx.is_empty() {
+            let (offered, sent) = {
+                let mut pieces = [Piece::Bytes(&[]); MAX_PIECES];
+                let (mut n, mut offered) = (0, 0);
+                for t in &self.tx {
+                    if n + 3 > MAX_PIECES || offered >= BATCH {
+                        break;
                     }
+                    let (hl, dl) = (t.head.len(), t.data.as_ref().map_or(0, |b| b.len()));
+                    let s = t.sent;
+                    pieces[n] = Piece::Bytes(&t.head[s.min(hl)..]);
+                    if let Some(b) = &t.data {
+                        let off = s.saturating_sub(hl).min(dl);
+                        pieces[n + 1] = Piece::Dma(b, off, dl - off);
+                    } else {
+                        pieces[n + 1] = Piece::Bytes(&[]);
+                    }
+                    pieces[n + 2] =
+                        Piece::Bytes(&t.tail[s.saturating_sub(hl + dl).min(t.tail_len)..t.tail_len]);
+                    n += 3;
+                    offered += t.total() - s;
+                    if t.close_after {
+                        break;
+                    }
+                }
+                match sys::send_many(fd, &pieces[..n]) {
+                    Ok(sent) => (offered, sent),
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => return progress,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                     Err(e) => {
@@ -968,17 +1001,29 @@ impl Conn {
                         return true;
                     }
                 }
-                if t.sent < total {
-                    return progress;
+            };
+            progress |= sent > 0;
+            let mut left = sent;
+            while left > 0 {
+                let t = self.tx.front_mut().expect("sent bytes belong to queued PDUs");
+                let rest = t.total() - t.sent;
+                if left < rest {
+                    t.sent += left;
+                    break;
+                }
+                left -= rest;
+                let t = self.tx.pop_front().expect("front exists");
+                if let Some(b) = t.data {
+                    pool.free(b);
+                }
+                if t.close_after {
+                    self.close(pool);
+                    return true;
                 }
             }
-            let t = self.tx.pop_front().expect("front exists");
-            if let Some(b) = t.data {
-                pool.free(b);
-            }
-            if t.close_after {
-                self.close(pool);
-                return true;
+            if sent < offered {
+                // The socket is full: the rest goes in a later round.
+                return progress;
             }
         }
         progress
@@ -994,24 +1039,5 @@ fn fail(cid: u16, status: Status) -> Cqe {
         sq_id: 0,
         cid,
         status: status.field(),
-    }
-}
-
-enum ReadResult {
-    Data(usize),
-    Again,
-    Closed,
-}
-
-fn read_some(s: &mut TcpStream, buf: &mut [u8]) -> ReadResult {
-    if buf.is_empty() {
-        return ReadResult::Data(0);
-    }
-    match s.read(buf) {
-        Ok(0) => ReadResult::Closed,
-        Ok(n) => ReadResult::Data(n),
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock => ReadResult::Again,
-        Err(e) if e.kind() == io::ErrorKind::Interrupted => ReadResult::Data(0),
-        Err(_) => ReadResult::Closed,
     }
 }

@@ -26,21 +26,36 @@ fn check(buf: &DmaBuf, off: usize, len: usize) -> io::Result<()> {
     }
 }
 
-/// Sends `head`, then `len` bytes of `buf` from `off` (when given), then `tail`, in one
-/// `sendmsg` without blocking. Returns the bytes sent (possibly fewer than offered; `WouldBlock`
-/// when none could be).
-pub(crate) fn send(
-    fd: RawFd,
-    head: &[u8],
-    data: Option<(&DmaBuf, usize, usize)>,
-    tail: &[u8],
-) -> io::Result<usize> {
+/// One piece of a gathered send: bytes in ordinary memory, or `len` bytes of a DMA buffer from
+/// `off`.
+#[derive(Clone, Copy)]
+pub(crate) enum Piece<'a> {
+    /// Ordinary bytes.
+    Bytes(&'a [u8]),
+    /// A range of a DMA buffer.
+    Dma(&'a DmaBuf, usize, usize),
+}
+
+/// At most this many pieces go into one `sendmsg`.
+pub(crate) const MAX_PIECES: usize = 64;
+
+/// Sends `pieces` in order in one `sendmsg` without blocking (empty ones skipped, at most
+/// [`MAX_PIECES`]). Returns the bytes sent (possibly fewer than offered; `WouldBlock` when
+/// none could be).
+pub(crate) fn send_many(fd: RawFd, pieces: &[Piece<'_>]) -> io::Result<usize> {
     let mut iov = [libc::iovec {
         iov_base: std::ptr::null_mut(),
         iov_len: 0,
-    }; 3];
+    }; MAX_PIECES];
     let mut n = 0;
-    let mut push = |base: *const u8, len: usize| {
+    for p in pieces.iter().take(MAX_PIECES) {
+        let (base, len) = match *p {
+            Piece::Bytes(b) => (b.as_ptr(), b.len()),
+            Piece::Dma(buf, off, len) => {
+                check(buf, off, len)?;
+                (buf.as_ptr().wrapping_add(off).cast_const(), len)
+            }
+        };
         if len != 0 {
             iov[n] = libc::iovec {
                 iov_base: base.cast_mut().cast(),
@@ -48,13 +63,7 @@ pub(crate) fn send(
             };
             n += 1;
         }
-    };
-    push(head.as_ptr(), head.len());
-    if let Some((buf, off, len)) = data {
-        check(buf, off, len)?;
-        push(buf.as_ptr().wrapping_add(off), len);
     }
-    push(tail.as_ptr(), tail.len());
     if n == 0 {
         return Ok(0);
     }
@@ -63,9 +72,9 @@ pub(crate) fn send(
     msg.msg_iov = iov.as_mut_ptr();
     msg.msg_iovlen = n as _;
     // SAFETY: every iovec points at memory valid for reads of its length for the duration of
-    // the call: `head` and `tail` are borrowed slices; the DMA range is inside `buf` (checked),
-    // whose memory stays mapped while the caller holds it and which no device owns now (module
-    // docs). The kernel only reads them.
+    // the call: ordinary pieces are borrowed slices; each DMA range is inside its buffer
+    // (checked), whose memory stays mapped while the caller holds it and which no device owns
+    // now (module docs). The kernel only reads them.
     let r = unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
     if r < 0 {
         Err(io::Error::last_os_error())
@@ -129,7 +138,8 @@ mod tests {
         pool.write(&a, 0, &data).unwrap();
         let (mut x, mut y) = UnixStream::pair().unwrap();
         // Header + 100 bytes of the buffer from offset 7 + a tail, in one call.
-        let n = send(x.as_raw_fd(), b"HEAD", Some((&a, 7, 100)), b"TL").unwrap();
+        let head = [Piece::Bytes(b"HEAD"), Piece::Dma(&a, 7, 100), Piece::Bytes(b"TL")];
+        let n = send_many(x.as_raw_fd(), &head).unwrap();
         assert_eq!(n, 106);
         let mut got = vec![0u8; 106];
         y.read_exact(&mut got).unwrap();
@@ -145,8 +155,20 @@ mod tests {
         let mut back = vec![0u8; 300];
         pool.read(&b, 1000, &mut back).unwrap();
         assert_eq!(back, data[..300]);
+        // Gathered: bytes, a DMA range, bytes again, in one call.
+        let pieces = [
+            Piece::Bytes(b"AB"),
+            Piece::Dma(&a, 1, 3),
+            Piece::Bytes(b""),
+            Piece::Bytes(b"Z"),
+        ];
+        assert_eq!(send_many(x.as_raw_fd(), &pieces).unwrap(), 6);
+        let mut got = [0u8; 6];
+        y.read_exact(&mut got).unwrap();
+        assert_eq!(got, [b'A', b'B', 1, 2, 3, b'Z']);
+        assert!(send_many(x.as_raw_fd(), &[Piece::Dma(&a, 4090, 10)]).is_err());
         // Outside the buffer: refused, nothing sent.
-        assert!(send(x.as_raw_fd(), b"", Some((&a, 4000, 100)), b"").is_err());
+        assert!(send_many(x.as_raw_fd(), &[Piece::Dma(&a, 4000, 100)]).is_err());
         assert!(recv_into(x.as_raw_fd(), &mut b, 4090, 10).is_err());
         // Nothing to read: WouldBlock, not a hang.
         let e = recv_into(x.as_raw_fd(), &mut b, 0, 10).unwrap_err();
