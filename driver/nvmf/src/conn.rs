@@ -4,9 +4,12 @@
 //!
 //! A connection is driven by its worker ([`crate::server`]): [`Conn::receive`] reads what the
 //! socket has without blocking and starts the commands it completes, [`Conn::complete`] takes a
-//! backend's completion, [`Conn::flush`] sends what is queued. Write data lands straight in the
-//! command's DMA buffer (`sys::recv_into`) and read data leaves straight from it
-//! (`sys::send`); in-capsule data, at most a few KiB, is copied.
+//! backend's completion, [`Conn::flush`] sends what is queued, every queued PDU in one gathered
+//! `sendmsg`. Headers and capsules are received in batches through a small staging buffer
+//! (`stage`); write data lands straight in the command's DMA buffer (`sys::recv_into`), except
+//! the part of it (a few KiB at most) that arrived in one receive with the PDUs before it,
+//! which is copied on; read data leaves straight from its DMA buffer (`sys::send_many`).
+//! In-capsule data, at most a few KiB, is copied.
 //!
 //! Memory is bounded per connection: at most the queue's entries commands in flight (more are
 //! refused with a completion, not buffered), one capsule of in-capsule data being received,
