@@ -11,8 +11,10 @@ use anyhow::{bail, Context};
 use serde_json::{json, Value};
 use vfpoll_dma::{DmaContext, FakeMapper, PageSize};
 use vfpoll_engine::affinity::{allowed_cores, parse_cores, pin_current, set_current};
-use vfpoll_engine::report::OpStats;
-use vfpoll_engine::{split_evenly, Engine, JobSpec, LatencySummary, Limit, Namespace, Report, Workload};
+use vfpoll_engine::report::{histogram_buckets, OpStats};
+use vfpoll_engine::{
+    split_evenly, Breakdown, Engine, Histogram, JobSpec, LatencySummary, Limit, Namespace, Report, Workload,
+};
 use vfpoll_nvme::{Controller, ControllerOptions, QpairOptions};
 use vfpoll_nvme_model::{ModelConfig, NamespaceConfig, NvmeModel};
 use vfpoll_pci::vfio::{Container, IommuMode};
@@ -99,9 +101,49 @@ pub struct Args {
     /// Describe data with SGLs where the controller supports them (PRPs otherwise).
     #[arg(long)]
     pub sgl: bool,
+    /// After the results, print the latency histogram of reads and of writes as SPDK perf's
+    /// -LL does: ranges in microseconds with their I/O count, percent and cumulative percent
+    /// (only ranges that hold I/Os). Each power of two of nanoseconds is cut into BUCKETS equal
+    /// ranges (a power of two from 1 to 1024; SPDK's are 128) [default: 16, ranges at most
+    /// 6.25% wide]. With --json: `latency_histogram`.
+    #[arg(long, value_name = "BUCKETS", num_args = 0..=1, default_missing_value = "16",
+          value_parser = parse_per_octave)]
+    pub latency_histogram: Option<u32>,
+    /// Queue depth 1 only: stamp every I/O (TSC; CLOCK_MONOTONIC where the TSC is not usable:
+    /// the output says which) when it is submitted, after its doorbell write, at the start of the
+    /// poll that finds its completion and in its completion callback, and print mean, p50 and
+    /// p99 of each segment (submit to doorbell, doorbell to completion seen, completion seen to
+    /// callback, callback to the next submit), which add up to one I/O's cycle. Costs a clock
+    /// read per poll; without it the I/O loop takes no stamps. With --json: `latency_breakdown`.
+    #[arg(long, conflicts_with = "verify")]
+    pub breakdown: bool,
     /// Print the results as JSON (fio-like field names) instead of text.
     #[arg(long)]
     pub json: bool,
+}
+
+fn parse_per_octave(s: &str) -> Result<u32, String> {
+    match s.parse::<u32>() {
+        Ok(n) if n.is_power_of_two() && n <= 1024 => Ok(n),
+        _ => Err(format!(
+            "{s:?} ranges per power of two: give a power of two from 1 to 1024 (16, 128 ...)"
+        )),
+    }
+}
+
+/// Which build this binary is (`cfg!(debug_assertions)`), where it runs from, and the warning
+/// a debug build's figures carry.
+fn build() -> (&'static str, String, Option<String>) {
+    let exe = std::env::current_exe().map_or_else(|_| "vfpoll".into(), |p| p.display().to_string());
+    if !cfg!(debug_assertions) {
+        return ("release", exe, None);
+    }
+    let warning = format!(
+        "{exe} is a debug build: its IOPS and latencies are not vfpoll's (a release build gives \
+         about twice the IOPS); for figures run the release build: cargo build --release -p vfpoll, \
+         then target/release/vfpoll perf ..."
+    );
+    ("debug", exe, Some(warning))
 }
 
 fn parse_workload(s: &str) -> Result<Workload, String> {
@@ -222,6 +264,15 @@ fn open_devices(a: &Args, worker_cores: &[usize]) -> anyhow::Result<Devices> {
 
 /// Runs `vfpoll perf`.
 pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
+    if a.breakdown && a.queue_depth != 1 {
+        bail!(
+            "--breakdown needs --queue-depth 1, not {}: it times the stages of one I/O at a time, and with more in flight those of different I/Os overlap",
+            a.queue_depth
+        );
+    }
+    if let (_, _, Some(w)) = build() {
+        eprintln!("vfpoll perf: warning: {w}");
+    }
     let cores = match &a.cores {
         Some(s) => parse_cores(s)?,
         None => vec![*allowed_cores()?
@@ -264,6 +315,7 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
         queue_depth: a.queue_depth,
         limit,
         verify: a.verify,
+        breakdown: a.breakdown,
         seed,
         qpair: QpairOptions {
             sgl: a.sgl,
@@ -310,6 +362,16 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
         );
     } else {
         print_text(&job, &report);
+        if let Some(per) = a.latency_histogram {
+            for (name, op) in [("read", &report.read), ("write", &report.write)] {
+                if op.ios != 0 {
+                    print_histogram(name, &op.latency, per);
+                }
+            }
+        }
+        if let Some(b) = &report.breakdown {
+            print_breakdown(b);
+        }
     }
     Ok(if report.passed() {
         ExitCode::SUCCESS
@@ -465,6 +527,88 @@ fn print_latency(l: &LatencySummary) {
     );
 }
 
+fn print_histogram(name: &str, h: &Histogram<u64>, per_octave: u32) {
+    println!(
+        "{name} latency histogram ({} ranges per power of two, {} I/Os):",
+        per_octave,
+        h.len()
+    );
+    println!(
+        "  {:>25}  {:>12}  {:>8}  {:>10}",
+        "range (us)", "I/Os", "%", "cumulative"
+    );
+    let us = |ns: u64| ns as f64 / 1000.0;
+    for b in histogram_buckets(h, per_octave) {
+        println!(
+            "  {:>11.3} - {:>11.3}  {:>12}  {:>7.3}%  {:>9.4}%",
+            us(b.lo_ns),
+            us(b.hi_ns),
+            b.count,
+            b.percent,
+            b.cumulative_percent
+        );
+    }
+}
+
+/// Segment names as printed, in the order of [`Breakdown::segments`].
+const SEGMENTS: [&str; 4] = [
+    "submit -> doorbell written",
+    "doorbell -> completion seen",
+    "completion seen -> callback",
+    "callback -> next submit",
+];
+
+fn print_breakdown(b: &Breakdown) {
+    let n = b.submit_to_doorbell.len();
+    println!(
+        "latency breakdown at queue depth 1 ({} stamps, {} I/Os):",
+        b.clock,
+        thousands(n as f64)
+    );
+    println!(
+        "  {:<30} {:>10} {:>10} {:>10}",
+        "segment (us)", "mean", "p50", "p99"
+    );
+    let us = |ns: f64| ns / 1000.0;
+    let mut cycle = 0.0;
+    for (label, (_, h)) in SEGMENTS.iter().zip(b.segments()) {
+        let l = LatencySummary::of(h);
+        cycle += l.mean;
+        println!(
+            "  {label:<30} {:>10.3} {:>10.3} {:>10.3}",
+            us(l.mean),
+            us(l.p50 as f64),
+            us(l.p99 as f64)
+        );
+    }
+    println!("  {:<30} {:>10.3}", "sum: one I/O's cycle", us(cycle));
+}
+
+fn breakdown_json(b: &Breakdown) -> Value {
+    let segments: serde_json::Map<String, Value> = b
+        .segments()
+        .iter()
+        .map(|(name, h)| (name.to_string(), lat_json(&LatencySummary::of(h))))
+        .collect();
+    json!({
+        "clock": b.clock,
+        "ios": b.submit_to_doorbell.len(),
+        "segments_ns": segments,
+    })
+}
+
+fn histogram_json(h: &Histogram<u64>, per_octave: u32) -> Value {
+    histogram_buckets(h, per_octave)
+        .iter()
+        .map(|b| {
+            json!({
+                "lo_ns": b.lo_ns, "hi_ns": b.hi_ns, "count": b.count,
+                "percent": b.percent, "cumulative_percent": b.cumulative_percent,
+            })
+        })
+        .collect()
+}
+
 fn lat_json(l: &LatencySummary) -> Value {
     json!({
         "min": l.min, "max": l.max, "mean": l.mean, "stddev": l.stddev,
@@ -530,8 +674,10 @@ fn to_json(a: &Args, job: &JobSpec, cores: &[usize], devices: &Devices, r: &Repo
             })).collect::<Vec<_>>(),
         })
     });
+    let (profile, exe, warning) = build();
     json!({
         "vfpoll_version": env!("CARGO_PKG_VERSION"),
+        "build": { "profile": profile, "binary": exe, "warning": warning },
         "job": {
             "workload": job.workload.name(),
             "rwmix_read": job.workload.read_percent(job.rwmix_read),
@@ -548,6 +694,7 @@ fn to_json(a: &Args, job: &JobSpec, cores: &[usize], devices: &Devices, r: &Repo
             "shadow_doorbells": devices.ctrls.iter().map(|(c, _)| c.shadow_doorbells()).collect::<Vec<_>>(),
             "sgl": a.sgl,
             "cmb_sq": a.cmb_sq,
+            "breakdown": a.breakdown,
         },
         "runtime_ns": r.elapsed.as_nanos() as u64,
         "total_ios": r.ios(),
@@ -559,6 +706,12 @@ fn to_json(a: &Args, job: &JobSpec, cores: &[usize], devices: &Devices, r: &Repo
         "errors": r.errors,
         "error_samples": r.error_samples,
         "verify": verify,
+        "latency_histogram": a.latency_histogram.map(|per| json!({
+            "ranges_per_power_of_two": per,
+            "read": histogram_json(&r.read.latency, per),
+            "write": histogram_json(&r.write.latency, per),
+        })),
+        "latency_breakdown": r.breakdown.as_ref().map(breakdown_json),
         "workers": workers,
     })
 }

@@ -75,6 +75,14 @@ impl Clock {
         matches!(self.source, Source::Tsc)
     }
 
+    /// `"tsc"` or `"monotonic"` (`Instant`: `CLOCK_MONOTONIC` on Linux), for reports.
+    pub fn name(&self) -> &'static str {
+        match self.source {
+            Source::Tsc => "tsc",
+            Source::Instant(_) => "monotonic",
+        }
+    }
+
     /// Ticks now.
     #[inline(always)]
     pub fn ticks(&self) -> u64 {

@@ -47,6 +47,10 @@ pub struct JobSpec {
     /// zone by zone, in order, see [`crate::zoned`]), then read each back (in random order for
     /// random workloads) and check it.
     pub verify: bool,
+    /// Time each I/O's stages (submit, doorbell rung, completion seen, callback, next submit;
+    /// see [`crate::breakdown`]) into [`Report::breakdown`]. Queue depth 1 only, and not with
+    /// `verify`; off, the hot loop has no stamp at all.
+    pub breakdown: bool,
     /// Seed of offsets, mixes and the verify pattern: the same seed gives the same run.
     pub seed: u64,
     /// Queue pair options. `entries` is raised to what the queue depth needs (and lowered to
@@ -391,6 +395,15 @@ fn check(job: &JobSpec, workers: &[WorkerSpec]) -> Result<Plans, EngineError> {
     }
     if job.limit == Limit::Ios(0) || job.limit == Limit::Time(Duration::ZERO) {
         return bad("the run must have a non-zero time or I/O count".into());
+    }
+    if job.breakdown && job.queue_depth != 1 {
+        return bad(format!(
+            "the latency breakdown times one I/O at a time per queue pair: it needs queue depth 1, not {} (with more in flight the stages of different I/Os overlap)",
+            job.queue_depth
+        ));
+    }
+    if job.breakdown && job.verify {
+        return bad("the latency breakdown times a perf run, not a verify pass: use one or the other".into());
     }
     let lanes = zoned::plan(job, workers)?;
     let mut per_ctrl: Vec<(Controller, String, usize)> = Vec::new();

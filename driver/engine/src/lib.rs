@@ -12,7 +12,9 @@
 //! - [`clock`]: the per-I/O clock (the TSC, calibrated);
 //! - [`workload`]: access patterns, the read/write mix, generators;
 //! - [`pattern`]: the LBA-tagged verify pattern and its checker;
-//! - [`report`]: per-worker and merged results (`hdrhistogram`s, merged at the end);
+//! - [`report`]: per-worker and merged results (`hdrhistogram`s, merged at the end), and
+//!   SPDK-style latency histogram ranges;
+//! - [`breakdown`]: the queue-depth-1 latency breakdown (where an I/O's microseconds go);
 //! - [`zoned`]: zoned namespaces (whole zones per worker, one write in flight per zone,
 //!   several zones at once, resets and finishes);
 //! - [`Engine`]: spawns workers from [`WorkerSpec`]s, runs, stops, collects.
@@ -31,6 +33,7 @@
 //!     queue_depth: 32,
 //!     limit: Limit::Time(Duration::from_secs(10)),
 //!     verify: false,
+//!     breakdown: false,
 //!     seed: 1,
 //!     qpair: Default::default(),
 //!     buffer_page: vfpoll_dma::PageSize::Huge2M,
@@ -45,6 +48,7 @@
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks, missing_docs)]
 
 pub mod affinity;
+pub mod breakdown;
 pub mod clock;
 mod engine;
 mod layout;
@@ -55,6 +59,7 @@ mod worker;
 pub mod workload;
 pub mod zoned;
 
+pub use breakdown::Breakdown;
 pub use engine::{split_evenly, Engine, JobSpec, Limit, Namespace, Progress, Target, WorkerSpec};
 pub use hdrhistogram::Histogram;
 pub use report::{LatencySummary, Report, ZoneReport};

@@ -5,6 +5,7 @@ use std::time::Duration;
 use hdrhistogram::Histogram;
 use vfpoll_nvme::QpairStats;
 
+use crate::breakdown::Breakdown;
 use crate::pattern::Found;
 
 /// Latency histograms hold nanoseconds from 1 ns to this, at 3 significant digits.
@@ -92,6 +93,67 @@ impl LatencySummary {
             p9999: q(0.9999),
         }
     }
+}
+
+/// One range of a latency histogram as SPDK perf's `-LL` prints it: `[lo_ns, hi_ns)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Bucket {
+    /// Lowest latency in the range, in nanoseconds.
+    pub lo_ns: u64,
+    /// One past the highest, in nanoseconds.
+    pub hi_ns: u64,
+    /// I/Os whose latency fell in the range.
+    pub count: u64,
+    /// Their share of all I/Os, in percent.
+    pub percent: f64,
+    /// The share of all I/Os at or below this range, in percent.
+    pub cumulative_percent: f64,
+}
+
+/// The range `[lo, hi)` that holds `ns` when every power of two is cut into `per_octave` equal
+/// ranges (a power of two from 1 to 1024): the log-linear buckets of SPDK's histograms
+/// (`lib/util/histogram_data`, 128 per power of two there). Below `per_octave` nanoseconds the
+/// ranges are 1 ns wide.
+pub fn bucket_range(ns: u64, per_octave: u32) -> (u64, u64) {
+    debug_assert!(per_octave.is_power_of_two() && per_octave <= 1024);
+    let sub = per_octave as u64;
+    if ns < sub {
+        return (ns, ns + 1);
+    }
+    // ns lies in [2^k, 2^(k+1)); its ranges are 2^k / sub wide.
+    let k = 63 - ns.leading_zeros();
+    let width = 1u64 << (k - sub.trailing_zeros());
+    let lo = ns & !(width - 1);
+    (lo, lo.saturating_add(width))
+}
+
+/// The non-empty ranges of `h` (nanoseconds), lowest first, with `per_octave` ranges per power
+/// of two (see [`bucket_range`]). The histogram's own buckets (3 significant digits: at least
+/// 1024 per power of two, aligned on powers of two) nest in these, so every count is exact.
+pub fn histogram_buckets(h: &Histogram<u64>, per_octave: u32) -> Vec<Bucket> {
+    let total = h.len();
+    let mut out: Vec<Bucket> = Vec::new();
+    let mut below = 0u64;
+    for v in h.iter_recorded() {
+        let value = h.lowest_equivalent(v.value_iterated_to());
+        let (lo, hi) = bucket_range(value, per_octave);
+        let n = v.count_at_value();
+        below += n;
+        match out.last_mut() {
+            Some(b) if b.lo_ns == lo => b.count += n,
+            _ => out.push(Bucket {
+                lo_ns: lo,
+                hi_ns: hi,
+                count: n,
+                percent: 0.0,
+                cumulative_percent: 0.0,
+            }),
+        }
+        let b = out.last_mut().expect("pushed");
+        b.percent = 100.0 * b.count as f64 / total as f64;
+        b.cumulative_percent = 100.0 * below as f64 / total as f64;
+    }
+    out
 }
 
 /// One queue pair of one worker.
@@ -195,6 +257,8 @@ pub struct WorkerReport {
     pub queues: Vec<QueueReport>,
     /// Verify results (verify runs only).
     pub verify: Option<VerifyReport>,
+    /// Where each I/O's time went ([`crate::JobSpec::breakdown`] runs only).
+    pub breakdown: Option<Breakdown>,
 }
 
 /// Error messages kept per worker.
@@ -215,6 +279,8 @@ pub struct Report {
     pub error_samples: Vec<String>,
     /// Verify results (verify runs only).
     pub verify: Option<VerifyReport>,
+    /// Where each I/O's time went, all workers ([`crate::JobSpec::breakdown`] runs only).
+    pub breakdown: Option<Breakdown>,
     /// Each worker's own numbers.
     pub workers: Vec<WorkerReport>,
 }
@@ -230,6 +296,7 @@ impl Report {
             errors: 0,
             error_samples: Vec::new(),
             verify: None,
+            breakdown: None,
             workers: Vec::new(),
         };
         for w in &workers {
@@ -240,6 +307,12 @@ impl Report {
             r.error_samples.extend(w.error_samples.iter().cloned());
             if let Some(v) = &w.verify {
                 r.verify.get_or_insert_with(VerifyReport::default).merge(v);
+            }
+            if let Some(b) = &w.breakdown {
+                match r.breakdown.as_mut() {
+                    Some(m) => m.merge(b),
+                    None => r.breakdown = Some(b.clone()),
+                }
             }
         }
         r.error_samples.truncate(MAX_ERROR_SAMPLES);
@@ -286,5 +359,58 @@ pub fn per_second(n: u64, d: Duration) -> f64 {
         0.0
     } else {
         n as f64 / d.as_secs_f64()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_cut_each_power_of_two_into_equal_ranges() {
+        // Below `per_octave` ns: 1 ns wide.
+        assert_eq!(bucket_range(0, 16), (0, 1));
+        assert_eq!(bucket_range(15, 16), (15, 16));
+        // [16, 32) in 16 ranges of 1 ns, [1024, 2048) in 16 of 64 ns.
+        assert_eq!(bucket_range(16, 16), (16, 17));
+        assert_eq!(bucket_range(1024, 16), (1024, 1088));
+        assert_eq!(bucket_range(1087, 16), (1024, 1088));
+        assert_eq!(bucket_range(1088, 16), (1088, 1152));
+        assert_eq!(bucket_range(2047, 16), (1984, 2048));
+        // 86 µs with 128 per power of two (SPDK's): [65536, 131072) in ranges of 512 ns.
+        assert_eq!(bucket_range(86_000, 128), (85_504, 86_016));
+        assert_eq!(bucket_range(5, 1), (4, 8));
+        assert_eq!(bucket_range(u64::MAX, 1024).1, u64::MAX);
+        // Every value lies in its range, and ranges tile the line.
+        for per in [1, 2, 16, 128, 1024] {
+            let mut v = 0u64;
+            while v < 1 << 24 {
+                let (lo, hi) = bucket_range(v, per);
+                assert!(lo <= v && v < hi, "{v} in [{lo}, {hi}) at {per}");
+                assert_eq!(bucket_range(hi, per).0, hi, "the next range starts at {hi}");
+                v = hi + (hi - lo) * 3;
+            }
+        }
+    }
+
+    #[test]
+    fn histogram_buckets_count_percent_and_accumulate() {
+        let mut h = new_histogram();
+        h.record_n(1_000, 3).unwrap(); // [992, 1024) at 16 per power of two (512..1024: 32 ns wide)
+        h.record_n(1_010, 1).unwrap(); // same range
+        h.record_n(1_030, 4).unwrap(); // [1024, 1088)
+        h.record_n(80_000, 2).unwrap(); // [77824, 81920)
+        let b = histogram_buckets(&h, 16);
+        let got: Vec<_> = b.iter().map(|b| (b.lo_ns, b.hi_ns, b.count)).collect();
+        assert_eq!(got, [(992, 1024, 4), (1024, 1088, 4), (77_824, 81_920, 2)]);
+        let pct: Vec<_> = b.iter().map(|b| (b.percent, b.cumulative_percent)).collect();
+        assert_eq!(pct, [(40.0, 40.0), (40.0, 80.0), (20.0, 100.0)]);
+        assert!(histogram_buckets(&new_histogram(), 16).is_empty());
+        // A latency the histogram rounds (3 digits) stays in the range of its value.
+        let mut h = new_histogram();
+        h.record(123_456_789).unwrap();
+        let b = histogram_buckets(&h, 128);
+        assert_eq!(b.len(), 1);
+        assert!(b[0].lo_ns <= 123_456_789 && 123_456_789 < b[0].hi_ns, "{b:?}");
     }
 }

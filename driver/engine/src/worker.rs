@@ -16,6 +16,7 @@ use std::ops::Range;
 use vfpoll_nvme::{Controller, NvmeError, QpairOptions, QueuePair};
 
 use crate::affinity::pin_current;
+use crate::breakdown::{Off, On, Stamps};
 use crate::clock::Clock;
 use crate::engine::{JobSpec, Target, WorkerSpec};
 use crate::layout::{largest_buffer, IoLayout};
@@ -90,11 +91,13 @@ pub(crate) fn main(s: Setup) {
         }
     };
     let buffer_fits_page = largest <= page;
+    // The breakdown's stamps are a type parameter: without it the hot loop has none.
     let r = catch_unwind(AssertUnwindSafe(move || {
-        if buffer_fits_page {
-            run::<PoolSlots>(s)
-        } else {
-            run::<RegionSlots>(s)
+        match (buffer_fits_page, s.job.breakdown) {
+            (true, false) => run::<PoolSlots, Off>(s),
+            (false, false) => run::<RegionSlots, Off>(s),
+            (true, true) => run::<PoolSlots, On>(s),
+            (false, true) => run::<RegionSlots, On>(s),
         }
     }));
     if let Err(p) = r {
@@ -113,7 +116,7 @@ pub(crate) fn main(s: Setup) {
     }
 }
 
-fn run<S: Slots>(s: Setup) {
+fn run<S: Slots, T: Stamps>(s: Setup) {
     let fail = |error| {
         let _ = s.events.send(Event::Failed {
             worker: s.index,
@@ -125,7 +128,7 @@ fn run<S: Slots>(s: Setup) {
             return fail(e);
         }
     }
-    let mut queues = match build::<S>(&s) {
+    let mut queues = match build::<S, T>(&s) {
         Ok(q) => q,
         Err(e) => return fail(e),
     };
@@ -148,6 +151,13 @@ fn run<S: Slots>(s: Setup) {
         errors: st.errors,
         error_samples: st.error_samples,
         verify: st.verify,
+        breakdown: queues
+            .iter()
+            .filter_map(|q| q.stamps.report())
+            .reduce(|mut a, b| {
+                a.merge(&b);
+                a
+            }),
     };
     // Delete the queue pairs (admin commands) before reporting, so the run's end is clean.
     drop(queues);
@@ -205,8 +215,8 @@ impl State {
     }
 }
 
-fn hot_loop<S: Slots>(
-    queues: &mut [Queue<S>],
+fn hot_loop<S: Slots, T: Stamps>(
+    queues: &mut [Queue<S, T>],
     st: &mut State,
     control: &Receiver<Control>,
     counters: &Counters,
@@ -215,6 +225,7 @@ fn hot_loop<S: Slots>(
     for q in queues.iter_mut() {
         q.refill(start, st);
         q.qp.flush_submissions();
+        q.stamps.rang();
     }
     let mut round = 0u32;
     loop {
@@ -320,7 +331,7 @@ enum Phase {
 }
 
 /// One queue pair of the worker (one per controller), with its slots.
-struct Queue<S: Slots> {
+struct Queue<S: Slots, T: Stamps> {
     // Declared first: dropped (queues deleted on the controller) before the buffers.
     qp: QueuePair<S::Buf>,
     slots: S,
@@ -350,9 +361,11 @@ struct Queue<S: Slots> {
     polls: u64,
     empty_polls: u64,
     device: String,
+    /// The latency breakdown's stamps ([`Off`]: none).
+    stamps: T,
 }
 
-fn build<S: Slots>(s: &Setup) -> Result<Vec<Queue<S>>, EngineError> {
+fn build<S: Slots, T: Stamps>(s: &Setup) -> Result<Vec<Queue<S, T>>, EngineError> {
     let job = &s.job;
     let qd = job.queue_depth as usize;
     // One queue pair per controller: group the targets by controller.
@@ -494,6 +507,7 @@ fn build<S: Slots>(s: &Setup) -> Result<Vec<Queue<S>>, EngineError> {
             polls: 0,
             empty_polls: 0,
             device,
+            stamps: T::new(&s.clock),
         });
     }
     Ok(queues)
@@ -533,7 +547,7 @@ pub(crate) fn same_controller(a: &Controller, b: &Controller) -> bool {
     a.same_as(b)
 }
 
-impl<S: Slots> Queue<S> {
+impl<S: Slots, T: Stamps> Queue<S, T> {
     fn stop(&mut self) {
         for n in &mut self.ns {
             n.left = 0;
@@ -634,6 +648,7 @@ impl<S: Slots> Queue<S> {
             failed: false,
             lost: false,
         };
+        self.stamps.submitting();
         let buf = self.slots.take(slot);
         let r = match self.mslots.as_mut() {
             None => {
@@ -676,6 +691,7 @@ impl<S: Slots> Queue<S> {
     /// (in flight or still to submit).
     #[inline]
     fn step(&mut self, st: &mut State) -> bool {
+        self.stamps.polling();
         let Queue {
             qp,
             slots,
@@ -684,6 +700,7 @@ impl<S: Slots> Queue<S> {
             ready,
             zone_done,
             device,
+            stamps,
             ..
         } = self;
         let n = qp.poll(usize::MAX, |d| {
@@ -691,6 +708,7 @@ impl<S: Slots> Queue<S> {
                 zone_done.push((d.tag, d.result.err()));
                 return;
             }
+            stamps.called_back();
             let slot = d.tag as usize;
             let m = &mut meta[slot];
             if let Err(e) = &d.result {
@@ -726,6 +744,7 @@ impl<S: Slots> Queue<S> {
             }
             self.refill(now, st);
             self.qp.flush_submissions();
+            self.stamps.rang();
         }
         if self.inflight == 0 && self.zone_cmds == 0 && !self.can_submit() {
             return self.next_phase(st);

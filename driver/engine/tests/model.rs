@@ -39,6 +39,7 @@ fn job(workload: Workload, io_size: usize, qd: u16, limit: Limit) -> JobSpec {
         queue_depth: qd,
         limit,
         verify: false,
+        breakdown: false,
         seed: 42,
         qpair: Default::default(),
         buffer_page: PageSize::Base4K,
@@ -69,6 +70,53 @@ fn an_io_count_is_exact_and_every_io_is_timed() {
     let q = &r.workers[0].queues[0];
     assert_eq!((q.ios, q.stats.requests, q.stats.errors), (5000, 5000, 0));
     assert_eq!(model.stats().io_commands(0x02), 5000);
+}
+
+#[test]
+fn the_qd1_breakdown_times_every_io_and_its_segments_make_the_cycle() {
+    let (_no_stray_dma, model, ctrl) = bring_up();
+    let workers = split_evenly(&[None, None], &[ns(&ctrl, 1, None)], 4096).unwrap();
+    let mut j = job(Workload::RandRw, 4096, 1, Limit::Ios(4000));
+    j.breakdown = true;
+    let r = Engine::start(j, workers)
+        .unwrap()
+        .run(Duration::from_millis(50), |_| {})
+        .unwrap();
+    assert!(r.passed(), "{:?}", r.error_samples);
+    assert_eq!(r.ios(), 4000);
+    let b = r.breakdown.as_ref().expect("a breakdown run reports one");
+    // Every I/O gets the three segments of its own life; the gap before the next submission
+    // exists for all but each queue pair's last I/O (two workers: two queue pairs).
+    for (name, h) in &b.segments()[..3] {
+        assert_eq!(h.len(), 4000, "{name}");
+    }
+    assert_eq!(b.callback_to_submit.len(), 4000 - 2);
+    for w in &r.workers {
+        let wb = w.breakdown.as_ref().unwrap();
+        assert_eq!(wb.submit_to_doorbell.len(), w.read.ios + w.write.ios);
+    }
+    // At queue depth 1 the segments tile the I/O's cycle: submit -> doorbell -> seen ->
+    // callback -> next submit. Their means add up to no more than the mean latency the
+    // engine measures (from the batch stamp before the submission to the one after the
+    // poll) plus the gap between two I/Os, and the device's part dominates.
+    let mean = |h: &vfpoll_engine::Histogram<u64>| h.mean();
+    let device = mean(&b.doorbell_to_seen);
+    let sum: f64 = b.segments().iter().map(|(_, h)| mean(h)).sum();
+    let lat = r.latency().mean();
+    assert!(sum > 0.0 && device > 0.0, "{sum} {device}");
+    assert!(sum <= lat * 1.5 + 50_000.0, "segments {sum} ns, latency {lat} ns");
+    assert!(device <= lat, "doorbell to seen {device} ns > latency {lat} ns");
+    assert_eq!(
+        model.stats().io_commands(0x02) + model.stats().io_commands(0x01),
+        4000
+    );
+    // Off by default: no breakdown.
+    let workers = split_evenly(&[None], &[ns(&ctrl, 1, None)], 4096).unwrap();
+    let r = Engine::start(job(Workload::RandRead, 4096, 1, Limit::Ios(10)), workers)
+        .unwrap()
+        .run(Duration::from_millis(50), |_| {})
+        .unwrap();
+    assert!(r.breakdown.is_none() && r.workers[0].breakdown.is_none());
 }
 
 #[test]
@@ -192,6 +240,14 @@ fn bad_jobs_are_refused_with_reasons() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("queue depth"), "{e}");
+    let mut j = job(Workload::Read, 4096, 2, Limit::Ios(1));
+    j.breakdown = true;
+    let e = Engine::start(j.clone(), workers.clone()).unwrap_err().to_string();
+    assert!(e.contains("needs queue depth 1, not 2"), "{e}");
+    j.queue_depth = 1;
+    j.verify = true;
+    let e = Engine::start(j, workers.clone()).unwrap_err().to_string();
+    assert!(e.contains("not a verify pass"), "{e}");
     // A core that does not exist: the worker reports the affinity error.
     let mut w = workers;
     w[0].core = Some(1000);

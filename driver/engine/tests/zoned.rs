@@ -56,6 +56,7 @@ fn job(workload: Workload, io_size: usize, qd: u16, verify: bool, seed: u64) -> 
         queue_depth: qd,
         limit: Limit::Time(Duration::from_secs(1)),
         verify,
+        breakdown: false,
         seed,
         qpair: Default::default(),
         buffer_page: PageSize::Base4K,
