@@ -399,10 +399,11 @@ pub fn main(ws: &Workspace, a: &BenchArgs) -> Result<u8> {
         read("poll_queues.txt"),
     );
     println!(
-        "host: {}, {} CPUs; load average (1 min) {load_before} before, {load_after} after\n",
+        "host: {}, {} CPUs; load average (1 min) {load_before} before, {load_after} after",
         cpu_model(),
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
+    println!("vfpoll: {}\n", describe_binary(&vfpoll));
     print!("{}", table(&dir, &a.engines, a.repeat));
     if out.iommu_faults.is_empty() {
         return Ok(out.code);
@@ -433,6 +434,33 @@ fn vfpoll_binary(ws: &Workspace, a: &BenchArgs) -> Result<std::path::PathBuf> {
         run(vm::cargo(ws).args(["build", "--release", "-p", "vfpoll"]))?;
     }
     Ok(ws.target.join("release/vfpoll"))
+}
+
+/// `PATH (release build)`, or a plain warning when `vfpoll` is a debug build (whose figures
+/// are about half a release build's), from what the binary says of itself: the `build` of
+/// `vfpoll perf --model --ios 1 --json`, run on the host (the guest runs the same file).
+pub(crate) fn describe_binary(vfpoll: &Path) -> String {
+    let out = std::process::Command::new(vfpoll)
+        .args(["perf", "--model", "--ios", "1", "--json"])
+        .stderr(std::process::Stdio::null())
+        .output();
+    let profile = out.ok().and_then(|o| {
+        let v = json::parse(String::from_utf8_lossy(&o.stdout).trim()).ok()?;
+        v.get("build")?.get("profile")?.as_str().map(str::to_string)
+    });
+    build_note(vfpoll, profile.as_deref())
+}
+
+fn build_note(vfpoll: &Path, profile: Option<&str>) -> String {
+    let p = vfpoll.display();
+    match profile {
+        Some("release") => format!("{p} (release build)"),
+        Some("debug") => format!(
+            "{p} is a DEBUG build: its figures are not vfpoll's (a release build gives about twice \
+             the IOPS); drop --vfpoll to run target/release/vfpoll"
+        ),
+        _ => format!("{p} (build not known: it does not report one in `vfpoll perf --json`)"),
+    }
 }
 
 /// IOPS and latency percentiles (µs) of one run.
@@ -748,6 +776,19 @@ mod tests {
             row("libaio").iter().all(|r| !r.iter().any(|w| w.ends_with('x'))),
             "{t}"
         );
+    }
+
+    #[test]
+    fn the_build_of_the_binary_is_named() {
+        let p = Path::new("/t/release/vfpoll");
+        assert_eq!(
+            build_note(p, Some("release")),
+            "/t/release/vfpoll (release build)"
+        );
+        assert!(build_note(p, Some("debug")).contains("is a DEBUG build"));
+        assert!(build_note(p, None).contains("build not known"));
+        let missing = describe_binary(Path::new("/nonexistent/vfpoll"));
+        assert!(missing.contains("build not known"), "{missing}");
     }
 
     #[test]

@@ -33,7 +33,7 @@ use std::fs;
 use std::path::Path;
 use std::time::Duration;
 
-use super::{cpu_model, load_json, loadavg, median, num, vfpoll_binary, BenchArgs};
+use super::{cpu_model, describe_binary, load_json, loadavg, median, num, vfpoll_binary, BenchArgs};
 use crate::json::Value;
 use crate::setup;
 use crate::util::{err, Result};
@@ -251,7 +251,7 @@ pub fn main(ws: &Workspace, a: &BenchArgs) -> Result<u8> {
          2 vCPUs, IOMMU); fio io_uring direct on CPU {FIO_CPU}, vfpoll target on CPU {TARGET_CPU} \
          ({}); {} s per run, median of {}",
         read("kernel.txt"),
-        vfpoll.display(),
+        describe_binary(&vfpoll),
         a.time,
         a.repeat,
     );
