@@ -19,6 +19,7 @@ Commands:
   demo    vfpoll's main job on the emulated test bed: setup, status, identify, hello, perf
   bench   vfpoll perf against fio (io_uring, libaio, hipri) on the guest kernel, one table;
           --nvmf: vfpoll target against the kernel's nvmet-tcp
+  fuzz    Fuzz vfpoll-nvmf's NVMe/TCP PDU parser and fabrics decoding with libFuzzer
   help    Print this help, or the help of a command (`cargo xtask help vm`)
 
 Each command has its own --help.";
@@ -29,7 +30,7 @@ Install the host packages and build the test-bed assets
 Usage: cargo xtask setup
 
 Installs the missing apt packages (qemu-system-x86 busybox-static fio nvme-cli e2fsprogs gcc
-make bc python3 xz-utils libelf1 libssl3), fetches the Debian guest kernel that linux-image-amd64 depends
+g++ make bc python3 xz-utils libelf1 libssl3), fetches the Debian guest kernel that linux-image-amd64 depends
 on (apt-get download + dpkg -x, nothing installed), rebuilds vfio.ko with no-IOMMU support and
 builds both initramfs images. Everything lands under target/testbed/, keyed by kernel version;
 a second run only checks. Prints one line per step with its duration.";
@@ -68,15 +69,16 @@ Run every test of the project
 Usage: cargo xtask test [OPTIONS]
 
 Steps: setup; cargo fmt --check; cargo clippy -D warnings; cargo doc (warnings are errors);
-cargo test --workspace; then, for each integration-test binary of vfpoll-tests and each mode,
-one guest boot running its guest_* tests (ignored, --test-threads=1) followed by its
-host_check_* tests on the host, with VFPOLL_RUN_DIR=<run dir> and the boot's VFPOLL_SEED. A boot
-in which QEMU's vIOMMU refused a device DMA fails (a DMA the driver never mapped); a
+cargo test --workspace; libFuzzer on vfpoll-nvmf's parsers (`cargo xtask fuzz`, VFPOLL_FUZZ_SECS
+seconds per target, default 30, 0 skips); then, for each integration-test binary of vfpoll-tests
+and each mode, one guest boot running its guest_* tests (ignored, --test-threads=1) followed by
+its host_check_* tests on the host, with VFPOLL_RUN_DIR=<run dir> and the boot's VFPOLL_SEED. A
+boot in which QEMU's vIOMMU refused a device DMA fails (a DMA the driver never mapped); a
 guest_expect_iommu_fault_* test runs alone in its own IOMMU-mode boot, which must show the fault
 it provokes. Ends with a summary table; exits non-zero when any step failed.
 
 Options:
-      --host-only          Only fmt, clippy, doc and the host tests (no setup, no guest)
+      --host-only          Only fmt, clippy, doc, the host tests and fuzzing (no setup, no guest)
       --filter <SUBSTR>    Only tests whose name (or binary name) contains SUBSTR; also passed
                            to `cargo test --workspace`
       --mode <MODE>        iommu, noiommu or both [default: both]
@@ -115,6 +117,8 @@ pub enum Task {
     Demo(Mode, bool),
     /// `bench`.
     Bench(crate::bench::BenchArgs),
+    /// `fuzz`.
+    Fuzz(crate::fuzz::FuzzArgs),
 }
 
 /// Options of `cargo xtask vm`.
@@ -176,6 +180,7 @@ pub fn parse(args: Vec<OsString>) -> Result<Task> {
             Some("test") => TEST_HELP,
             Some("demo") => DEMO_HELP,
             Some("bench") => crate::bench::HELP,
+            Some("fuzz") => crate::fuzz::HELP,
             _ => HELP,
         })),
         "setup" => {
@@ -207,6 +212,13 @@ pub fn parse(args: Vec<OsString>) -> Result<Task> {
                 rest.push(a);
             }
             crate::bench::parse(&rest)
+        }
+        "fuzz" => {
+            let mut rest = Vec::new();
+            while let Some(a) = p.next_str()? {
+                rest.push(a);
+            }
+            crate::fuzz::parse(&rest)
         }
         _ => Err(err!("unknown command {cmd:?}; try `cargo xtask --help`")),
     }

@@ -6,6 +6,7 @@
 //! cargo xtask test [--host-only] [--filter S] [--mode iommu|noiommu|both]   # everything
 //! cargo xtask demo [--noiommu]           # vfpoll's main job on the test bed
 //! cargo xtask bench [--time SECS]        # vfpoll perf vs fio on the guest kernel, one table
+//! cargo xtask fuzz [--secs N]            # libFuzzer on vfpoll-nvmf's PDU parser and fabrics decoding
 //! ```
 //!
 //! Each command has a `--help`. Everything the test bed makes lives under `target/testbed/`.
@@ -81,6 +82,7 @@ mod bench;
 mod cli;
 mod cpio;
 mod demo;
+mod fuzz;
 mod json;
 mod setup;
 mod test;
@@ -132,6 +134,7 @@ fn main() -> ExitCode {
         cli::Task::Test(args) => test::main(&ws, &args),
         cli::Task::Demo(mode, verbose) => demo::main(&ws, mode, verbose),
         cli::Task::Bench(args) => bench::main(&ws, &args),
+        cli::Task::Fuzz(args) => fuzz::main(&ws, &args),
     });
     match result {
         Ok(code) => ExitCode::from(code),

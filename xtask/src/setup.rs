@@ -32,6 +32,7 @@ const PACKAGES: &[&str] = &[
     "nvme-cli",
     "e2fsprogs",
     "gcc",
+    "g++", // libFuzzer, for `cargo xtask fuzz` (and the fuzz step of `cargo xtask test`)
     "make",
     "bc",
     "python3",

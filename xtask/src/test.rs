@@ -19,6 +19,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::cli::TestArgs;
+use crate::fuzz;
 use crate::json;
 use crate::setup::{self, Assets};
 use crate::util::{err, random_u64, run, secs, stdout_of, Context, Result};
@@ -68,6 +69,16 @@ pub fn main(ws: &Workspace, a: &TestArgs) -> Result<u8> {
         host_test.extend(["--", f]);
     }
     r.cargo(ws, "cargo test (host)", &host_test);
+    // Coverage-guided fuzzing of vfpoll-nvmf's wire parsers for a bounded time (fuzz.rs).
+    match fuzz::test_secs() {
+        Ok(0) => r.record("fuzz nvmf", None, 0.0, format!("{}=0", fuzz::SECS_ENV)),
+        Ok(secs) => {
+            r.step("fuzz nvmf", || {
+                fuzz::run_all(ws, &fuzz::FuzzArgs::test(secs)).map(|n| ((), n))
+            });
+        }
+        Err(e) => r.record("fuzz nvmf", Some(false), 0.0, e.to_string()),
+    }
 
     if let Some(assets) = assets {
         test_bed(ws, a, &assets, &mut r);
