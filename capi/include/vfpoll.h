@@ -292,7 +292,7 @@ int vfpoll_ctrl_close(struct vfpoll_ctrl *ctrl);
 //
 // # Safety
 // `ctrl` is NULL or live; `out` is NULL or writable.
-int vfpoll_ctrl_info(const struct vfpoll_ctrl *ctrl, struct vfpoll_ctrl_info *out);
+int vfpoll_ctrl_identify(const struct vfpoll_ctrl *ctrl, struct vfpoll_ctrl_info *out);
 
 // Writes the IDs of up to `max` active namespaces into `nsids` (ascending) and returns how
 // many namespaces are active, which may be more than `max` (call again with a larger array).
@@ -308,7 +308,7 @@ int vfpoll_ctrl_namespaces(const struct vfpoll_ctrl *ctrl, uint32_t *nsids, uint
 //
 // # Safety
 // `ctrl` is NULL or live; `out` is NULL or writable.
-int vfpoll_ns_info(const struct vfpoll_ctrl *ctrl, uint32_t nsid, struct vfpoll_ns_info *out);
+int vfpoll_ns_identify(const struct vfpoll_ctrl *ctrl, uint32_t nsid, struct vfpoll_ns_info *out);
 
 // The bytes a read or write of `blocks` blocks of namespace `nsid` moves, through a queue pair
 // in protection mode `pi_mode` (`VFPOLL_PI_*`): `*data_bytes` in the data buffer (the LBA

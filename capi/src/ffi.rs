@@ -154,8 +154,8 @@ pub unsafe extern "C" fn vfpoll_ctrl_close(ctrl: *mut vfpoll_ctrl) -> c_int {
 /// # Safety
 /// `ctrl` is NULL or live; `out` is NULL or writable.
 #[no_mangle]
-pub unsafe extern "C" fn vfpoll_ctrl_info(ctrl: *const vfpoll_ctrl, out: *mut vfpoll_ctrl_info) -> c_int {
-    guard("vfpoll_ctrl_info", || {
+pub unsafe extern "C" fn vfpoll_ctrl_identify(ctrl: *const vfpoll_ctrl, out: *mut vfpoll_ctrl_info) -> c_int {
+    guard("vfpoll_ctrl_identify", || {
         // SAFETY: module trust model.
         let ctrl = unsafe { get(ctrl, "ctrl")? };
         let out = out_ptr(out, "out")?;
@@ -201,12 +201,12 @@ pub unsafe extern "C" fn vfpoll_ctrl_namespaces(
 /// # Safety
 /// `ctrl` is NULL or live; `out` is NULL or writable.
 #[no_mangle]
-pub unsafe extern "C" fn vfpoll_ns_info(
+pub unsafe extern "C" fn vfpoll_ns_identify(
     ctrl: *const vfpoll_ctrl,
     nsid: u32,
     out: *mut vfpoll_ns_info,
 ) -> c_int {
-    guard("vfpoll_ns_info", || {
+    guard("vfpoll_ns_identify", || {
         // SAFETY: module trust model.
         let ctrl = unsafe { get(ctrl, "ctrl")? };
         let out = out_ptr(out, "out")?;

@@ -245,11 +245,11 @@ fn null_pointers_and_bad_values_are_refused_with_a_message() {
             &["env is NULL"],
         );
         fails(
-            vfpoll_ctrl_info(null(), null_mut()),
+            vfpoll_ctrl_identify(null(), null_mut()),
             EINVAL,
-            &["vfpoll_ctrl_info", "ctrl is NULL"],
+            &["vfpoll_ctrl_identify", "ctrl is NULL"],
         );
-        fails(vfpoll_ctrl_info(b.ctrl, null_mut()), EINVAL, &["out"]);
+        fails(vfpoll_ctrl_identify(b.ctrl, null_mut()), EINVAL, &["out"]);
         fails(
             vfpoll_ctrl_namespaces(b.ctrl, null_mut(), 4),
             EINVAL,
@@ -257,7 +257,7 @@ fn null_pointers_and_bad_values_are_refused_with_a_message() {
         );
         let mut info = std::mem::zeroed();
         fails(
-            vfpoll_ns_info(b.ctrl, 9, &mut info),
+            vfpoll_ns_identify(b.ctrl, 9, &mut info),
             ENOENT,
             &["namespace 9 does not exist"],
         );
@@ -375,7 +375,7 @@ fn identify_data_and_namespace_formats() {
     // SAFETY: (all calls) a live controller handle and writable outputs.
     unsafe {
         let mut c = std::mem::zeroed::<vfpoll_ctrl_info>();
-        assert_eq!(vfpoll_ctrl_info(b.ctrl, &mut c), 0);
+        assert_eq!(vfpoll_ctrl_identify(b.ctrl, &mut c), 0);
         let id = (*b.ctrl).ctrl.identify();
         assert_eq!(
             CStr::from_ptr(c.serial.as_ptr()).to_str().unwrap(),
@@ -402,7 +402,7 @@ fn identify_data_and_namespace_formats() {
 
         let ns = |nsid| {
             let mut n = std::mem::zeroed::<vfpoll_ns_info>();
-            assert_eq!(vfpoll_ns_info(b.ctrl, nsid, &mut n), 0, "{}", last());
+            assert_eq!(vfpoll_ns_identify(b.ctrl, nsid, &mut n), 0, "{}", last());
             n
         };
         let n1 = ns(1);

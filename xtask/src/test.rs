@@ -79,11 +79,55 @@ pub fn main(ws: &Workspace, a: &TestArgs) -> Result<u8> {
         }
         Err(e) => r.record("fuzz nvmf", Some(false), 0.0, e.to_string()),
     }
+    // libvfpoll's C examples, for the test bed's capi tests (tests/tests/capi.rs).
+    r.step("C examples", || c_examples(ws).map(|n| ((), n)));
 
     if let Some(assets) = assets {
         test_bed(ws, a, &assets, &mut r);
     }
     Ok(r.summary())
+}
+
+/// Builds libvfpoll (`cargo build -p vfpoll-capi`), installs it into `target/debug/capi` with
+/// `capi/install.sh`, and compiles each `examples/c/*.c` with the system C compiler (`-Wall
+/// -Wextra -Werror`) through the installed pkg-config file into `target/debug/vfpoll-c-<name>`
+/// (on the guest's PATH), and again with `-fsanitize=address,undefined` into
+/// `vfpoll-c-<name>-asan`.
+fn c_examples(ws: &Workspace) -> Result<String> {
+    run(vm::cargo(ws).args(["build", "-p", "vfpoll-capi"]))?;
+    let debug = ws.target.join("debug");
+    let prefix = debug.join("capi");
+    run(Command::new("sh")
+        .arg(ws.root.join("capi/install.sh"))
+        .arg(&prefix)
+        .arg("debug"))?;
+    let pc = stdout_of(
+        Command::new("pkg-config")
+            .args(["--cflags", "--libs", "vfpoll"])
+            .env("PKG_CONFIG_PATH", prefix.join("lib/pkgconfig")),
+    )?;
+    let dir = ws.root.join("examples/c");
+    let mut sources: Vec<PathBuf> = fs::read_dir(&dir)
+        .context(format_args!("reading {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "c"))
+        .collect();
+    sources.sort();
+    let asan: &[&str] = &["-fsanitize=address,undefined", "-fno-omit-frame-pointer"];
+    for src in &sources {
+        let name = src.file_stem().unwrap_or_default().to_string_lossy();
+        for (suffix, extra) in [("", &[][..]), ("-asan", asan)] {
+            run(Command::new("cc")
+                .args(["-std=c11", "-O1", "-g", "-Wall", "-Wextra", "-Werror"])
+                .args(extra)
+                .arg(src)
+                .args(pc.split_whitespace())
+                .arg(format!("-Wl,-rpath,{}", prefix.join("lib").display()))
+                .arg("-o")
+                .arg(debug.join(format!("vfpoll-c-{name}{suffix}"))))?;
+        }
+    }
+    Ok(format!("{} examples, plain and ASan/UBSan", sources.len()))
 }
 
 /// Part c: the guest boots and the host checks.
