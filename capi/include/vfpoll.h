@@ -555,7 +555,7 @@ int vfpoll_qpair_poll(struct vfpoll_qpair *qp, struct vfpoll_completion *out, ui
 
 // Rings the submission doorbell, then calls `cb(ctx, completion)` for up to `max` completions
 // and returns how many. The callback may submit to this queue pair and poll it again (no
-// internal state is borrowed while it runs); it must not destroy it.
+// internal state is borrowed while it runs); destroying it there is refused (`-EBUSY`).
 //
 // # Safety
 // `qp` is NULL or live; `cb` is NULL or a function that is sound to call with `ctx`.

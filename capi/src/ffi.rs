@@ -518,7 +518,14 @@ pub unsafe extern "C" fn vfpoll_qpair_destroy(qp: *mut vfpoll_qpair) -> c_int {
             return Ok(0);
         }
         // SAFETY: module trust model.
-        let n = unsafe { get(qp, "qp")? }.outstanding();
+        let q = unsafe { get(qp, "qp")? };
+        if q.in_callback.get() != 0 {
+            return Err(Error::new(
+                libc::EBUSY,
+                "called from a completion callback of this queue pair, which is still polling it: destroy it after vfpoll_qpair_poll_cb returns",
+            ));
+        }
+        let n = q.outstanding();
         if n != 0 {
             return Err(Error::new(
                 libc::EBUSY,
@@ -829,7 +836,7 @@ pub unsafe extern "C" fn vfpoll_qpair_poll(
 
 /// Rings the submission doorbell, then calls `cb(ctx, completion)` for up to `max` completions
 /// and returns how many. The callback may submit to this queue pair and poll it again (no
-/// internal state is borrowed while it runs); it must not destroy it.
+/// internal state is borrowed while it runs); destroying it there is refused (`-EBUSY`).
 ///
 /// # Safety
 /// `qp` is NULL or live; `cb` is NULL or a function that is sound to call with `ctx`.
@@ -852,10 +859,12 @@ pub unsafe extern "C" fn vfpoll_qpair_poll_cb(
         loop {
             let want = (max - n).min(CHUNK);
             let got = qp.poll_into(&mut chunk[..want]);
+            qp.in_callback.set(qp.in_callback.get() + 1);
             for c in &chunk[..got] {
                 // SAFETY: the caller vouches for `cb` with `ctx`; `c` is valid for the call.
                 unsafe { cb(ctx, c) };
             }
+            qp.in_callback.set(qp.in_callback.get() - 1);
             n += got;
             if got < want || n == max {
                 return Ok(as_int(n));

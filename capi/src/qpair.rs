@@ -5,7 +5,7 @@
 
 #![allow(non_camel_case_types)]
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,6 +24,9 @@ pub struct vfpoll_qpair {
     qp: RefCell<QueuePair<Sub>>,
     reqs: RefCell<Requests>,
     env: Arc<Env>,
+    /// Completion callbacks running now (`vfpoll_qpair_poll_cb`, nested when a callback polls):
+    /// the queue pair must not be destroyed under them.
+    pub(crate) in_callback: Cell<u32>,
 }
 
 /// One request in flight.
@@ -142,6 +145,7 @@ impl vfpoll_qpair {
                 pending: VecDeque::with_capacity(n),
             }),
             env: Arc::clone(&ctrl.env),
+            in_callback: Cell::new(0),
         })
     }
 
