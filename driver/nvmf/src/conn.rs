@@ -236,6 +236,16 @@ impl Conn {
         }
     }
 
+    /// The socket's descriptor.
+    pub(crate) fn fd(&self) -> std::os::fd::RawFd {
+        self.stream.as_raw_fd()
+    }
+
+    /// Whether answers wait for room in the socket, or received bytes wait to be parsed.
+    pub(crate) fn busy(&self) -> bool {
+        !self.tx.is_empty() || !self.stage.available().is_empty() || !self.waiting.is_empty()
+    }
+
     /// The port ID of the listener the connection came through.
     pub(crate) fn portid(&self) -> u16 {
         self.info.portid

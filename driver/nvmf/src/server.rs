@@ -11,8 +11,9 @@
 //! A controller's admin and I/O queues may live on different workers: when one of them ends (a
 //! disconnect, a reset, a keep-alive expiry), every worker gets a "close queue" message in its
 //! inbox and closes the connection carrying that queue if it holds it. Workers poll without
-//! blocking; a worker that found nothing to do for [`ServerConfig::spin`] naps briefly between
-//! rounds, so an idle target costs little CPU while a busy one answers without a wake-up delay.
+//! blocking; a worker that found nothing to do for [`ServerConfig::spin`] sleeps in `epoll_wait`
+//! on its sockets until a host sends something (napping briefly instead while its backends have
+//! commands in flight), so an idle target costs no CPU and a busy one answers without a wake-up.
 //!
 //! A running server can be changed: listeners added and removed (the connections that came
 //! through a removed one are closed), namespaces added (with one backend per worker) and
@@ -48,7 +49,7 @@ const NAP: Duration = Duration::from_micros(200);
 /// Idle rounds between two clock reads of a worker deciding whether to nap.
 const CLOCK_EVERY: u32 = 64;
 /// The default of [`ServerConfig::spin`].
-pub const DEFAULT_SPIN: Duration = Duration::from_millis(10);
+pub const DEFAULT_SPIN: Duration = Duration::from_micros(100);
 /// The nap of the listener thread between rounds that accepted nothing.
 const LISTEN_NAP: Duration = Duration::from_millis(1);
 
@@ -99,10 +100,11 @@ pub struct ServerConfig {
     pub buffers: usize,
     /// MAXH2CDATA offered to hosts; in-capsule data follows the target's options.
     pub maxh2cdata: u32,
-    /// How long a worker keeps polling after its last work before it naps between rounds
-    /// ([`DEFAULT_SPIN`]). Longer keeps latency low across gaps between a host's commands (a
-    /// QD1 host sends its next command one network round trip after the last answer); shorter
-    /// saves CPU. `Duration::MAX`: never nap.
+    /// How long a worker keeps polling after its last work before it sleeps ([`DEFAULT_SPIN`]):
+    /// then it waits in `epoll_wait` until one of its sockets has data (or naps briefly while
+    /// a backend has commands in flight, whose completions it polls). Longer answers a host
+    /// that pauses between commands without a wake-up; shorter leaves the core to others
+    /// sooner. `Duration::MAX`: never sleep.
     pub spin: Duration,
 }
 
@@ -419,6 +421,7 @@ impl Server {
                 inbox,
                 limits,
                 spin: cfg.spin,
+                epoll: crate::sys::Epoll::new().ok(),
                 _dma: cfg.dma.clone(),
             };
             let ready = ready_tx.clone();

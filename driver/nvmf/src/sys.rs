@@ -11,7 +11,7 @@
 //! and the range checks below keep every access inside the buffer.
 
 use std::io;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use vfpoll_dma::DmaBuf;
 
@@ -97,6 +97,57 @@ pub(crate) fn recv_into(fd: RawFd, buf: &mut DmaBuf, off: usize, len: usize) -> 
     }
 }
 
+/// An epoll instance an idle worker sleeps on until one of its sockets has data.
+pub(crate) struct Epoll {
+    fd: OwnedFd,
+}
+
+impl Epoll {
+    /// A new epoll instance.
+    pub(crate) fn new() -> io::Result<Epoll> {
+        // SAFETY: epoll_create1 takes no pointers; a non-negative result is a new descriptor
+        // that only this `OwnedFd` owns.
+        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just returned by epoll_create1 and is owned by no one else.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(Epoll { fd })
+    }
+
+    /// Watches `fd` for input (data, or the peer closing). Closing `fd` ends the watch.
+    pub(crate) fn add(&self, fd: RawFd) -> io::Result<()> {
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32 | libc::EPOLLRDHUP as u32,
+            u64: fd as u64,
+        };
+        // SAFETY: `ev` is a valid epoll_event for the duration of the call; both descriptors
+        // are open (the kernel checks them and fails the call otherwise).
+        let r = unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Sleeps until a watched descriptor has input or `timeout_ms` passes; returns how many
+    /// are ready (0 on timeout or a signal).
+    pub(crate) fn wait(&self, timeout_ms: i32) -> usize {
+        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 16];
+        // SAFETY: `evs` has room for the 16 events the kernel may write.
+        let r = unsafe {
+            libc::epoll_wait(
+                self.fd.as_raw_fd(),
+                evs.as_mut_ptr(),
+                evs.len() as i32,
+                timeout_ms,
+            )
+        };
+        usize::try_from(r).unwrap_or(0)
+    }
+}
+
 /// The CRC32C of `len` bytes of `buf` from `off`, continuing `crc` (data digests over DMA
 /// buffers). The bytes are copied out in pieces first: no reference into DMA memory is made.
 pub(crate) fn crc32c_of(mut crc: u32, buf: &DmaBuf, off: usize, len: usize) -> io::Result<u32> {
@@ -176,6 +227,13 @@ mod tests {
         // The digest over DMA memory equals the one over the same bytes.
         assert_eq!(crc32c_of(0, &a, 7, 100).unwrap(), crc32c::crc32c(&data[7..107]));
         assert_eq!(crc32c_of(0, &a, 0, 4096).unwrap(), crc32c::crc32c(&data));
+        // An idle epoll wait times out; data wakes it.
+        let ep = Epoll::new().unwrap();
+        ep.add(x.as_raw_fd()).unwrap();
+        assert_eq!(ep.wait(10), 0);
+        y.write_all(b"wake").unwrap();
+        assert_eq!(ep.wait(5000), 1);
+        assert!(ep.add(-1).is_err());
         pool.free(a);
         pool.free(b);
         drop(x.flush());

@@ -70,10 +70,11 @@ pub struct Args {
     /// goes to the worker with the fewest. Without it one unpinned worker serves all.
     #[arg(long, value_name = "LIST")]
     cores: Option<String>,
-    /// How long a worker keeps polling after its last work before it naps between rounds
-    /// (200 µs naps): longer keeps latency low when hosts pause, shorter saves CPU. Default 10.
-    #[arg(long, value_name = "MS")]
-    spin_ms: Option<u64>,
+    /// How long a worker keeps polling after its last work before it sleeps until a host
+    /// sends something (epoll): longer answers hosts that pause between commands without a
+    /// wake-up, shorter leaves the core idle sooner. Default 100.
+    #[arg(long, value_name = "US")]
+    spin_us: Option<u64>,
     /// Print one JSON line per second on stdout: per subsystem I/O commands per second, bytes
     /// read and written, connections (queues), I/O errors and protocol errors; for the whole
     /// target connections (discovery ones too) and connections per worker.
@@ -87,7 +88,7 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
         cores: a.cores.clone(),
         page_size: a.page_size,
         noiommu: a.noiommu,
-        spin_ms: a.spin_ms,
+        spin_us: a.spin_us,
     };
     let mut plan = match &a.config {
         Some(path) => Plan::from_file(path, &settings)?,
@@ -185,7 +186,7 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
     let started = Instant::now();
     let mut last = (Instant::now(), server.stats(), snapshot_map(&server));
     while !stop.load(Ordering::Relaxed) && server.is_running() {
-        std::thread::sleep(Duration::from_millis(100));
+        std::thread::sleep(Duration::from_micros(100));
         if hup.swap(false, Ordering::Relaxed) {
             reload(&server, &mut devices, &mut plan, a.config.as_ref(), &settings);
         }

@@ -6,7 +6,7 @@
 //! cores = "1-2"            # one pinned worker per core (default: one unpinned worker)
 //! page_size = "2M"         # data buffer pages: 2M or 1G
 //! noiommu = false          # VFIO no-IOMMU mode for NVMe namespaces
-//! spin_ms = 10             # polling after the last work before a worker naps
+//! spin_us = 100            # polling after the last work before a worker sleeps
 //!
 //! [[listener]]
 //! address = "127.0.0.1:4420"
@@ -132,8 +132,8 @@ pub struct Settings {
     pub page_size: Option<PageSize>,
     /// `--noiommu`.
     pub noiommu: bool,
-    /// `--spin-ms`.
-    pub spin_ms: Option<u64>,
+    /// `--spin-us`.
+    pub spin_us: Option<u64>,
 }
 
 impl Plan {
@@ -209,7 +209,7 @@ impl Plan {
                 (None, None) => None,
             },
             noiommu: overrides.noiommu || f.noiommu,
-            spin_ms: overrides.spin_ms.or(f.spin_ms),
+            spin_us: overrides.spin_us.or(f.spin_us),
         };
         // The ANA groups in use: a listener's `ana_state` applies to each.
         let mut groups: BTreeSet<u32> = f
@@ -313,7 +313,7 @@ impl Plan {
             cores_text: s.cores.clone(),
             page_size,
             noiommu: s.noiommu,
-            spin: s.spin_ms.map_or(DEFAULT_SPIN, Duration::from_millis),
+            spin: s.spin_us.map_or(DEFAULT_SPIN, Duration::from_micros),
             listeners: Vec::new(),
             subsystems: Vec::new(),
         })
@@ -408,7 +408,7 @@ struct File {
     page_size: Option<String>,
     #[serde(default)]
     noiommu: bool,
-    spin_ms: Option<u64>,
+    spin_us: Option<u64>,
     #[serde(default)]
     listener: Vec<FileListener>,
     #[serde(default)]
@@ -461,7 +461,7 @@ mod tests {
 
     const FILE: &str = r#"
         cores = "0-1"
-        spin_ms = 3
+        spin_us = 3000
 
         [[listener]]
         address = "127.0.0.1:4420"

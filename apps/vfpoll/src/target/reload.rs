@@ -35,7 +35,7 @@ pub fn apply(server: &Server, devices: &mut Devices, current: &mut Plan, new: &P
         || new.spin != current.spin
     {
         out.failed.push(
-            "cores, page_size, noiommu and spin_ms change only with a restart; the running ones stay".into(),
+            "cores, page_size, noiommu and spin_us change only with a restart; the running ones stay".into(),
         );
     }
     // Listeners, by port ID: gone or moved ones first (a moved one is removed and re-added).

@@ -11,6 +11,10 @@ use std::time::{Duration, Instant};
 use vfpoll_dma::{DmaContext, DmaPool};
 
 use super::{ListenMsg, Msg, Shared, CLOCK_EVERY, LISTEN_NAP, NAP, TICK};
+
+/// The longest sleep of an idle worker waiting for its sockets: messages from the other
+/// threads (new connections, closes, events) are seen at most this late.
+const SLEEP_MS: i32 = 1;
 use crate::backend::{Backend, Completion};
 use crate::conn::{Conn, Ctx, Submission};
 use crate::fabrics::{ConnInfo, QueueRef, SubsystemId};
@@ -202,6 +206,8 @@ pub(super) struct Worker {
     pub(super) inbox: Receiver<Msg>,
     pub(super) limits: TargetLimits,
     pub(super) spin: Duration,
+    /// Where an idle worker sleeps until a socket has data (`None`: it naps instead).
+    pub(super) epoll: Option<crate::sys::Epoll>,
     /// Keeps the DMA mappings alive as long as the pool.
     pub(super) _dma: DmaContext,
 }
@@ -222,10 +228,14 @@ impl Worker {
     fn message(&mut self, m: Msg, conns: &mut HashMap<u64, Conn>, close: &mut Vec<QueueRef>) {
         match m {
             Msg::Conn(id, s, info) => {
-                conns.insert(
-                    id,
-                    Conn::new(id, s, info, &self.limits, self.shared.stats.clone()),
-                );
+                let c = Conn::new(id, s, info, &self.limits, self.shared.stats.clone());
+                if let Some(ep) = &self.epoll {
+                    if let Err(e) = ep.add(c.fd()) {
+                        log::warn!("worker {}: epoll: {e}; napping instead", self.index);
+                        self.epoll = None;
+                    }
+                }
+                conns.insert(id, c);
             }
             Msg::Close(q) => close.push(q),
             Msg::ClosePort(portid) => {
@@ -253,6 +263,20 @@ impl Worker {
                     self.retiring.push(i);
                 }
             }
+        }
+    }
+
+    /// An idle round past the spin time: sleeps until a socket has data (at most
+    /// [`SLEEP_MS`]), or naps briefly while a backend has operations in flight (their
+    /// completions are polled, no descriptor says they came), a busy backend refused a
+    /// submission, or a connection has answers waiting for room in its socket.
+    fn sleep(&self, conns: &HashMap<u64, Conn>, retry: &VecDeque<Submission>) {
+        let in_flight = self.in_flight.iter().any(|n| n.load(Ordering::Relaxed) != 0);
+        match &self.epoll {
+            Some(ep) if !in_flight && retry.is_empty() && !conns.values().any(Conn::busy) => {
+                ep.wait(SLEEP_MS);
+            }
+            _ => std::thread::sleep(NAP),
         }
     }
 
@@ -371,9 +395,9 @@ impl Worker {
                     // The first clock read of an idle stretch: work last happened about now.
                     last_work = Instant::now();
                 } else if last_work.elapsed() >= self.spin {
-                    // Napping from here on until there is work again (idle stays a multiple of
-                    // CLOCK_EVERY past the first).
-                    std::thread::sleep(NAP);
+                    self.sleep(&conns, &retry);
+                    // Sleeping from here on until there is work again (idle stays a multiple
+                    // of CLOCK_EVERY past the first).
                     idle = idle.wrapping_sub(1);
                 }
             }
