@@ -23,7 +23,7 @@ use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::cli::Task;
-use crate::util::{err, mkdir, run, stdout_of, Context, Result};
+use crate::util::{err, mkdir, run, stdout_of, Context, Lock, Result};
 use crate::vm;
 use crate::Workspace;
 
@@ -183,8 +183,10 @@ pub fn test_secs() -> Result<u64> {
 
 /// Builds, self-tests and fuzzes; a one-line note on success, the full report of a failure.
 pub fn run_all(ws: &Workspace, a: &FuzzArgs) -> Result<String> {
+    let root = mkdir(ws.target.join("fuzz"))?;
+    // One run at a time: runs share the binaries, corpora, logs and artifact directories.
+    let _lock = Lock::acquire(&root.join("lock"))?;
     let bins = build(ws)?;
-    let root = ws.target.join("fuzz");
     let mut notes = Vec::new();
     if a.selftest {
         notes.push(self_test(ws, &bins, &root)?);
