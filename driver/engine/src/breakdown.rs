@@ -18,8 +18,8 @@
 //! come from the engine's [`Clock`]: the TSC where it is usable (the worker is pinned, and an
 //! I/O is stamped on one thread only), otherwise `std::time::Instant` (`CLOCK_MONOTONIC`).
 //!
-//! The stamps are a type parameter of the worker's hot loop ([`Stamps`]): a run without the
-//! breakdown uses [`Off`], whose methods are empty and inlined, so its loop is the same code as
+//! The stamps are a type parameter of the worker's hot loop (`Stamps`): a run without the
+//! breakdown uses `Off`, whose methods are empty and inlined, so its loop is the same code as
 //! without this module. With more than one I/O in flight per queue pair the segments would
 //! interleave, so [`crate::Engine::start`] refuses the breakdown at any other queue depth.
 

@@ -361,7 +361,7 @@ struct Queue<S: Slots, T: Stamps> {
     polls: u64,
     empty_polls: u64,
     device: String,
-    /// The latency breakdown's stamps ([`Off`]: none).
+    /// The latency breakdown's stamps (`Off`: none).
     stamps: T,
 }
 
