@@ -3,8 +3,9 @@
 //! measurement with its JSON; clear errors for bad input. On controller F's zoned namespace
 //! (issue 10): writes that wrap around the zones, `--verify` with one and two workers
 //! (the host checks the image: each zone holds the pattern up to its last I/O, zeroes after),
-//! random reads, and random writes refused with the reason. Runs the `vfpoll` binary the
-//! harness built (first on the guest's PATH).
+//! random reads, and random writes refused with the reason. The latency tools (issue 15):
+//! `--breakdown` at queue depth 1 and `--latency-histogram`, text and JSON, and the debug
+//! build's warning. Runs the `vfpoll` binary the harness built (first on the guest's PATH).
 //!
 //! Order matters: libtest runs the guest tests by name, so the verify test (whose pattern the
 //! host checks) comes after the measurement, whose writes stay inside the verified range.
@@ -171,6 +172,111 @@ fn guest_perf_measures_and_reports_json() {
     assert!(out.status.success(), "{t}");
     assert!(t.contains("read: IOPS=") && t.contains("200 I/Os"), "{t}");
     assert!(t.contains("p99.99="), "{t}");
+}
+
+#[test]
+#[ignore = "test bed"]
+fn guest_perf_qd1_breakdown_and_latency_histogram() {
+    setup();
+    let out = vfpoll(&[
+        "perf",
+        "-d",
+        NVME_A,
+        "-q",
+        "1",
+        "--ios",
+        "2000",
+        "--cores",
+        "1",
+        "--size",
+        "8m",
+        "--breakdown",
+        "--latency-histogram",
+        "--json",
+    ]);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("perf --json prints JSON");
+    // The harness runs the debug build: it says so, on stderr and in the JSON.
+    let debug = cfg!(debug_assertions);
+    assert_eq!(
+        v["build"]["profile"],
+        if debug { "debug" } else { "release" },
+        "{t}"
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).contains("is a debug build"),
+        debug,
+        "{t}"
+    );
+    let b = &v["latency_breakdown"];
+    assert_eq!(b["ios"], 2000, "{t}");
+    assert!(b["clock"] == "tsc" || b["clock"] == "monotonic", "{t}");
+    // The segments tile each I/O's cycle: their means add up to about the time per I/O.
+    let mut sum = 0.0;
+    for seg in [
+        "submit_to_doorbell",
+        "doorbell_to_completion_seen",
+        "completion_seen_to_callback",
+        "callback_to_next_submit",
+    ] {
+        let s = &b["segments_ns"][seg];
+        let mean = s["mean"].as_f64().unwrap_or(-1.0);
+        assert!(
+            mean >= 0.0 && s["p99"].as_u64() >= s["p50"].as_u64(),
+            "{seg}: {t}"
+        );
+        sum += mean;
+    }
+    let per_io = v["runtime_ns"].as_f64().unwrap() / 2000.0;
+    assert!(
+        sum > per_io * 0.5 && sum < per_io * 1.5,
+        "segments add up to {sum} ns, one I/O took {per_io} ns: {t}"
+    );
+    let h = v["latency_histogram"]["read"].as_array().expect("read ranges");
+    assert_eq!(v["latency_histogram"]["ranges_per_power_of_two"], 16);
+    let counted: u64 = h.iter().map(|r| r["count"].as_u64().unwrap()).sum();
+    assert_eq!(counted, 2000, "{t}");
+    let last = h.last().unwrap()["cumulative_percent"].as_f64().unwrap();
+    assert!((last - 100.0).abs() < 1e-9, "{t}");
+    assert!(
+        h.windows(2)
+            .all(|w| w[0]["hi_ns"].as_u64() <= w[1]["lo_ns"].as_u64()),
+        "{t}"
+    );
+    // The text: the histogram (128 ranges per power of two, as SPDK's -LL) after the results,
+    // and the breakdown table.
+    let out = vfpoll(&[
+        "perf",
+        "-d",
+        NVME_A,
+        "-q",
+        "1",
+        "--ios",
+        "500",
+        "--size",
+        "8m",
+        "--breakdown",
+        "--latency-histogram",
+        "128",
+    ]);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(
+        t.contains("read latency histogram (128 ranges per power of two, 500 I/Os):"),
+        "{t}"
+    );
+    assert!(t.contains("100.0000%"), "{t}");
+    assert!(
+        t.contains("latency breakdown at queue depth 1") && t.contains("doorbell -> completion seen"),
+        "{t}"
+    );
+    let out = vfpoll(&["perf", "-d", NVME_A, "-q", "2", "--ios", "10", "--breakdown"]);
+    let t = text(&out);
+    assert!(
+        !out.status.success() && t.contains("--breakdown needs --queue-depth 1, not 2"),
+        "{t}"
+    );
 }
 
 #[test]
