@@ -12,7 +12,7 @@
 //! disconnect, a reset, a keep-alive expiry), every worker gets a "close queue" message in its
 //! inbox and closes the connection carrying that queue if it holds it. Workers poll without
 //! blocking; a worker that found nothing to do for [`ServerConfig::spin`] sleeps in `epoll_wait`
-//! on its sockets until a host sends something (napping briefly instead while its backends have
+//! on its sockets until a host sends something (it keeps polling while its backends have
 //! commands in flight), so an idle target costs no CPU and a busy one answers without a wake-up.
 //!
 //! A running server can be changed: listeners added and removed (the connections that came
@@ -46,8 +46,6 @@ use worker::{ListenerThread, Worker};
 const TICK: Duration = Duration::from_secs(1);
 /// The nap of an idle worker.
 const NAP: Duration = Duration::from_micros(200);
-/// Idle rounds between two clock reads of a worker deciding whether to nap.
-const CLOCK_EVERY: u32 = 64;
 /// The default of [`ServerConfig::spin`].
 pub const DEFAULT_SPIN: Duration = Duration::from_micros(100);
 /// The nap of the listener thread between rounds that accepted nothing.
@@ -101,8 +99,8 @@ pub struct ServerConfig {
     /// MAXH2CDATA offered to hosts; in-capsule data follows the target's options.
     pub maxh2cdata: u32,
     /// How long a worker keeps polling after its last work before it sleeps ([`DEFAULT_SPIN`]):
-    /// then it waits in `epoll_wait` until one of its sockets has data (or naps briefly while
-    /// a backend has commands in flight, whose completions it polls). Longer answers a host
+    /// then it waits in `epoll_wait` until one of its sockets has data (unless a backend has
+    /// commands in flight: their completions are polled). Longer answers a host
     /// that pauses between commands without a wake-up; shorter leaves the core to others
     /// sooner. `Duration::MAX`: never sleep.
     pub spin: Duration,

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use vfpoll_dma::{DmaContext, DmaPool};
 
-use super::{ListenMsg, Msg, Shared, CLOCK_EVERY, LISTEN_NAP, NAP, TICK};
+use super::{ListenMsg, Msg, Shared, LISTEN_NAP, NAP, TICK};
 
 /// The longest sleep of an idle worker waiting for its sockets: messages from the other
 /// threads (new connections, closes, events) are seen at most this late.
@@ -267,13 +267,16 @@ impl Worker {
     }
 
     /// An idle round past the spin time: sleeps until a socket has data (at most
-    /// [`SLEEP_MS`]), or naps briefly while a backend has operations in flight (their
-    /// completions are polled, no descriptor says they came), a busy backend refused a
-    /// submission, or a connection has answers waiting for room in its socket.
+    /// [`SLEEP_MS`]), unless a backend has operations in flight (their completions are polled:
+    /// no descriptor says they came, and the device is quick), a busy backend refused a
+    /// submission, or a connection has answers waiting for room in its socket (then it
+    /// naps briefly).
     fn sleep(&self, conns: &HashMap<u64, Conn>, retry: &VecDeque<Submission>) {
-        let in_flight = self.in_flight.iter().any(|n| n.load(Ordering::Relaxed) != 0);
+        if !retry.is_empty() || self.in_flight.iter().any(|n| n.load(Ordering::Relaxed) != 0) {
+            return;
+        }
         match &self.epoll {
-            Some(ep) if !in_flight && retry.is_empty() && !conns.values().any(Conn::busy) => {
+            Some(ep) if !conns.values().any(Conn::busy) => {
                 ep.wait(SLEEP_MS);
             }
             _ => std::thread::sleep(NAP),
@@ -304,7 +307,7 @@ impl Worker {
         let mut close: Vec<QueueRef> = Vec::new();
         let mut ended: Vec<QueueRef> = Vec::new();
         let mut done: Vec<Completion> = Vec::new();
-        let mut idle = 0u32;
+        let mut idle = false;
         let mut last_work = Instant::now();
         while !shared.stop.load(Ordering::Acquire) {
             let mut progress = false;
@@ -386,20 +389,16 @@ impl Worker {
             // Queues that ended here may be carried by other workers' connections.
             shared.close_everywhere(ended.drain(..));
             if progress {
-                idle = 0;
+                idle = false;
                 continue;
             }
-            idle = idle.wrapping_add(1);
-            if idle.is_multiple_of(CLOCK_EVERY) {
-                if idle == CLOCK_EVERY {
-                    // The first clock read of an idle stretch: work last happened about now.
-                    last_work = Instant::now();
-                } else if last_work.elapsed() >= self.spin {
-                    self.sleep(&conns, &retry);
-                    // Sleeping from here on until there is work again (idle stays a multiple
-                    // of CLOCK_EVERY past the first).
-                    idle = idle.wrapping_sub(1);
-                }
+            // An idle round: the clock says how long since the last work (an idle round may
+            // cost several system calls, so counting rounds would say little).
+            if !idle {
+                idle = true;
+                last_work = Instant::now();
+            } else if last_work.elapsed() >= self.spin {
+                self.sleep(&conns, &retry);
             }
             std::hint::spin_loop();
         }
