@@ -7,6 +7,7 @@
 //!   kernel still uses it (a mounted file system, an interface that is up);
 //! - [`vfio`]: container, group and device file descriptors, in IOMMU (type1) mode or, only when
 //!   asked for explicitly, no-IOMMU mode; region info, config space, reset, DMA map/unmap;
+//!   interrupts (MSI-X, MSI, INTx, error and request indexes) as eventfds ([`vfio::irq`]);
 //! - [`mmio`]: a typed, volatile, bounds-checked accessor over a mapped BAR.
 //!
 //! All `unsafe` code of this crate lives in [`vfio`] (ioctls, mmap) and [`mmio`] (volatile access).

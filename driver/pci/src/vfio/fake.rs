@@ -14,6 +14,7 @@ use std::path::Path;
 use std::ptr::NonNull;
 use std::sync::Mutex;
 
+use super::irq::{IrqIndex, IrqSet};
 use super::sys::{IoctlArg, SysOps};
 use super::uapi::{self, req};
 use crate::mmio::{self, Mmio};
@@ -41,6 +42,13 @@ pub struct FakeDevice {
     pub resets: u32,
     /// Backing memory of each mappable BAR.
     pub bars: HashMap<u32, Mmio>,
+    /// Vectors per IRQ index (INTx, MSI, MSI-X, ERR, REQ); 0 = the device lacks it.
+    pub irq_counts: [u32; 5],
+    /// Every `VFIO_DEVICE_SET_IRQS` the device accepted, in order.
+    pub irq_sets: Vec<IrqSet>,
+    /// The enabled interrupt index among INTx/MSI/MSI-X, and the eventfd bound to each of its
+    /// vectors (-1: none), as vfio-pci tracks them.
+    pub irq_enabled: Option<(IrqIndex, Vec<i32>)>,
 }
 
 impl FakeDevice {
@@ -62,6 +70,9 @@ impl FakeDevice {
             can_reset: false,
             resets: 0,
             bars,
+            irq_counts: [1, 1, 16, 1, 1],
+            irq_sets: Vec::new(),
+            irq_enabled: None,
         }
     }
 }
@@ -167,6 +178,61 @@ impl FakeVfio {
         uapi::put_u16(buf, d + 2, 1);
         uapi::put_u32(buf, d + 4, 0);
         uapi::put_u32(buf, d + 8, 65535 - st.mappings.len() as u32);
+    }
+
+    /// `VFIO_DEVICE_SET_IRQS` as vfio-pci (Linux 6.1, `vfio_pci_set_irqs_ioctl`) checks it: one
+    /// of INTx/MSI/MSI-X enabled at a time, vectors within the enabled count (no resizing), an
+    /// eventfd (or -1) per vector, unmask only of INTx.
+    fn set_irqs(dev: &mut FakeDevice, b: &[u8]) -> io::Result<i32> {
+        let set = IrqSet::parse(b).ok_or(errno(libc::EINVAL))?;
+        let total = *dev
+            .irq_counts
+            .get(set.index.0 as usize)
+            .ok_or(errno(libc::EINVAL))?;
+        let data = set.flags & 0x7;
+        let action = set.flags & 0x38;
+        if data.count_ones() != 1 || action.count_ones() != 1 {
+            return Err(errno(libc::EINVAL));
+        }
+        let end = set.start.checked_add(set.count).ok_or(errno(libc::EINVAL))?;
+        if end > total {
+            return Err(errno(libc::EINVAL));
+        }
+        let trigger = action == uapi::IRQ_SET_ACTION_TRIGGER;
+        let is_intr = set.index.0 <= IrqIndex::MSIX.0;
+        match &mut dev.irq_enabled {
+            // Disable all.
+            Some((i, _))
+                if trigger && *i == set.index && data == uapi::IRQ_SET_DATA_NONE && set.count == 0 =>
+            {
+                dev.irq_enabled = None;
+            }
+            // Rebind vectors of the enabled index.
+            Some((i, fds)) if trigger && *i == set.index && data == uapi::IRQ_SET_DATA_EVENTFD => {
+                if end as usize > fds.len() || set.fds.iter().any(|&f| f < -1) {
+                    return Err(errno(libc::EINVAL));
+                }
+                fds[set.start as usize..end as usize].copy_from_slice(&set.fds);
+            }
+            // Another interrupt index while one is enabled.
+            Some((i, _)) if is_intr && *i != set.index => return Err(errno(libc::EINVAL)),
+            Some((i, _)) if *i == set.index && action == uapi::IRQ_SET_ACTION_UNMASK => {
+                if set.index != IrqIndex::INTX {
+                    return Err(errno(libc::EINVAL));
+                }
+            }
+            None if trigger && is_intr && data == uapi::IRQ_SET_DATA_EVENTFD => {
+                if set.start != 0 || set.count == 0 || set.fds.iter().any(|&f| f < 0) {
+                    return Err(errno(libc::EINVAL));
+                }
+                dev.irq_enabled = Some((set.index, set.fds.clone()));
+            }
+            None if trigger && data == uapi::IRQ_SET_DATA_NONE && set.count == 0 => {}
+            _ if !is_intr && trigger && data == uapi::IRQ_SET_DATA_EVENTFD => {}
+            _ => return Err(errno(libc::EINVAL)),
+        }
+        dev.irq_sets.push(set);
+        Ok(0)
     }
 
     fn region_info(dev: &FakeDevice, buf: &mut [u8]) -> io::Result<i32> {
@@ -318,6 +384,23 @@ impl SysOps for FakeVfio {
             }
             (Some(Err(d)), req::DEVICE_GET_REGION_INFO, IoctlArg::Buf(b)) => {
                 Self::region_info(&st.devices[&d], b)
+            }
+            (Some(Err(d)), req::DEVICE_GET_IRQ_INFO, IoctlArg::Buf(b)) => {
+                let dev = &st.devices[&d];
+                let index = uapi::get_u32(b, 8);
+                let count = *dev.irq_counts.get(index as usize).ok_or(errno(libc::EINVAL))?;
+                let mut flags = uapi::IRQ_INFO_EVENTFD;
+                if index == IrqIndex::INTX.0 {
+                    flags |= uapi::IRQ_INFO_MASKABLE | uapi::IRQ_INFO_AUTOMASKED;
+                } else {
+                    flags |= uapi::IRQ_INFO_NORESIZE;
+                }
+                uapi::put_u32(b, 4, flags);
+                uapi::put_u32(b, 12, count);
+                Ok(0)
+            }
+            (Some(Err(d)), req::DEVICE_SET_IRQS, IoctlArg::Buf(b)) => {
+                Self::set_irqs(st.devices.get_mut(&d).expect("device"), b)
             }
             (Some(Err(d)), req::DEVICE_RESET, IoctlArg::None) => {
                 let dev = st.devices.get_mut(&d).expect("device");

@@ -12,6 +12,7 @@
 //! kernel in [`fake`] in tests.
 
 pub mod fake;
+pub mod irq;
 pub mod sys;
 pub mod uapi;
 
@@ -26,6 +27,7 @@ use crate::addr::{BusAddr, Iova};
 use crate::bdf::Bdf;
 use crate::mmio::{BarMapping, Mmio};
 use crate::sysfs::{self, Host};
+pub use irq::{EventFd, IrqIndex, IrqInfo, Irqs};
 use sys::raw;
 pub use sys::{IoctlArg, RealSys, SysOps};
 
@@ -608,9 +610,12 @@ pub mod pci_cfg {
 pub struct Device {
     container: Arc<Container>,
     _group: Arc<Group>,
-    fd: OwnedFd,
+    /// Shared with the device's enabled interrupts ([`Irqs`]), which outlive no call on it.
+    fd: Arc<OwnedFd>,
     bdf: Bdf,
     flags: u32,
+    /// IRQ indexes (`VFIO_DEVICE_GET_INFO`.num_irqs).
+    num_irqs: u32,
     regions: Vec<RegionInfo>,
 }
 
@@ -623,6 +628,7 @@ impl Device {
             .map_err(io_err(format!("VFIO_DEVICE_GET_INFO({bdf})")))?;
         let flags = uapi::get_u32(&info, 4);
         let num_regions = uapi::get_u32(&info, 8);
+        let num_irqs = uapi::get_u32(&info, 12);
         let mut regions = Vec::new();
         // Index 8 (VGA) answers EINVAL on non-VGA devices; stop after config space.
         for index in 0..num_regions.min(uapi::PCI_CONFIG_REGION + 1) {
@@ -632,9 +638,10 @@ impl Device {
         Ok(Device {
             container,
             _group: group,
-            fd,
+            fd: Arc::new(fd),
             bdf,
             flags,
+            num_irqs,
             regions,
         })
     }

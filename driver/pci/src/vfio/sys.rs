@@ -140,6 +140,41 @@ impl SysOps for RealSys {
     }
 }
 
+/// A new eventfd with counter 0, close-on-exec and non-blocking (a read of a zero counter fails
+/// with `WouldBlock` instead of sleeping). Always the real kernel: an eventfd is plain memory
+/// shared with whoever signals it, so the fake VFIO layer uses real ones too.
+pub(crate) fn eventfd() -> io::Result<OwnedFd> {
+    // SAFETY: eventfd takes no pointers; it returns a new descriptor or -1.
+    let fd = cvt(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) })?;
+    // SAFETY: `eventfd` just returned this descriptor and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Sleeps until `fd` is readable or `timeout` passes (`None`: no limit). Returns whether it is
+/// readable. A signal that interrupts the sleep ends it early (`Ok(false)`); callers loop.
+pub(crate) fn poll_readable(fd: RawFd, timeout: Option<std::time::Duration>) -> io::Result<bool> {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = match timeout {
+        None => -1,
+        // Round up, so a short timeout does not become a busy poll of 0 ms.
+        Some(t) => t.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as libc::c_int,
+    };
+    // SAFETY: `p` is one valid pollfd, exclusively borrowed for the call; nfds is 1.
+    let r = unsafe { libc::poll(&mut p, 1, ms) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return match e.kind() {
+            io::ErrorKind::Interrupted => Ok(false),
+            _ => Err(e),
+        };
+    }
+    Ok(r > 0 && p.revents & libc::POLLIN != 0)
+}
+
 /// A raw descriptor of an owned fd, for passing to [`SysOps`].
 pub(crate) fn raw(fd: &OwnedFd) -> RawFd {
     fd.as_raw_fd()

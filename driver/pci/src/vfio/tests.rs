@@ -264,3 +264,121 @@ fn iommu_info_parses_and_falls_back() {
     assert_eq!(i.min_page_size(), 0x20_0000);
     assert_eq!(i.iova_ranges, f.iova_ranges, "no capability: the fallback ranges");
 }
+
+#[test]
+fn msix_enable_rebind_and_disable_reach_the_kernel() {
+    use std::os::fd::AsRawFd;
+    let b = bed(false);
+    let c = open(&b, IommuMode::Type1).unwrap();
+    let d = c.device(NVME.parse().unwrap()).unwrap();
+    let info = d.irq_info(IrqIndex::MSIX).unwrap();
+    assert_eq!((info.count, info.eventfd(), info.automasked()), (16, true, false));
+    assert!(d.irq_info(IrqIndex::INTX).unwrap().automasked());
+
+    let e = d.enable_msix(17).unwrap_err().to_string();
+    assert!(e.contains("has 16 MSI-X vector(s)"), "{e}");
+    assert!(
+        b.k.with(|st| st.devices[NVME].irq_sets.is_empty()),
+        "refused before any ioctl"
+    );
+
+    let mut irqs = d.enable_msix(4).unwrap();
+    assert_eq!((irqs.len(), irqs.index()), (4, IrqIndex::MSIX));
+    let fds: Vec<i32> = (0..4).map(|v| irqs.eventfd(v).unwrap().as_raw_fd()).collect();
+    let sets = b.k.with(|st| st.devices[NVME].irq_sets.clone());
+    assert_eq!(
+        sets,
+        vec![irq::IrqSet {
+            flags: uapi::IRQ_SET_DATA_EVENTFD | uapi::IRQ_SET_ACTION_TRIGGER,
+            index: IrqIndex::MSIX,
+            start: 0,
+            count: 4,
+            fds: fds.clone(),
+        }]
+    );
+    // Only one of INTx/MSI/MSI-X at a time.
+    assert!(d.enable_irqs(IrqIndex::MSI, 1).is_err());
+    // The device-request index is independent (hot removal, issue 12).
+    let req = d.enable_irqs(IrqIndex::REQ, 1).unwrap();
+
+    irqs.set_trigger(2, None).unwrap();
+    let other = EventFd::new().unwrap();
+    irqs.set_trigger(3, Some(&other)).unwrap();
+    let bound = b.k.with(|st| st.devices[NVME].irq_enabled.clone()).unwrap();
+    assert_eq!(bound.1, vec![fds[0], fds[1], -1, other.as_raw_fd()]);
+    let e = irqs.set_trigger(4, None).unwrap_err().to_string();
+    assert!(e.contains("only vectors 0..4 are enabled"), "{e}");
+    assert!(irqs.unmask(0).is_err(), "unmask is for INTx only");
+
+    irqs.disable().unwrap();
+    assert!(b.k.with(|st| st.devices[NVME].irq_enabled.is_none()));
+    assert!(irqs.set_trigger(0, None).is_err(), "nothing enabled any more");
+    drop(irqs);
+    drop(req);
+    let last = b.k.with(|st| st.devices[NVME].irq_sets.clone());
+    let disables: Vec<_> = last
+        .iter()
+        .filter(|s| s.flags == uapi::IRQ_SET_DATA_NONE | uapi::IRQ_SET_ACTION_TRIGGER && s.count == 0)
+        .map(|s| s.index)
+        .collect();
+    assert_eq!(
+        disables,
+        vec![IrqIndex::MSIX, IrqIndex::REQ],
+        "disabled once each, dropped or not"
+    );
+
+    // Dropping enabled vectors disables them; then INTx (auto-masked) can be enabled and unmasked.
+    drop(d.enable_msix(1).unwrap());
+    let intx = d.enable_irqs(IrqIndex::INTX, 1).unwrap();
+    intx.unmask(0).unwrap();
+    let s = b.k.with(|st| st.devices[NVME].irq_sets.last().cloned()).unwrap();
+    assert_eq!(
+        (s.flags, s.index, s.start, s.count),
+        (
+            uapi::IRQ_SET_DATA_NONE | uapi::IRQ_SET_ACTION_UNMASK,
+            IrqIndex::INTX,
+            0,
+            1
+        )
+    );
+}
+
+#[test]
+fn a_device_without_msix_says_so() {
+    let b = bed(false);
+    b.k.with(|st| st.devices.get_mut(SHM).unwrap().irq_counts[2] = 0);
+    let c = open(&b, IommuMode::Type1).unwrap();
+    let d = c.device(SHM.parse().unwrap()).unwrap();
+    assert_eq!(d.irq_info(IrqIndex::MSIX).unwrap().count, 0);
+    let e = d.enable_msix(1).unwrap_err().to_string();
+    assert!(e.contains("has 0 MSI-X vector(s)"), "{e}");
+    assert_eq!(
+        d.irq_info(IrqIndex(7)).unwrap().count,
+        0,
+        "beyond num_irqs: absent"
+    );
+}
+
+#[test]
+fn eventfd_counts_wakes_and_clears() {
+    use std::time::{Duration, Instant};
+    let e = EventFd::new().unwrap();
+    assert_eq!(e.take().unwrap(), 0, "non-blocking: nothing yet");
+    let t = Instant::now();
+    assert!(!e.wait(Some(Duration::from_millis(20))).unwrap());
+    assert!(t.elapsed() >= Duration::from_millis(19), "slept for the timeout");
+    let other = e.try_clone().unwrap();
+    let h = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(20));
+        other.signal().unwrap();
+        other.signal().unwrap();
+    });
+    assert!(e.wait(Some(Duration::from_secs(10))).unwrap());
+    h.join().unwrap();
+    assert!(
+        e.wait(Some(Duration::ZERO)).unwrap(),
+        "waiting does not take the counter"
+    );
+    assert_eq!(e.take().unwrap(), 2);
+    assert!(!e.wait(Some(Duration::ZERO)).unwrap(), "taken: cleared");
+}

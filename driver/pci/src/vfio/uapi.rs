@@ -42,6 +42,10 @@ pub mod req {
     pub const DEVICE_GET_INFO: u64 = io(7);
     /// Device: `struct vfio_region_info`.
     pub const DEVICE_GET_REGION_INFO: u64 = io(8);
+    /// Device: `struct vfio_irq_info` of one IRQ index.
+    pub const DEVICE_GET_IRQ_INFO: u64 = io(9);
+    /// Device: `struct vfio_irq_set` (+ data): trigger eventfds, mask/unmask, disable.
+    pub const DEVICE_SET_IRQS: u64 = io(10);
     /// Device: function-level reset.
     pub const DEVICE_RESET: u64 = io(11);
     /// Container: `struct vfio_iommu_type1_info`.
@@ -91,6 +95,33 @@ pub const IOMMU_CAP_DMA_AVAIL: u16 = 3;
 
 /// `VFIO_DMA_MAP_FLAG_READ | VFIO_DMA_MAP_FLAG_WRITE`.
 pub const DMA_MAP_READ_WRITE: u32 = 0b11;
+
+/// `VFIO_IRQ_INFO_EVENTFD`: the index can signal an eventfd.
+pub const IRQ_INFO_EVENTFD: u32 = 1 << 0;
+/// `VFIO_IRQ_INFO_MASKABLE`.
+pub const IRQ_INFO_MASKABLE: u32 = 1 << 1;
+/// `VFIO_IRQ_INFO_AUTOMASKED`: the interrupt is masked after it fires (INTx) until unmasked.
+pub const IRQ_INFO_AUTOMASKED: u32 = 1 << 2;
+/// `VFIO_IRQ_INFO_NORESIZE`: the number of enabled vectors cannot change while enabled.
+pub const IRQ_INFO_NORESIZE: u32 = 1 << 3;
+
+/// `VFIO_IRQ_SET_DATA_NONE`.
+pub const IRQ_SET_DATA_NONE: u32 = 1 << 0;
+/// `VFIO_IRQ_SET_DATA_BOOL`.
+pub const IRQ_SET_DATA_BOOL: u32 = 1 << 1;
+/// `VFIO_IRQ_SET_DATA_EVENTFD`: the data is one `s32` file descriptor per vector (-1: none).
+pub const IRQ_SET_DATA_EVENTFD: u32 = 1 << 2;
+/// `VFIO_IRQ_SET_ACTION_MASK`.
+pub const IRQ_SET_ACTION_MASK: u32 = 1 << 3;
+/// `VFIO_IRQ_SET_ACTION_UNMASK`.
+pub const IRQ_SET_ACTION_UNMASK: u32 = 1 << 4;
+/// `VFIO_IRQ_SET_ACTION_TRIGGER`.
+pub const IRQ_SET_ACTION_TRIGGER: u32 = 1 << 5;
+
+/// Size of `struct vfio_irq_info`.
+pub const IRQ_INFO_SIZE: usize = 16;
+/// Size of `struct vfio_irq_set` without its data.
+pub const IRQ_SET_SIZE: usize = 20;
 
 /// Size of `struct vfio_group_status`.
 pub const GROUP_STATUS_SIZE: usize = 8;
@@ -179,6 +210,8 @@ mod tests {
         assert_eq!(req::SET_IOMMU, 0x3b66);
         assert_eq!(req::GROUP_GET_DEVICE_FD, 0x3b6a);
         assert_eq!(req::DEVICE_GET_REGION_INFO, 0x3b6c);
+        assert_eq!(req::DEVICE_GET_IRQ_INFO, 0x3b6d);
+        assert_eq!(req::DEVICE_SET_IRQS, 0x3b6e);
         assert_eq!(req::DEVICE_RESET, 0x3b6f);
         assert_eq!(req::IOMMU_MAP_DMA, 0x3b71);
         assert_eq!(req::IOMMU_UNMAP_DMA, 0x3b72);
