@@ -15,6 +15,8 @@ use super::{ListenMsg, Msg, Shared, LISTEN_NAP, NAP, TICK};
 /// The longest sleep of an idle worker waiting for its sockets: messages from the other
 /// threads (new connections, closes, events) are seen at most this late.
 const SLEEP_MS: i32 = 1;
+/// The nap of a worker past its spin time whose backends have operations in flight.
+const INFLIGHT_NAP: Duration = Duration::from_micros(20);
 use crate::backend::{Backend, Completion};
 use crate::conn::{Conn, Ctx, Submission};
 use crate::fabrics::{ConnInfo, QueueRef, SubsystemId};
@@ -267,18 +269,19 @@ impl Worker {
     }
 
     /// An idle round past the spin time: sleeps until a socket has data (at most
-    /// [`SLEEP_MS`]), unless a backend has operations in flight (their completions are polled:
-    /// no descriptor says they came, and the device is quick), a busy backend refused a
-    /// submission, or a connection has answers waiting for room in its socket (then it
-    /// naps briefly).
+    /// [`SLEEP_MS`]). While a backend has operations in flight (their completions are polled:
+    /// no descriptor says they came), a busy backend refused a submission, or a connection
+    /// has answers waiting for room in its socket, it naps for [`INFLIGHT_NAP`] instead: a
+    /// device that has not answered within the spin time is slow, and a core that keeps
+    /// spinning on it takes the CPU from whatever shares it (on an emulated test bed, the
+    /// emulated device itself).
     fn sleep(&self, conns: &HashMap<u64, Conn>, retry: &VecDeque<Submission>) {
-        if !retry.is_empty() || self.in_flight.iter().any(|n| n.load(Ordering::Relaxed) != 0) {
-            return;
-        }
+        let waiting = !retry.is_empty() || self.in_flight.iter().any(|n| n.load(Ordering::Relaxed) != 0);
         match &self.epoll {
-            Some(ep) if !conns.values().any(Conn::busy) => {
+            Some(ep) if !waiting && !conns.values().any(Conn::busy) => {
                 ep.wait(SLEEP_MS);
             }
+            _ if waiting => std::thread::sleep(INFLIGHT_NAP),
             _ => std::thread::sleep(NAP),
         }
     }
