@@ -121,8 +121,8 @@ impl Controller {
     }
 
     /// Create I/O Completion Queue (§5.4): CDW10 QID and QSIZE (0's based), CDW11 PC, IEN, IV;
-    /// PRP1 the page-aligned base. Interrupts are not modelled: IEN and IV are accepted and
-    /// ignored. The model also checks that the whole queue translates (Data Transfer Error if not),
+    /// PRP1 the page-aligned base. With IEN set, each entry posted signals the eventfd of vector
+    /// IV ([`crate::NvmeModel::msix`]; Invalid Interrupt Vector when IV has none). The model also checks that the whole queue translates (Data Transfer Error if not),
     /// which a real controller would find only on first use.
     fn create_cq(&mut self, cmd: &Command) -> Status {
         let (qid, size) = (cmd.cdw(10) as u16, (cmd.cdw(10) >> 16) + 1);
@@ -140,7 +140,16 @@ impl Controller {
             log::debug!("Create I/O CQ {qid}: {e}");
             return Status::DATA_TRANSFER_ERROR;
         }
-        self.cqs[qid as usize] = Some(Cq::new(cmd.prp1(), size));
+        let mut cq = Cq::new(cmd.prp1(), size);
+        if cmd.cdw(11) & 0b10 != 0 {
+            let iv = (cmd.cdw(11) >> 16) as usize;
+            let table = self.shared.msix.lock().unwrap_or_else(|e| e.into_inner());
+            match table.get(iv) {
+                Some(e) => cq.irq = Some(std::sync::Arc::clone(e)),
+                None => return Status::INVALID_INTERRUPT_VECTOR,
+            }
+        }
+        self.cqs[qid as usize] = Some(cq);
         self.clear_doorbell(qid, true);
         insert_sorted(&mut self.active_cqs, qid);
         self.init_shadow(qid, true);

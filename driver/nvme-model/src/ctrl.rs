@@ -81,6 +81,8 @@ pub(crate) struct Shared {
     /// and a flag so the thread looks at the mutex only when there is something new.
     pub(crate) ns_changes: Mutex<Vec<u32>>,
     pub(crate) ns_changed: AtomicBool,
+    /// The MSI-X table: the eventfd each interrupt vector signals ([`crate::NvmeModel::msix`]).
+    pub(crate) msix: Mutex<Vec<Arc<vfpoll_pci::vfio::EventFd>>>,
 }
 
 /// Fault changes requested through the handle.
@@ -808,9 +810,13 @@ impl Controller {
                 cq.stalled = true;
                 log::debug!("CQ {cqid} stalled behind a wrong-phase entry (injected)");
             }
-            PostMode::Normal => cq.advance(),
+            PostMode::Normal => {
+                cq.advance();
+                cq.interrupt();
+            }
             PostMode::Duplicate => {
                 cq.advance();
+                cq.interrupt();
                 // The copy goes next: at once if there is room, else first in line.
                 let again = Completion {
                     mode: PostMode::Normal,

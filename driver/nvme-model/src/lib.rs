@@ -30,7 +30,7 @@
 //! - registers CAP (MQES, CQR = 1, TO, DSTRD, CSS = NVM, I/O command sets and admin only,
 //!   MPSMIN = 0, MPSMAX), VS 1.4.0, CC and CSTS (enable with validation, CC.CSS 000b, 110b or
 //!   111b, CFS on invalid configuration, reset, shutdown), AQA, ASQ, ACQ; INTMS/INTMC are
-//!   accepted and ignored (interrupts are not modelled: the driver polls);
+//!   accepted and ignored (MSI-X, below, does not use them);
 //! - admin: Identify (CNS 00h-03h, 05h-07h for the NVM and Zoned Namespace command sets, 1Ch),
 //!   Get/Set Features (Asynchronous Event Configuration, I/O Command Set Profile among them),
 //!   Create/Delete I/O SQ/CQ, Get Log Page (error information, SMART, firmware slot, Changed
@@ -47,9 +47,11 @@
 //!   zone state machine, write pointers and open/active limits ([`ZonedConfig`], [`ZoneState`]);
 //! - data pointers: PRP1/PRP2, PRP lists chained across pages, SGLs (Data Block, Bit Bucket,
 //!   Segment, Last Segment);
+//! - MSI-X as eventfds ([`NvmeModel::msix`]): a CQ created with IEN = 1 signals its vector's
+//!   eventfd on every entry posted;
 //! - completion latency, and the faults of [`FaultKind`].
 //!
-//! Not modelled: interrupts and MSI-X, a controller memory buffer (CMBSZ reads 0), the 32- and
+//! Not modelled: pin-based and MSI interrupts, interrupt coalescing, a controller memory buffer (CMBSZ reads 0), the 32- and
 //! 64-bit guard protection information formats (PIF) and storage tags, reservations, namespace
 //! management and attachment, zone descriptor extensions and zone random write areas, Host
 //! Behavior Support (the upper Format NVM index bits are always honoured), weighted round robin,
@@ -221,6 +223,7 @@ impl NvmeModel {
             namespaces,
             ns_changes: Mutex::new(Vec::new()),
             ns_changed: AtomicBool::new(false),
+            msix: Mutex::new(Vec::new()),
         });
         // Registers are in place before `start` returns: the host may read CAP at once.
         ctrl::init_registers(&bar0, &config);
@@ -238,6 +241,22 @@ impl NvmeModel {
             config,
             thread: Some(thread),
         })
+    }
+
+    /// An MSI-X table of `vectors` entries, each signalling a new eventfd, returned (the model
+    /// keeps its own descriptor of each): completion queues created with IEN = 1 and IV `v`
+    /// signal the `v`th on every entry posted. Give them to the driver with
+    /// `Controller::use_interrupts`. Replaces an earlier table for queues created after.
+    pub fn msix(&self, vectors: u16) -> std::io::Result<Vec<vfpoll_pci::vfio::EventFd>> {
+        let fds = (0..vectors)
+            .map(|_| vfpoll_pci::vfio::EventFd::new())
+            .collect::<std::io::Result<Vec<_>>>()?;
+        let mine = fds
+            .iter()
+            .map(|f| f.try_clone().map(Arc::new))
+            .collect::<std::io::Result<Vec<_>>>()?;
+        *self.shared.msix.lock().unwrap_or_else(|e| e.into_inner()) = mine;
+        Ok(fds)
     }
 
     /// BAR0, as the driver maps it: registers at 0, doorbells from 0x1000.

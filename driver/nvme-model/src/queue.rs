@@ -156,6 +156,8 @@ pub(crate) struct Cq {
     pub(crate) sqs: u32,
     pub(crate) mmio_db: u32,
     pub(crate) shadow_db: u32,
+    /// The vector's eventfd when created with IEN = 1 (NVMe Base 2.0 §5.4).
+    pub(crate) irq: Option<std::sync::Arc<vfpoll_pci::vfio::EventFd>>,
 }
 
 impl Cq {
@@ -172,6 +174,7 @@ impl Cq {
             sqs: 0,
             mmio_db: 0,
             shadow_db: 0,
+            irq: None,
         }
     }
 
@@ -190,6 +193,16 @@ impl Cq {
 
     pub(crate) fn tail_addr(&self) -> u64 {
         self.base + self.tail as u64 * CQE_SIZE
+    }
+
+    /// Sends the queue's interrupt after an entry was posted: one MSI-X message per entry, as
+    /// QEMU's controller does without interrupt coalescing.
+    pub(crate) fn interrupt(&self) {
+        if let Some(e) = &self.irq {
+            if let Err(err) = e.signal() {
+                log::warn!("interrupt eventfd: {err}");
+            }
+        }
     }
 
     pub(crate) fn advance(&mut self) {

@@ -71,6 +71,8 @@ impl Status {
     pub const INVALID_QUEUE_SIZE: Status = Status::command_specific(0x02);
     /// Asynchronous Event Request Limit Exceeded.
     pub const AER_LIMIT_EXCEEDED: Status = Status::command_specific(0x05);
+    /// Invalid Interrupt Vector.
+    pub const INVALID_INTERRUPT_VECTOR: Status = Status::command_specific(0x08);
     /// Invalid Log Page.
     pub const INVALID_LOG_PAGE: Status = Status::command_specific(0x09);
     /// Invalid Format (Format NVM).

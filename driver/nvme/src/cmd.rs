@@ -272,6 +272,14 @@ impl Command {
         c
     }
 
+    /// Create I/O Completion Queue with interrupts enabled (IEN = 1) on vector `iv`
+    /// (NVMe Base 2.0 §5.4, CDW11 bits 31:16 IV, bit 1 IEN, bit 0 PC).
+    pub fn create_io_cq_irq(qid: u16, entries: u32, base: BusAddr, iv: u16) -> Self {
+        let mut c = Self::create_io_cq(qid, entries, base);
+        c.dw[11] = ((iv as u32) << 16) | 0b11;
+        c
+    }
+
     /// Create I/O Submission Queue bound to completion queue `cqid`, physically contiguous
     /// (NVMe Base 2.0 §5.5).
     pub fn create_io_sq(qid: u16, entries: u32, base: BusAddr, cqid: u16) -> Self {

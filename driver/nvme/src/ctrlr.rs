@@ -90,6 +90,8 @@ pub(crate) struct Shared {
     pub(crate) cmb: Mutex<Option<Arc<crate::cmb::Cmb>>>,
     /// The Doorbell Buffer Config pages, when in use.
     pub(crate) shadow: Option<Arc<ShadowPages>>,
+    /// Interrupt vectors, once an interrupt-mode queue pair asked for them (`qpair/wait.rs`).
+    pub(crate) vectors: Mutex<Option<Arc<crate::qpair::Vectors>>>,
     device: Option<Device>,
 }
 
@@ -232,7 +234,8 @@ impl Controller {
             bar.write32(off::CC, cc.with_enable(false).0);
         }
         wait_csts(&bar, cap, "disable", |s| !s.ready())?;
-        // Polling only: mask every interrupt vector (§3.1.3.3; vfpoll never enables MSI-X).
+        // Mask every pin-based/MSI vector (§3.1.3.3): interrupt-mode queue pairs unmask their own
+        // (MSI), or use MSI-X, which INTMS does not mask (qpair/wait.rs).
         bar.write32(off::INTMS, u32::MAX);
 
         // §3.5.1 step 2: the admin queue.
@@ -381,6 +384,7 @@ impl Controller {
                 io_queues_granted: granted,
                 qids: Mutex::new(vec![false; granted as usize + 1]),
                 shadow,
+                vectors: Mutex::new(None),
                 cmb: Mutex::new(None),
                 registration: Mutex::new(Some(crate::signal::Registration::new(bar_ptr, cap.timeout_ms()))),
                 device,

@@ -9,7 +9,8 @@
 //!   command moves through each pointer; [`zns`]: zoned namespaces;
 //! - [`Controller`]: bring-up, admin commands, namespaces (re-read after a format or a
 //!   namespace event), shutdown;
-//! - [`QueuePair`]: I/O submission and polled completion, one per thread; every data and
+//! - [`QueuePair`]: I/O submission and polled completion, one per thread, or interrupt mode
+//!   ([`CompletionMode`], [`QueuePair::wait`], an eventfd for epoll/tokio); every data and
 //!   metadata pointer is sized from the namespace's format in one place (`qpair/xfer.rs`), so
 //!   the controller never moves more bytes than a buffer holds.
 //!
@@ -65,6 +66,6 @@ pub use buffer::{AnyBuf, BusRange, CmbBuf, DeviceBuf, IoBuffer, RegionBuf};
 pub use ctrlr::{Controller, ControllerOptions, FormatOptions, Namespace, Registers, PAGE_SIZE};
 pub use error::{NvmeError, Result};
 pub use format::{NsFormat, PiCheck, PiMode};
-pub use qpair::{Done, QpairOptions, QpairStats, QueuePair, Rejected, MAX_QUEUE_ENTRIES};
+pub use qpair::{CompletionMode, Done, QpairOptions, QpairStats, QueuePair, Rejected, MAX_QUEUE_ENTRIES};
 pub use signal::{shutdown_all, shutdown_on_signals, shutdown_on_signals_then};
 pub use status::{Sct, Status};

@@ -135,6 +135,12 @@ impl Ring {
         Some(c)
     }
 
+    /// Whether the controller has posted the next completion (no side effect).
+    #[inline]
+    pub(crate) fn has_completion(&self, mem: &QueueMem) -> bool {
+        mem.cqe_if_phase(self.cq_head, self.phase).is_some()
+    }
+
     /// Releases the completion entries consumed since the last call (shadow doorbell and, when
     /// needed, MMIO). Returns whether an MMIO write was made.
     #[inline]

@@ -36,11 +36,15 @@ mod complete;
 mod health;
 mod slot;
 mod submit;
+mod wait;
 mod xfer;
 mod zone;
 
 use slot::Slot;
 pub use slot::MAX_QUEUE_ENTRIES;
+pub use wait::CompletionMode;
+use wait::QpIrq;
+pub(crate) use wait::Vectors;
 use xfer::NsInfo;
 
 /// Options of an I/O queue pair.
@@ -65,6 +69,8 @@ pub struct QpairOptions {
     pub split: bool,
     /// How commands to namespaces formatted with protection information use it.
     pub protection: PiMode,
+    /// Polling, or interrupts that [`QueuePair::wait`] sleeps on (one vector per queue pair).
+    pub completion: CompletionMode,
 }
 
 impl Default for QpairOptions {
@@ -77,6 +83,7 @@ impl Default for QpairOptions {
             max_transfer: None,
             split: true,
             protection: PiMode::Controller,
+            completion: CompletionMode::Poll,
         }
     }
 }
@@ -167,6 +174,8 @@ pub struct QueuePair<B: IoBuffer> {
     failed: Option<String>,
     /// The submission queue's slots in the CMB, when there.
     sq_cmb: Option<crate::cmb::CmbSlice>,
+    /// The interrupt vector in interrupt mode (`wait.rs`); never touched by `poll`.
+    irq: Option<QpIrq>,
     ctrl: Arc<Shared>,
     _not_sync: PhantomData<Cell<()>>,
 }
@@ -269,6 +278,10 @@ impl<B: IoBuffer> QueuePair<B> {
         } else {
             None
         };
+        let irq = match opts.completion {
+            CompletionMode::Poll => None,
+            mode => Some(QpIrq::new(ctrl, mode)?),
+        };
         let qid = sh.alloc_qid()?;
         // Shadow doorbells of a new queue start at 0, before the controller learns of it.
         let shadow = sh
@@ -278,9 +291,16 @@ impl<B: IoBuffer> QueuePair<B> {
         let sq_bus = sq_cmb.as_ref().map_or(mem.bus(0), |s| s.bus_addr());
         let cq_bus = mem.bus(sq_bytes);
         let created = (|| {
+            let create_cq = match &irq {
+                Some(i) => {
+                    ctrl.unmask_vector(i.vector());
+                    Command::create_io_cq_irq(qid, entries as u32, cq_bus, i.vector())
+                }
+                None => Command::create_io_cq(qid, entries as u32, cq_bus),
+            };
             sh.admin_exec(
                 "Create I/O Completion Queue",
-                Command::create_io_cq(qid, entries as u32, cq_bus),
+                create_cq,
                 crate::admin::DataDir::None,
                 &[],
             )?;
@@ -336,6 +356,7 @@ impl<B: IoBuffer> QueuePair<B> {
             idle_polls: 0,
             failed: None,
             sq_cmb,
+            irq,
             ctrl: Arc::clone(sh),
             _not_sync: PhantomData,
         };
@@ -532,6 +553,8 @@ impl<B: IoBuffer> Drop for QueuePair<B> {
             }
             self.mem.leak();
             std::mem::forget(self.sq_cmb.take());
+            // The CQ may still interrupt on its vector: never hand the vector to another queue.
+            std::mem::forget(self.irq.take());
         }
     }
 }

@@ -1,0 +1,350 @@
+//! Interrupt mode: queue pairs that sleep until completions arrive instead of spinning.
+//!
+//! A queue pair created with [`CompletionMode::Irq`] or [`CompletionMode::Hybrid`] gets an
+//! interrupt vector of its own (MSI-X, or MSI where that is all the controller has; vector 0 is
+//! the admin queue's and stays unused: the admin queue polls) and its completion queue is
+//! created with IEN = 1, IV = that vector (NVMe Base 2.0 §5.4). vfio-pci signals the vector's
+//! eventfd when the controller sends the interrupt. [`QueuePair::poll`] is unchanged: it never
+//! looks at the eventfd, so polling users pay nothing.
+//!
+//! ## Sleeping without losing a wakeup
+//! [`QueuePair::arm`] is the step before sleeping; [`QueuePair::wait`] is `arm` plus the sleep:
+//! 1. ring the SQ doorbell for whatever was submitted (commands not announced never complete);
+//! 2. take the eventfd's counter (clears it; read, not waited on: it is non-blocking);
+//! 3. ring the CQ head doorbell for every entry consumed so far, even below the batch that
+//!    [`QueuePair::poll`] waits for. A controller raises an interrupt when a queue goes from
+//!    "no entries the host has not consumed" to "some" (§3.5.1; QEMU sends one per post, real
+//!    controllers need the edge), so an un-announced head would keep it from interrupting again;
+//! 4. look at the next CQ entry's phase tag: if it is there, do not sleep (`arm` returns true).
+//!
+//! An interrupt for an entry posted after step 2 lands in the counter, which stays non-zero
+//! until the next `arm`, so the sleep that follows returns at once: a completion that races
+//! with going to sleep is never lost. One posted before step 2 is seen in step 4. The counter
+//! may hold interrupts for entries already polled (a spurious wakeup: `poll` finds nothing and
+//! the caller waits again), never the reverse.
+//!
+//! Shadow doorbells (§5.8) keep working: step 3 goes through the same ring code, which writes
+//! the shadow value and the MMIO doorbell only when the controller's EventIdx asks for it; a
+//! controller using the shadow doorbell reads the head there before it posts.
+//!
+//! ## Hybrid
+//! [`CompletionMode::Hybrid`] spins on the CQ's phase tag for `spin` when `wait` is called (the
+//! caller polls until empty, so that is `spin` after the last completion), then arms and
+//! sleeps: a steady stream of completions is caught spinning at polling latency, an idle queue
+//! pair costs no CPU.
+
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use vfpoll_pci::vfio::{EventFd, IrqIndex, Irqs};
+
+use super::QueuePair;
+use crate::buffer::IoBuffer;
+use crate::ctrlr::{Controller, Shared};
+use crate::error::{NvmeError, Result};
+use crate::regs::off;
+
+/// How a queue pair learns that commands completed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CompletionMode {
+    /// The caller polls ([`QueuePair::poll`]); the CQ is created with interrupts off.
+    #[default]
+    Poll,
+    /// The CQ interrupts; [`QueuePair::wait`] sleeps on its eventfd until completions arrive.
+    Irq,
+    /// [`QueuePair::wait`] spins for `spin` first, then sleeps as in `Irq`.
+    Hybrid {
+        /// How long to spin before sleeping.
+        spin: Duration,
+    },
+}
+
+impl CompletionMode {
+    /// Whether the CQ is created with interrupts enabled.
+    pub fn interrupts(self) -> bool {
+        self != CompletionMode::Poll
+    }
+}
+
+/// The controller's interrupt vectors: one eventfd each, and which are taken.
+#[derive(Debug)]
+pub(crate) struct Vectors {
+    /// Eventfd of each vector (index = vector).
+    fds: Vec<EventFd>,
+    /// Taken vectors; vector 0 (the admin queue's) is always taken.
+    used: Mutex<Vec<bool>>,
+    /// What delivers them, for messages: "MSI-X", "MSI", "supplied".
+    kind: &'static str,
+    /// The VFIO interrupts (disabled when the controller goes); `None` when supplied.
+    _irqs: Option<Irqs>,
+}
+
+impl Vectors {
+    fn new(fds: Vec<EventFd>, kind: &'static str, irqs: Option<Irqs>) -> Self {
+        let mut used = vec![false; fds.len()];
+        used[0] = true;
+        Vectors {
+            fds,
+            used: Mutex::new(used),
+            kind,
+            _irqs: irqs,
+        }
+    }
+
+    fn take(&self) -> Result<u16> {
+        let mut u = self.used.lock().unwrap_or_else(|e| e.into_inner());
+        match u.iter().position(|t| !t) {
+            Some(v) => {
+                u[v] = true;
+                Ok(v as u16)
+            }
+            None => Err(NvmeError::InvalidOption(format!(
+                "all {} {} interrupt vectors are in use ({} by interrupt-mode queue pairs, vector 0 by the admin queue): \
+                 drop an interrupt-mode queue pair or create this one with CompletionMode::Poll",
+                u.len(),
+                self.kind,
+                u.len() - 1
+            ))),
+        }
+    }
+
+    fn give_back(&self, v: u16) {
+        let mut u = self.used.lock().unwrap_or_else(|e| e.into_inner());
+        if v != 0 {
+            if let Some(t) = u.get_mut(v as usize) {
+                *t = false;
+            }
+        }
+    }
+}
+
+/// A queue pair's vector, given back when it goes.
+#[derive(Debug)]
+pub(crate) struct QpIrq {
+    vectors: Arc<Vectors>,
+    vector: u16,
+    mode: CompletionMode,
+}
+
+impl QpIrq {
+    /// Takes a vector of `ctrl` for a queue pair in `mode` (enabling the controller's
+    /// interrupts on first use).
+    pub(crate) fn new(ctrl: &Controller, mode: CompletionMode) -> Result<Self> {
+        let vectors = ctrl.vectors()?;
+        let vector = vectors.take()?;
+        Ok(QpIrq {
+            vectors,
+            vector,
+            mode,
+        })
+    }
+
+    pub(crate) fn vector(&self) -> u16 {
+        self.vector
+    }
+
+    fn fd(&self) -> &EventFd {
+        &self.vectors.fds[self.vector as usize]
+    }
+}
+
+impl Drop for QpIrq {
+    fn drop(&mut self) {
+        self.vectors.give_back(self.vector);
+    }
+}
+
+impl Shared {
+    /// For MSI (not MSI-X), vectors are masked in INTMS/INTMC (§3.1.3.3-4; vfpoll masks all at
+    /// bring-up): unmask one.
+    fn unmask_msi(&self, v: u16) {
+        self.bar.write32(off::INTMC, 1 << v);
+    }
+}
+
+impl Controller {
+    /// The controller's interrupt vectors, enabled through VFIO on first use: MSI-X, or MSI
+    /// where the controller has no MSI-X; one vector per I/O queue the controller granted plus
+    /// the admin queue's, or as many as the controller has.
+    pub(crate) fn vectors(&self) -> Result<Arc<Vectors>> {
+        let sh = &self.shared;
+        let mut slot = sh.vectors.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(v) = slot.as_ref() {
+            return Ok(Arc::clone(v));
+        }
+        let Some(dev) = self.device() else {
+            return Err(NvmeError::Unsupported(
+                "interrupts need a controller opened through VFIO (or vectors given with Controller::use_interrupts)"
+                    .into(),
+            ));
+        };
+        let want = sh.io_queues_granted as u32 + 1;
+        let (index, kind) = if dev.irq_info(IrqIndex::MSIX)?.count > 0 {
+            (IrqIndex::MSIX, "MSI-X")
+        } else if dev.irq_info(IrqIndex::MSI)?.count > 0 {
+            (IrqIndex::MSI, "MSI")
+        } else {
+            return Err(NvmeError::Unsupported(format!(
+                "{} has neither MSI-X nor MSI, only INTx, one line for every queue, which interrupt-mode \
+                 queue pairs do not use: create queue pairs with CompletionMode::Poll",
+                dev.bdf()
+            )));
+        };
+        let n = want.min(dev.irq_info(index)?.count);
+        if n < 2 {
+            return Err(NvmeError::Unsupported(format!(
+                "{} has one {kind} vector, the admin queue's: no vector is left for an I/O queue; use \
+                 CompletionMode::Poll",
+                dev.bdf()
+            )));
+        }
+        let irqs = dev.enable_irqs(index, n)?;
+        let fds = (0..n)
+            .map(|v| irqs.eventfd(v).expect("enabled").try_clone())
+            .collect::<std::io::Result<Vec<_>>>()
+            .map_err(|e| NvmeError::Unsupported(format!("cannot duplicate an eventfd: {e}")))?;
+        log::debug!(
+            "{}: {n} {kind} vectors enabled for interrupt-mode queue pairs",
+            dev.bdf()
+        );
+        let v = Arc::new(Vectors::new(fds, kind, Some(irqs)));
+        *slot = Some(Arc::clone(&v));
+        Ok(v)
+    }
+
+    /// Delivers interrupt vector `v` through `fds[v]` (a device model signals them; vector 0 is
+    /// the admin queue's and stays unused). For controllers that VFIO does not open; through
+    /// VFIO the vectors are enabled on the first interrupt-mode queue pair. Refused once set.
+    pub fn use_interrupts(&self, fds: Vec<EventFd>) -> Result<()> {
+        if fds.len() < 2 {
+            return Err(NvmeError::InvalidOption(format!(
+                "{} interrupt vector(s) given: vector 0 is the admin queue's, give at least 2",
+                fds.len()
+            )));
+        }
+        let mut slot = self.shared.vectors.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.is_some() {
+            return Err(NvmeError::InvalidOption(
+                "the controller's interrupt vectors are already set".into(),
+            ));
+        }
+        *slot = Some(Arc::new(Vectors::new(fds, "supplied", None)));
+        Ok(())
+    }
+
+    /// Unmasks vector `v` where the controller's interrupts are MSI (a no-op for MSI-X, which
+    /// INTMS/INTMC do not mask and which must not be written then, §3.1.3.3).
+    pub(crate) fn unmask_vector(&self, v: u16) {
+        let slot = self.shared.vectors.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.as_ref().is_some_and(|s| s.kind == "MSI") {
+            self.shared.unmask_msi(v);
+        }
+    }
+}
+
+impl<B: IoBuffer> QueuePair<B> {
+    /// How this queue pair learns of completions.
+    pub fn completion_mode(&self) -> CompletionMode {
+        self.irq.as_ref().map_or(CompletionMode::Poll, |i| i.mode)
+    }
+
+    /// The interrupt vector of its completion queue (`None` in poll mode).
+    pub fn vector(&self) -> Option<u16> {
+        self.irq.as_ref().map(QpIrq::vector)
+    }
+
+    /// The eventfd that becomes readable when the completion queue interrupts (`None` in poll
+    /// mode). Register it with epoll/mio/tokio, and call [`QueuePair::arm`] before each sleep.
+    pub fn event_fd(&self) -> Option<BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        self.irq.as_ref().map(|i| i.fd().as_fd())
+    }
+
+    fn irq(&self) -> Result<&QpIrq> {
+        self.irq.as_ref().ok_or_else(|| {
+            NvmeError::InvalidOption(format!(
+                "queue pair {} polls (CompletionMode::Poll): create it with CompletionMode::Irq or Hybrid to wait",
+                self.ring.qid
+            ))
+        })
+    }
+
+    /// Prepares to sleep on [`QueuePair::event_fd`]: rings the SQ doorbell, clears the eventfd,
+    /// announces every consumed completion entry, then looks at the CQ. Returns `true` when a
+    /// completion is already there (poll instead of sleeping). See the module docs for why no
+    /// wakeup is lost between this and the sleep.
+    pub fn arm(&mut self) -> Result<bool> {
+        self.flush_submissions();
+        self.irq()?
+            .fd()
+            .take()
+            .map_err(|e| NvmeError::Failed(format!("reading the interrupt eventfd: {e}")))?;
+        if self.ring.unacked != 0 {
+            if self.ring.ring_cq() {
+                self.stats.cq_doorbells += 1;
+            } else {
+                self.stats.shadow_only += 1;
+            }
+        }
+        Ok(self.ring.has_completion(&self.mem) || self.failed.is_some())
+    }
+
+    /// Waits until a completion is there or `timeout` passes (`None`: no limit). Returns whether
+    /// to poll (`true`: a completion arrived, or an interrupt that may be for one already
+    /// polled; `false`: the timeout passed). Hybrid mode spins first. Submissions are
+    /// announced (the SQ doorbell) before sleeping.
+    pub fn wait(&mut self, timeout: Option<Duration>) -> Result<bool> {
+        let start = Instant::now();
+        let deadline = timeout.map(|t| start + t);
+        if let CompletionMode::Hybrid { spin } = self.irq()?.mode {
+            self.flush_submissions();
+            let until = start + timeout.map_or(spin, |t| t.min(spin));
+            loop {
+                if self.ring.has_completion(&self.mem) {
+                    return Ok(true);
+                }
+                if Instant::now() >= until {
+                    break;
+                }
+                std::hint::spin_loop();
+            }
+        }
+        if self.arm()? {
+            return Ok(true);
+        }
+        loop {
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            let fd = self.irq()?.fd();
+            if fd
+                .wait(left)
+                .map_err(|e| NvmeError::Failed(format!("waiting on the interrupt eventfd: {e}")))?
+            {
+                return Ok(true);
+            }
+            // Woken by a signal, or out of time.
+            if self.ring.has_completion(&self.mem) {
+                return Ok(true);
+            }
+            if left.is_some_and(|l| l.is_zero()) || deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(false);
+            }
+        }
+    }
+}
+
+/// The interrupt eventfd (see [`QueuePair::event_fd`]).
+///
+/// # Panics
+/// On a queue pair in [`CompletionMode::Poll`], which has none.
+impl<B: IoBuffer> AsRawFd for QueuePair<B> {
+    fn as_raw_fd(&self) -> RawFd {
+        match &self.irq {
+            Some(i) => i.fd().as_raw_fd(),
+            None => panic!(
+                "queue pair {} polls (CompletionMode::Poll) and has no eventfd",
+                self.ring.qid
+            ),
+        }
+    }
+}
