@@ -69,6 +69,8 @@ Options:
       --no-build          Do not build vfpoll (release) first
       --vfpoll <PATH>     Run this vfpoll binary instead of target/release/vfpoll (implies
                           --no-build; e.g. a release build of a clean checkout)
+      --target-args <ARGS>
+                          More options for vfpoll target with --nvmf, e.g. --target-args='--spin-us 0'
   -v, --verbose           Show the guest init's lines and kernel warnings
   -h, --help              Print this help";
 
@@ -89,6 +91,8 @@ pub struct BenchArgs {
     pub nvmf: bool,
     /// The vfpoll binary; `None`: `target/release/vfpoll`, built first unless `no_build`.
     pub vfpoll: Option<std::path::PathBuf>,
+    /// More arguments for `vfpoll target` (`--nvmf`), split at spaces.
+    pub target_args: Vec<String>,
 }
 
 /// Who does the I/O.
@@ -191,6 +195,7 @@ pub fn parse(args: &[String]) -> Result<Task> {
         verbose: false,
         nvmf: false,
         vfpoll: None,
+        target_args: Vec::new(),
     };
     let mut it = args.iter();
     while let Some(s) = it.next() {
@@ -208,6 +213,13 @@ pub fn parse(args: &[String]) -> Result<Task> {
             "-h" | "--help" => return Ok(Task::Help(HELP)),
             "--no-build" => a.no_build = true,
             "--nvmf" => a.nvmf = true,
+            "--target-args" => {
+                let v = value()?;
+                if v.contains(|c: char| !(c.is_ascii_alphanumeric() || " -_.=,:/".contains(c))) {
+                    return Err(err!("bench: --target-args {v:?}: only options of vfpoll target (letters, digits, - _ . = , : / and spaces)"));
+                }
+                a.target_args = v.split_whitespace().map(String::from).collect();
+            }
             "--vfpoll" => {
                 a.vfpoll = Some(value()?.into());
                 a.no_build = true;
@@ -713,6 +725,7 @@ mod tests {
             verbose: false,
             nvmf: false,
             vfpoll: None,
+            target_args: Vec::new(),
         };
         let s = job_script(&a, Path::new("/t/release/vfpoll"));
         for want in [

@@ -178,7 +178,7 @@ kernel() {{ # REP
 }}
 vfpoll() {{ # REP
   $V bind $B >/dev/null || exit 1
-  taskset -c {TARGET_CPU} $V target --ns $B/1 --listen 127.0.0.1:4420 --nqn $VNQN > /out/target-r$1.log 2>&1 &
+  taskset -c {TARGET_CPU} $V target --ns $B/1 --listen 127.0.0.1:4420 --nqn $VNQN {targs} > /out/target-r$1.log 2>&1 &
   TPID=$!
   for _ in $(seq 300); do grep -q '^vfpoll target:' /out/target-r$1.log && break; sleep 0.2; done
   if grep -q '^vfpoll target:' /out/target-r$1.log; then
@@ -194,7 +194,8 @@ for rep in $(seq {}); do
   if [ $((rep % 2)) = 1 ]; then kernel $rep; vfpoll $rep; else vfpoll $rep; kernel $rep; fi
 done
 "#,
-        a.repeat
+        a.repeat,
+        targs = a.target_args.join(" "),
     );
     s
 }
@@ -473,10 +474,12 @@ mod tests {
             verbose: false,
             nvmf: true,
             vfpoll: None,
+            target_args: vec!["--spin-us".into(), "0".into()],
         };
         let s = job_script(&a, Path::new("/t/release/vfpoll"));
         for want in [
             "B=0000:00:04.0",
+            "--nqn $VNQN --spin-us 0 > /out/target-r$1.log",
             "V=/t/release/vfpoll",
             "fio_run $1-4k-randread-qd32-r$2 --rw=randread --bs=4k --iodepth=32",
             "fio_run $1-4k-randread-qd1-r$2 --rw=randread --bs=4k --iodepth=1",
