@@ -24,7 +24,8 @@ use crate::Workspace;
 /// libraries of `linux-kbuild` build `vfio.ko`; `fio`, `nvme-cli` (the NVMe/TCP initiator's
 /// `nvme discover/connect/disconnect`) and `e2fsprogs` (`mkfs.ext4`, `fsck.ext4`; priority
 /// "required", yet absent from minimal images) are for jobs in the guest, which runs the host's
-/// binaries. `binutils` (`strip`) comes with `gcc`.
+/// binaries. `binutils` (`strip`) comes with `gcc`. `dpkg-dev` (`dpkg-source`) unpacks fio's
+/// source package, whose headers the fio engine (`fio-engine/`) is built against.
 const PACKAGES: &[&str] = &[
     "qemu-system-x86",
     "busybox-static",
@@ -39,6 +40,7 @@ const PACKAGES: &[&str] = &[
     "xz-utils",
     "libelf1",
     "libssl3",
+    "dpkg-dev",
 ];
 
 /// Modules copied into the initramfs, with everything they depend on, so that `--modules` may
@@ -193,7 +195,67 @@ fn setup_locked(ws: &Workspace) -> Result<Assets> {
         Ok((o.clone(), Note::Text(o)))
     })?;
     write(&ws.testbed().join("current-kernel"), &kd.kver)?;
+    step("setup", "fio source", || fio_source_with(&mut apt, ws))?;
     Ok(assets(&kd, modules, drive_options))
+}
+
+/// The source of the installed fio, unpacked and configured under `target/fio-src`: the headers
+/// (and `config-host.h`) that vfpoll's fio engine is built against. Fetched once per fio version
+/// with `apt-get source` (adding `deb-src` lines to apt's sources when it knows none); nothing
+/// of fio is committed.
+pub fn fio_source(ws: &Workspace) -> Result<PathBuf> {
+    fio_source_with(&mut Apt::default(), ws).map(|(dir, _)| dir)
+}
+
+fn fio_source_with(apt: &mut Apt, ws: &Workspace) -> Result<(PathBuf, Note)> {
+    let version = stdout_of(Command::new("dpkg-query").args(["-W", "-f", "${Version}", "fio"]))
+        .map_err(|e| err!("fio is not installed (run `cargo xtask setup`): {e}"))?;
+    let version = version.trim();
+    // 3.33-3 -> fio-3.33, the directory `dpkg-source -x` makes.
+    let upstream = version.split('-').next().unwrap_or(version);
+    let upstream = upstream.split_once(':').map_or(upstream, |(_, v)| v);
+    let root = mkdir(ws.target.join("fio-src"))?;
+    let dir = root.join(format!("fio-{upstream}"));
+    let stamp = root.join(format!("fio-{upstream}.configured"));
+    let done = || read_opt(&stamp).as_deref() == Some(version) && dir.join("config-host.h").exists();
+    if done() {
+        return Ok((dir, Note::Cached));
+    }
+    let _lock = Lock::acquire(&root.join("lock"))?;
+    if done() {
+        return Ok((dir, Note::Cached));
+    }
+    apt.ensure_packages(&["dpkg-dev"])?;
+    apt.ensure_deb_src("fio", version)?;
+    let _ = fs::remove_dir_all(&dir);
+    let dl = root.join("download");
+    let _ = fs::remove_dir_all(&dl);
+    mkdir(&dl)?;
+    run_quiet(
+        Command::new("apt-get")
+            .args(["source", "-q"])
+            .arg(format!("fio={version}"))
+            .current_dir(&dl),
+    )?;
+    fs::rename(dl.join(format!("fio-{upstream}")), &dir).context(format_args!(
+        "apt-get source fio={version} left no fio-{upstream}"
+    ))?;
+    fs::remove_dir_all(&dl)?;
+    // As Debian configures it (debian/rules); the structures an engine sees do not depend on
+    // the optional libraries configure finds.
+    run_quiet(
+        Command::new("./configure")
+            .arg("--disable-native")
+            .current_dir(&dir),
+    )?;
+    if !dir.join("config-host.h").exists() {
+        return Err(err!(
+            "fio's ./configure made no config-host.h in {}",
+            dir.display()
+        ));
+    }
+    write(&stamp, version)?;
+    Ok((dir, Note::Text(format!("fio {version}"))))
 }
 
 /// The assets of the last `setup`, brought up to date when that is cheap (initramfs images);
@@ -303,6 +365,45 @@ impl Apt {
             install()?;
         }
         Ok(((), Note::Text(format!("installed {}", missing.join(" ")))))
+    }
+
+    /// Makes sure apt can fetch source package `pkg` at `version`: when `apt-cache showsrc` does
+    /// not list it, adds the distribution's `deb-src` lines
+    /// (`/etc/apt/sources.list.d/vfpoll-deb-src.sources`) and refreshes the lists.
+    fn ensure_deb_src(&mut self, pkg: &str, version: &str) -> Result<()> {
+        let knows = || -> Result<bool> {
+            let text = stdout_of(Command::new("apt-cache").args(["showsrc", pkg]))?;
+            Ok(text.lines().any(|l| l.trim() == format!("Version: {version}")))
+        };
+        if knows()? {
+            return Ok(());
+        }
+        let os = fs::read_to_string("/etc/os-release").context("/etc/os-release")?;
+        let codename = os
+            .lines()
+            .find_map(|l| l.strip_prefix("VERSION_CODENAME="))
+            .map(|c| c.trim_matches('"').to_string())
+            .ok_or_else(|| err!("/etc/os-release names no VERSION_CODENAME (a Debian host is required)"))?;
+        let keyring = "/usr/share/keyrings/debian-archive-keyring.gpg";
+        let sources = format!(
+            "# Added by `cargo xtask setup` for fio's source (vfpoll's fio engine).\n\
+             Types: deb-src\nURIs: http://deb.debian.org/debian\n\
+             Suites: {codename} {codename}-updates\nComponents: main\nSigned-By: {keyring}\n\n\
+             Types: deb-src\nURIs: http://deb.debian.org/debian-security\n\
+             Suites: {codename}-security\nComponents: main\nSigned-By: {keyring}\n"
+        );
+        let path = Path::new("/etc/apt/sources.list.d/vfpoll-deb-src.sources");
+        eprintln!("setup: adding deb-src lines for {codename} to {}", path.display());
+        write(path, sources)?;
+        self.updated = false;
+        self.update()?;
+        if !knows()? {
+            return Err(err!(
+                "apt knows no source package {pkg} {version} even with deb-src lines for {codename}: \
+                 is the installed fio from another release?"
+            ));
+        }
+        Ok(())
     }
 
     /// The kernel release `linux-image-amd64` depends on, e.g. `6.1.0-56-amd64`; remembered in

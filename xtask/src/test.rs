@@ -81,6 +81,10 @@ pub fn main(ws: &Workspace, a: &TestArgs) -> Result<u8> {
     }
     // libvfpoll's C examples, for the test bed's capi tests (tests/tests/capi.rs).
     r.step("C examples", || c_examples(ws).map(|n| ((), n)));
+    // vfpoll's fio engine, for the test bed's fio_engine tests (tests/tests/fio_engine.rs).
+    r.step("fio engine", || {
+        fio_engine(ws, "debug").map(|so| ((), so.display().to_string()))
+    });
 
     if let Some(assets) = assets {
         test_bed(ws, a, &assets, &mut r);
@@ -128,6 +132,33 @@ fn c_examples(ws: &Workspace) -> Result<String> {
         }
     }
     Ok(format!("{} examples, plain and ASan/UBSan", sources.len()))
+}
+
+/// Builds vfpoll's fio engine (`fio-engine/`, GPL-2.0) for `profile` (`debug` or `release`):
+/// libvfpoll built and installed into `target/<profile>/capi`, fio's source fetched and
+/// configured ([`setup::fio_source`]), then `make -C fio-engine` against both into
+/// `target/<profile>/libvfpoll_fio.so`, which it returns.
+pub fn fio_engine(ws: &Workspace, profile: &str) -> Result<PathBuf> {
+    let mut build = vm::cargo(ws);
+    build.args(["build", "-p", "vfpoll-capi"]);
+    if profile == "release" {
+        build.arg("--release");
+    }
+    run(&mut build)?;
+    let dir = ws.target.join(profile);
+    let prefix = dir.join("capi");
+    run(Command::new("sh")
+        .arg(ws.root.join("capi/install.sh"))
+        .arg(&prefix)
+        .arg(profile))?;
+    let fio_src = setup::fio_source(ws)?;
+    run(Command::new("make")
+        .arg("-C")
+        .arg(ws.root.join("fio-engine"))
+        .arg(format!("FIO_SRC={}", fio_src.display()))
+        .arg(format!("OUT={}", dir.display()))
+        .env("PKG_CONFIG_PATH", prefix.join("lib/pkgconfig")))?;
+    Ok(dir.join("libvfpoll_fio.so"))
 }
 
 /// Part c: the guest boots and the host checks.
