@@ -15,7 +15,7 @@ use vfpoll_engine::report::{histogram_buckets, OpStats};
 use vfpoll_engine::{
     split_evenly, Breakdown, Engine, Histogram, JobSpec, LatencySummary, Limit, Namespace, Report, Workload,
 };
-use vfpoll_nvme::{Controller, ControllerOptions, QpairOptions};
+use vfpoll_nvme::{CompletionMode, Controller, ControllerOptions, QpairOptions};
 use vfpoll_nvme_model::{ModelConfig, NamespaceConfig, NvmeModel};
 use vfpoll_pci::vfio::{Container, IommuMode};
 use vfpoll_pci::Bdf;
@@ -117,9 +117,38 @@ pub struct Args {
     /// read per poll; without it the I/O loop takes no stamps. With --json: `latency_breakdown`.
     #[arg(long, conflicts_with = "verify")]
     pub breakdown: bool,
+    /// How workers learn of completions: poll (spin on the completion queue), irq (sleep until
+    /// the queue pair's MSI-X interrupt; one vector per queue pair), or hybrid (spin for
+    /// --hybrid-spin-us after the last completion, then sleep). The process CPU time of the run
+    /// is printed with the results.
+    #[arg(long, value_name = "MODE", default_value = "poll", value_parser = ["poll", "irq", "hybrid"])]
+    pub completion: String,
+    /// How long hybrid mode spins before it sleeps, in microseconds.
+    #[arg(long, value_name = "US", default_value_t = 50)]
+    pub hybrid_spin_us: u64,
     /// Print the results as JSON (fio-like field names) instead of text.
     #[arg(long)]
     pub json: bool,
+}
+
+/// The --completion mode.
+fn completion_mode(a: &Args) -> CompletionMode {
+    match a.completion.as_str() {
+        "irq" => CompletionMode::Irq,
+        "hybrid" => CompletionMode::Hybrid {
+            spin: Duration::from_micros(a.hybrid_spin_us),
+        },
+        _ => CompletionMode::Poll,
+    }
+}
+
+/// User and system CPU time of the whole process so far (every thread: workers, the control
+/// thread, and the model's controller thread with --model).
+fn process_cpu() -> anyhow::Result<Duration> {
+    use nix::sys::resource::{getrusage, UsageWho};
+    let u = getrusage(UsageWho::RUSAGE_SELF).context("getrusage")?;
+    let d = |t: nix::sys::time::TimeVal| Duration::new(t.tv_sec() as u64, t.tv_usec() as u32 * 1000);
+    Ok(d(u.user_time()) + d(u.system_time()))
 }
 
 fn parse_per_octave(s: &str) -> Result<u32, String> {
@@ -226,6 +255,13 @@ fn open_devices(a: &Args, worker_cores: &[usize]) -> anyhow::Result<Devices> {
         };
         let ctrl = Controller::new(model.bar0(), DmaContext::new(mapper), opts)
             .context("bringing up the model's controller")?;
+        if completion_mode(a).interrupts() {
+            // The model's MSI-X table: one vector per I/O queue pair and the admin queue's.
+            let fds = model
+                .msix(ctrl.io_queues_granted() + 1)
+                .context("eventfds for the model's interrupts")?;
+            ctrl.use_interrupts(fds)?;
+        }
         return Ok(Devices {
             ctrls: vec![(ctrl, "model".into())],
             _model: Some(model),
@@ -320,6 +356,7 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
         qpair: QpairOptions {
             sgl: a.sgl,
             sq_in_cmb: a.cmb_sq,
+            completion: completion_mode(&a),
             ..Default::default()
         },
         buffer_page: devices.page,
@@ -339,6 +376,7 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
         println!("{header}");
     }
     let mut out = std::io::stdout();
+    let (cpu_before, wall) = (process_cpu()?, std::time::Instant::now());
     let report = engine.run(Duration::from_secs(1), |p| {
         if live {
             let _ = write!(
@@ -352,16 +390,31 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
             let _ = out.flush();
         }
     })?;
+    let cpu = Cpu {
+        used: process_cpu()?.saturating_sub(cpu_before),
+        wall: wall.elapsed(),
+    };
     if live {
         print!("\r\x1b[K");
     }
     if a.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&to_json(&a, &job, &cores, &devices, &report))?
-        );
+        let mut v = to_json(&a, &job, &cores, &devices, &report);
+        v["completion"] = json!(a.completion);
+        v["cpu"] = json!({
+            "process_s": cpu.used.as_secs_f64(),
+            "wall_s": cpu.wall.as_secs_f64(),
+            "percent_of_core": cpu.percent(),
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print_text(&job, &report);
+        println!(
+            "cpu: {:.3} s of process CPU in {:.2} s ({:.1}% of one core), completion {}",
+            cpu.used.as_secs_f64(),
+            cpu.wall.as_secs_f64(),
+            cpu.percent(),
+            a.completion
+        );
         if let Some(per) = a.latency_histogram {
             for (name, op) in [("read", &report.read), ("write", &report.write)] {
                 if op.ios != 0 {
@@ -378,6 +431,18 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// The process CPU time a run took.
+struct Cpu {
+    used: Duration,
+    wall: Duration,
+}
+
+impl Cpu {
+    fn percent(&self) -> f64 {
+        100.0 * self.used.as_secs_f64() / self.wall.as_secs_f64().max(f64::MIN_POSITIVE)
+    }
 }
 
 fn describe(a: &Args, job: &JobSpec, cores: &[usize], spaces: &[Namespace]) -> String {

@@ -31,6 +31,8 @@ use crate::EngineError;
 
 /// Rounds of the hot loop between two looks at the control channel.
 const CONTROL_EVERY: u32 = 256;
+/// Longest sleep of an interrupt-mode worker before it polls again on its own.
+const IRQ_WAIT_LIMIT: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// Main thread → worker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -361,6 +363,9 @@ struct Queue<S: Slots, T: Stamps> {
     polls: u64,
     empty_polls: u64,
     device: String,
+    /// Interrupt mode (`CompletionMode::Irq`/`Hybrid`): an empty poll with commands in flight
+    /// sleeps in `QueuePair::wait` instead of polling again.
+    sleepy: bool,
     /// The latency breakdown's stamps (`Off`: none).
     stamps: T,
 }
@@ -375,6 +380,13 @@ fn build<S: Slots, T: Stamps>(s: &Setup) -> Result<Vec<Queue<S, T>>, EngineError
             Some(g) => g.push((i, t)),
             None => groups.push(vec![(i, t)]),
         }
+    }
+    if groups.len() > 1 && job.qpair.completion.interrupts() {
+        return Err(EngineError::Invalid(format!(
+            "in interrupt mode a worker sleeps on one queue pair, but this one drives {} controllers: \
+             give each worker one controller (more cores), or poll",
+            groups.len()
+        )));
     }
     let mut queues = Vec::new();
     for (gi, g) in groups.iter().enumerate() {
@@ -507,6 +519,7 @@ fn build<S: Slots, T: Stamps>(s: &Setup) -> Result<Vec<Queue<S, T>>, EngineError
             polls: 0,
             empty_polls: 0,
             device,
+            sleepy: job.qpair.completion.interrupts(),
             stamps: T::new(&s.clock),
         });
     }
@@ -736,6 +749,9 @@ impl<S: Slots, T: Stamps> Queue<S, T> {
         self.polls += 1;
         if n == 0 {
             self.empty_polls += 1;
+            if self.sleepy && self.inflight != 0 {
+                self.sleep(st);
+            }
         } else {
             let now = st.clock.ticks();
             self.complete(now, st);
@@ -750,6 +766,17 @@ impl<S: Slots, T: Stamps> Queue<S, T> {
             return self.next_phase(st);
         }
         true
+    }
+
+    /// Interrupt mode: sleeps until the queue pair interrupts (bounded, so that a stop request
+    /// is seen within a few milliseconds even if a completion were lost).
+    #[cold]
+    #[inline(never)]
+    fn sleep(&mut self, st: &mut State) {
+        if let Err(e) = self.qp.wait(Some(IRQ_WAIT_LIMIT)) {
+            let device = &self.device;
+            st.error(|| format!("{device}: waiting for an interrupt: {e}"));
+        }
     }
 
     /// Sends a zone command for lane `lane` of namespace `k`.
