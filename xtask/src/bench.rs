@@ -9,7 +9,9 @@
 //! 3. the device on vfio-pci (`vfpoll bind`): `vfpoll perf` (release build), with the driver's
 //!    defaults (shadow doorbells on: QEMU offers Doorbell Buffer Config), then with
 //!    `--no-shadow-doorbell` (every doorbell an MMIO write) and with `--cmb-sq` (submission
-//!    queues in the controller memory buffer), which measures what those two options do.
+//!    queues in the controller memory buffer), which measures what those two options do;
+//!    and fio with vfpoll's fio engine (`fio-engine/`, release build of `libvfpoll_fio.so`):
+//!    engine `fio-vfpoll`, against `vfpoll perf` in the options table.
 //!
 //! fio runs with `clocksource=cpu` (the TSC, as vfpoll's own clock): the guest's clocksource is
 //! the HPET, and fio's default `clock_gettime` would spend more time reading it than the kernel
@@ -45,7 +47,8 @@ One boot of the QEMU guest (IOMMU mode). On NVMe A (0000:00:03.0, namespace 1), 
 time, queue depth and I/O size for everyone: fio with io_uring and libaio on the kernel's nvme
 driver, fio with io_uring hipri on a poll queue (nvme reloaded with poll_queues=1 if needed),
 then `vfpoll perf` with the device on vfio-pci: with its defaults (shadow doorbells on), with
---no-shadow-doorbell (engine vfpoll-mmio-db) and with --cmb-sq (engine vfpoll-cmb-sq). Cases:
+--no-shadow-doorbell (engine vfpoll-mmio-db) and with --cmb-sq (engine vfpoll-cmb-sq), and fio
+with vfpoll's engine (engine fio-vfpoll, target/release/libvfpoll_fio.so). Cases:
 4 KiB random read at queue depth 1 and 32, 128 KiB sequential read at queue depth 32. Prints two
 tables: vfpoll against the kernel (IOPS, median and range over the repetitions, p50 and p99
 latency, medians, and the ratios vfpoll/kernel), and vfpoll's options against its defaults.
@@ -63,8 +66,8 @@ Options:
       --time <SECS>       Seconds per run [default: 5]
       --repeat <N>        Runs per engine and case, kernel and vfpoll in alternating order;
                           the table shows the median IOPS, p50 and p99 [default: 3]
-      --engines <LIST>    Only these of vfpoll,vfpoll-mmio-db,vfpoll-cmb-sq,io_uring,libaio,
-                          io_uring-hipri [default: all]
+      --engines <LIST>    Only these of vfpoll,vfpoll-mmio-db,vfpoll-cmb-sq,fio-vfpoll,io_uring,
+                          libaio,io_uring-hipri [default: all]
       --nvmf              NVMe/TCP: vfpoll target against nvmet-tcp (see above; --time 3 and up)
       --no-build          Do not build vfpoll (release) first
       --vfpoll <PATH>     Run this vfpoll binary instead of target/release/vfpoll (implies
@@ -110,13 +113,16 @@ pub enum Engine {
     Libaio,
     /// fio, io_uring with `hipri` on a poll queue.
     IoUringHipri,
+    /// fio with vfpoll's fio engine (`libvfpoll_fio.so`).
+    FioVfpoll,
 }
 
 impl Engine {
-    const ALL: [Engine; 6] = [
+    const ALL: [Engine; 7] = [
         Engine::Vfpoll,
         Engine::VfpollMmioDb,
         Engine::VfpollCmbSq,
+        Engine::FioVfpoll,
         Engine::IoUring,
         Engine::IoUringHipri,
         Engine::Libaio,
@@ -132,6 +138,11 @@ impl Engine {
         }
     }
 
+    /// Whether it runs on the kernel's nvme driver.
+    fn is_kernel(self) -> bool {
+        matches!(self, Engine::IoUring | Engine::Libaio | Engine::IoUringHipri)
+    }
+
     fn name(self) -> &'static str {
         match self {
             Engine::Vfpoll => "vfpoll",
@@ -140,6 +151,7 @@ impl Engine {
             Engine::IoUring => "io_uring",
             Engine::Libaio => "libaio",
             Engine::IoUringHipri => "io_uring-hipri",
+            Engine::FioVfpoll => "fio-vfpoll",
         }
     }
 }
@@ -247,7 +259,7 @@ pub fn parse(args: &[String]) -> Result<Task> {
                     .split(',')
                     .map(|e| {
                         Engine::ALL.into_iter().find(|x| x.name() == e).ok_or_else(|| {
-                            err!("bench: unknown engine {e:?}; one of vfpoll, vfpoll-mmio-db, vfpoll-cmb-sq, io_uring, io_uring-hipri, libaio")
+                            err!("bench: unknown engine {e:?}; one of vfpoll, vfpoll-mmio-db, vfpoll-cmb-sq, fio-vfpoll, io_uring, io_uring-hipri, libaio")
                         })
                     })
                     .collect::<Result<_>>()?;
@@ -271,7 +283,7 @@ pub fn parse(args: &[String]) -> Result<Task> {
 /// interrupt-driven io_uring and libaio use its default queues as before. Each repetition runs
 /// the kernel engines and vfpoll (binding the device to vfio-pci and back), in alternating
 /// order, so that a drift of the host's load does not favour one side.
-fn job_script(a: &BenchArgs, vfpoll: &Path) -> String {
+fn job_script(a: &BenchArgs, vfpoll: &Path, engine_so: &Path) -> String {
     let t = a.time;
     let has = |e| a.engines.contains(&e);
     let mut s = format!(
@@ -335,12 +347,29 @@ fi
                 id = c.id
             );
         }
+        if has(Engine::FioVfpoll) {
+            // fio's options as fio_run's, the device named as the engine takes it.
+            let _ = writeln!(
+                ours,
+                "  echo \"bench: fio-vfpoll {id}-r$1\"; fio --name=fio-vfpoll-{id}-r$1 --thread \
+                 --ioengine=external:{so} --filename={dev}/1 --size=64M --time_based --runtime={t} \
+                 --cpus_allowed={CPU} --numjobs=1 --lat_percentiles=1 --clocksource=cpu \
+                 --output-format=json --eta=never --output=/out/fio-vfpoll-{id}-r$1.json \
+                 --rw={} --bs={} --iodepth={} || echo 'bench: fio-vfpoll failed'",
+                c.rw,
+                c.bs,
+                c.qd,
+                id = c.id,
+                so = engine_so.display(),
+                dev = BDF.replace(':', "."),
+            );
+        }
     }
     ours.push_str("  $V reset $BDF >/dev/null\n}\n");
     s.push_str(&kernel);
     s.push_str(&ours);
-    let kernel_on = has(Engine::IoUring) || has(Engine::Libaio) || has(Engine::IoUringHipri);
-    let vfpoll_on = a.engines.iter().any(|e| e.vfpoll_flags().is_some());
+    let kernel_on = a.engines.iter().any(|e| e.is_kernel());
+    let vfpoll_on = a.engines.iter().any(|e| !e.is_kernel());
     let _ = writeln!(s, "for rep in $(seq {}); do", a.repeat);
     let (k, v) = (
         if kernel_on { "kernel $rep" } else { ":" },
@@ -365,6 +394,17 @@ pub fn main(ws: &Workspace, a: &BenchArgs) -> Result<u8> {
             vfpoll.display()
         ));
     }
+    let engine_so = ws.target.join("release/libvfpoll_fio.so");
+    if a.engines.contains(&Engine::FioVfpoll) {
+        if !a.no_build {
+            crate::test::fio_engine(ws, "release")?;
+        } else if !engine_so.exists() {
+            return Err(err!(
+                "{} is missing: drop --no-build (or leave fio-vfpoll out of --engines)",
+                engine_so.display()
+            ));
+        }
+    }
     let assets = setup::ensure(ws)?;
     let run_dir = vm::default_run_dir(ws, "bench-iommu");
     let runs = CASES.len() as u64 * a.engines.len() as u64 * a.repeat as u64;
@@ -380,7 +420,7 @@ pub fn main(ws: &Workspace, a: &BenchArgs) -> Result<u8> {
         verbose: a.verbose,
         cwd: ws.root.clone(),
         env: Vec::new(),
-        command: ["bash", "-c", &job_script(a, &vfpoll)]
+        command: ["bash", "-c", &job_script(a, &vfpoll, &engine_so)]
             .iter()
             .map(OsString::from)
             .collect(),
@@ -635,9 +675,9 @@ fn table(dir: &Path, engines: &[Engine], repeat: u32) -> String {
     };
     let kernel: Vec<Engine> = Engine::ALL
         .into_iter()
-        .filter(|e| e.vfpoll_flags().is_none() && engines.contains(e))
+        .filter(|e| e.is_kernel() && engines.contains(e))
         .collect();
-    let options: Vec<Engine> = [Engine::VfpollMmioDb, Engine::VfpollCmbSq]
+    let options: Vec<Engine> = [Engine::VfpollMmioDb, Engine::VfpollCmbSq, Engine::FioVfpoll]
         .into_iter()
         .filter(|e| engines.contains(e))
         .collect();
@@ -648,7 +688,7 @@ fn table(dir: &Path, engines: &[Engine], repeat: u32) -> String {
          (higher is better); p99 vfpoll/k: vfpoll's p99 over the kernel's (below 1 is better).\n",
     );
     if !options.is_empty() {
-        s.push_str("\nvfpoll's options, same boot: vfpoll-mmio-db = perf --no-shadow-doorbell, vfpoll-cmb-sq = perf --cmb-sq\n");
+        s.push_str("\nvfpoll's options, same boot: vfpoll-mmio-db = perf --no-shadow-doorbell, vfpoll-cmb-sq = perf --cmb-sq, fio-vfpoll = fio with vfpoll's engine\n");
         s.push_str(&header("IOPS opt/def", "p99 opt/def"));
         blocks(&mut s, dir, repeat, &options, Ratio::RowOverDefault);
         s.push_str(
@@ -727,7 +767,11 @@ mod tests {
             vfpoll: None,
             target_args: Vec::new(),
         };
-        let s = job_script(&a, Path::new("/t/release/vfpoll"));
+        let s = job_script(
+            &a,
+            Path::new("/t/release/vfpoll"),
+            Path::new("/t/release/libvfpoll_fio.so"),
+        );
         for want in [
             "fio_run io_uring-4k-randread-qd32-r$1 --ioengine=io_uring --rw=randread --bs=4k --iodepth=32",
             "fio_run libaio-128k-read-qd32-r$1 --ioengine=libaio --rw=read --bs=128k --iodepth=32",
@@ -739,6 +783,9 @@ mod tests {
              --json > /out/vfpoll-4k-randread-qd1-r$1.json",
             "--queue-depth 32 --no-shadow-doorbell --json > /out/vfpoll-mmio-db-4k-randread-qd32-r$1.json",
             "--queue-depth 32 --cmb-sq --json > /out/vfpoll-cmb-sq-128k-read-qd32-r$1.json",
+            "fio --name=fio-vfpoll-4k-randread-qd32-r$1 --thread --ioengine=external:/t/release/libvfpoll_fio.so \
+             --filename=0000.00.03.0/1 --size=64M --time_based --runtime=7 --cpus_allowed=1",
+            "--output=/out/fio-vfpoll-4k-randread-qd32-r$1.json --rw=randread --bs=4k --iodepth=32",
         ] {
             assert!(s.contains(want), "no {want:?} in\n{s}");
         }
