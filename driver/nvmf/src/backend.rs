@@ -6,6 +6,7 @@
 //! blocks.
 
 use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, RawFd};
 
 use vfpoll_dma::{DmaBuf, DmaPool};
 use vfpoll_nvme::status::{Sct, Status};
@@ -71,6 +72,13 @@ pub trait Backend: Send {
     ) -> Result<(), Busy>;
     /// Hands completed operations to `done`; returns how many.
     fn poll(&mut self, done: &mut dyn FnMut(Completion)) -> usize;
+    /// Prepares for the worker to sleep while operations are in flight: `Ok(fd)`, a descriptor
+    /// that becomes readable when a completion arrives (the worker waits on it, then polls);
+    /// `Err(true)`: a completion is already there (poll now); `Err(false)`: none can be waited
+    /// for (the worker naps and polls). The default: `Err(false)`.
+    fn arm(&mut self) -> Result<RawFd, bool> {
+        Err(false)
+    }
 }
 
 /// Status for a backend I/O error that has no NVMe status of its own.
@@ -200,6 +208,20 @@ impl Backend for NvmeBackend {
                 buf: d.buf,
             })
         })
+    }
+
+    fn arm(&mut self) -> Result<RawFd, bool> {
+        if !self.refused.is_empty() {
+            return Err(true);
+        }
+        let Some(fd) = self.qp.event_fd().map(|f| f.as_raw_fd()) else {
+            return Err(false);
+        };
+        match self.qp.arm() {
+            Ok(false) => Ok(fd),
+            // A completion is there, or the queue pair failed: poll reports it.
+            Ok(true) | Err(_) => Err(true),
+        }
     }
 }
 

@@ -420,6 +420,7 @@ impl Server {
                 limits,
                 spin: cfg.spin,
                 epoll: crate::sys::Epoll::new().ok(),
+                watched: std::collections::HashSet::new(),
                 _dma: cfg.dma.clone(),
             };
             let ready = ready_tx.clone();

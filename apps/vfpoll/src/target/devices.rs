@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, Context as _};
 use vfpoll_dma::{DmaContext, FakeMapper, PageSize};
-use vfpoll_nvme::{Controller, ControllerOptions, QpairOptions};
+use vfpoll_nvme::{CompletionMode, Controller, ControllerOptions, QpairOptions};
 use vfpoll_nvmf::backend::{Backend, MallocBackend, NvmeBackend};
 use vfpoll_nvmf::fabrics::NamespaceInfo;
 use vfpoll_pci::vfio::{Container, IommuMode};
@@ -19,6 +19,7 @@ use super::plan::{NsPlan, Source};
 /// buffers come from.
 pub struct Devices {
     page_size: PageSize,
+    completion: CompletionMode,
     container: Option<Arc<Container>>,
     dma: DmaContext,
     // Dropped before the container (field order).
@@ -29,7 +30,7 @@ pub struct Devices {
 impl Devices {
     /// Opens the VFIO container when NVMe namespaces are to be served (`nvme`); RAM alone
     /// needs no device, and its buffers are mapped for none.
-    pub fn new(nvme: bool, noiommu: bool, page_size: PageSize) -> anyhow::Result<Devices> {
+    pub fn new(nvme: bool, noiommu: bool, page_size: PageSize, irq: bool) -> anyhow::Result<Devices> {
         let (container, dma) = if nvme {
             let mode = if noiommu {
                 IommuMode::NoIommu
@@ -45,6 +46,11 @@ impl Devices {
         };
         Ok(Devices {
             page_size,
+            completion: if irq {
+                CompletionMode::Irq
+            } else {
+                CompletionMode::Poll
+            },
             container,
             dma,
             ctrls: HashMap::new(),
@@ -94,7 +100,11 @@ impl Devices {
                 let vwc = ctrl.identify().vwc & 1 == 1;
                 let mut backends: Vec<Box<dyn Backend>> = Vec::new();
                 for w in 0..workers {
-                    let qp = ctrl.create_qpair(&QpairOptions::default()).with_context(|| {
+                    let opts = QpairOptions {
+                        completion: self.completion,
+                        ..QpairOptions::default()
+                    };
+                    let qp = ctrl.create_qpair(&opts).with_context(|| {
                         format!(
                             "creating worker {w}'s I/O queue pair on {bdf} for {nqn} namespace {}",
                             ns.nsid

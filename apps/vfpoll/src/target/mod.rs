@@ -75,6 +75,11 @@ pub struct Args {
     /// wake-up, shorter leaves the core idle sooner. Default 100.
     #[arg(long, value_name = "US")]
     spin_us: Option<u64>,
+    /// How NVMe completions reach a worker past its spin time: irq (its queue pairs interrupt
+    /// through MSI-X, the worker sleeps until one comes) or poll (no interrupts; it naps and
+    /// polls). Default irq.
+    #[arg(long, value_name = "MODE", value_parser = plan::parse_completion)]
+    nvme_completion: Option<bool>,
     /// Print one JSON line per second on stdout: per subsystem I/O commands per second, bytes
     /// read and written, connections (queues), I/O errors and protocol errors; for the whole
     /// target connections (discovery ones too) and connections per worker.
@@ -89,6 +94,7 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
         page_size: a.page_size,
         noiommu: a.noiommu,
         spin_us: a.spin_us,
+        nvme_irq: a.nvme_completion,
     };
     let mut plan = match &a.config {
         Some(path) => Plan::from_file(path, &settings)?,
@@ -105,7 +111,7 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
     let page_size = plan.page_size;
     let max_transfer = (page_size.bytes() as u32).min(128 << 10);
     let workers = plan.cores.len();
-    let mut devices = Devices::new(plan.has_nvme(), plan.noiommu, page_size)?;
+    let mut devices = Devices::new(plan.has_nvme(), plan.noiommu, page_size, plan.nvme_irq)?;
     // One backend per worker and namespace: its own queue pair for an NVMe namespace, shared
     // storage for RAM.
     let mut subsystems = Vec::new();

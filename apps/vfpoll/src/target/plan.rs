@@ -7,6 +7,8 @@
 //! page_size = "2M"         # data buffer pages: 2M or 1G
 //! noiommu = false          # VFIO no-IOMMU mode for NVMe namespaces
 //! spin_us = 100            # polling after the last work before a worker sleeps
+//! nvme_completion = "irq"  # irq: NVMe queue pairs interrupt, so a worker past its spin time
+//!                          # sleeps until a completion; poll: no interrupts, it naps and polls
 //!
 //! [[listener]]
 //! address = "127.0.0.1:4420"
@@ -115,8 +117,10 @@ pub struct Plan {
     pub page_size: PageSize,
     /// VFIO no-IOMMU mode for NVMe namespaces.
     pub noiommu: bool,
-    /// How long an idle worker polls before napping.
+    /// How long an idle worker polls before sleeping.
     pub spin: Duration,
+    /// NVMe queue pairs interrupt when completions arrive (their workers can sleep on them).
+    pub nvme_irq: bool,
     /// The listeners.
     pub listeners: Vec<Listener>,
     /// The subsystems.
@@ -134,6 +138,8 @@ pub struct Settings {
     pub noiommu: bool,
     /// `--spin-us`.
     pub spin_us: Option<u64>,
+    /// `--nvme-completion`: `Some(true)` irq, `Some(false)` poll.
+    pub nvme_irq: Option<bool>,
 }
 
 impl Plan {
@@ -210,6 +216,13 @@ impl Plan {
             },
             noiommu: overrides.noiommu || f.noiommu,
             spin_us: overrides.spin_us.or(f.spin_us),
+            nvme_irq: match (overrides.nvme_irq, f.nvme_completion.as_deref()) {
+                (Some(v), _) => Some(v),
+                (None, None) => None,
+                (None, Some(s)) => {
+                    Some(parse_completion(s).map_err(|e| anyhow::anyhow!("nvme_completion: {e}"))?)
+                }
+            },
         };
         // The ANA groups in use: a listener's `ana_state` applies to each.
         let mut groups: BTreeSet<u32> = f
@@ -314,6 +327,7 @@ impl Plan {
             page_size,
             noiommu: s.noiommu,
             spin: s.spin_us.map_or(DEFAULT_SPIN, Duration::from_micros),
+            nvme_irq: s.nvme_irq.unwrap_or(true),
             listeners: Vec::new(),
             subsystems: Vec::new(),
         })
@@ -384,6 +398,15 @@ impl Plan {
     }
 }
 
+/// `irq` → true, `poll` → false.
+pub fn parse_completion(s: &str) -> Result<bool, String> {
+    match s {
+        "irq" => Ok(true),
+        "poll" => Ok(false),
+        _ => Err(format!("{s:?}: use irq or poll")),
+    }
+}
+
 /// `0000:00:03.0/1` → the BDF and NSID.
 pub fn parse_ns(s: &str) -> anyhow::Result<(Bdf, u32)> {
     let Some((bdf, nsid)) = s.rsplit_once('/') else {
@@ -409,6 +432,7 @@ struct File {
     #[serde(default)]
     noiommu: bool,
     spin_us: Option<u64>,
+    nvme_completion: Option<String>,
     #[serde(default)]
     listener: Vec<FileListener>,
     #[serde(default)]

@@ -33,9 +33,10 @@ pub fn apply(server: &Server, devices: &mut Devices, current: &mut Plan, new: &P
         || new.page_size != current.page_size
         || new.noiommu != current.noiommu
         || new.spin != current.spin
+        || new.nvme_irq != current.nvme_irq
     {
         out.failed.push(
-            "cores, page_size, noiommu and spin_us change only with a restart; the running ones stay".into(),
+            "cores, page_size, noiommu, spin_us and nvme_completion change only with a restart; the running ones stay".into(),
         );
     }
     // Listeners, by port ID: gone or moved ones first (a moved one is removed and re-added).

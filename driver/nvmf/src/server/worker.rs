@@ -60,6 +60,10 @@ impl Backend for Counted {
         Ok(())
     }
 
+    fn arm(&mut self) -> Result<std::os::fd::RawFd, bool> {
+        self.inner.arm()
+    }
+
     fn poll(&mut self, done: &mut dyn FnMut(Completion)) -> usize {
         let mut n = 0u64;
         self.inner.poll(&mut |c| {
@@ -208,8 +212,11 @@ pub(super) struct Worker {
     pub(super) inbox: Receiver<Msg>,
     pub(super) limits: TargetLimits,
     pub(super) spin: Duration,
-    /// Where an idle worker sleeps until a socket has data (`None`: it naps instead).
+    /// Where an idle worker sleeps until a socket has data or a backend a completion
+    /// (`None`: it naps instead).
     pub(super) epoll: Option<crate::sys::Epoll>,
+    /// Backend descriptors in `epoll`.
+    pub(super) watched: std::collections::HashSet<std::os::fd::RawFd>,
     /// Keeps the DMA mappings alive as long as the pool.
     pub(super) _dma: DmaContext,
 }
@@ -268,31 +275,52 @@ impl Worker {
         }
     }
 
-    /// An idle round past the spin time: sleeps until a socket has data (at most
-    /// [`SLEEP_MS`]). While a backend has operations in flight (their completions are polled:
-    /// no descriptor says they came), a busy backend refused a submission, or a connection
-    /// has answers waiting for room in its socket, it naps for [`INFLIGHT_NAP`] instead: a
-    /// device that has not answered within the spin time is slow, and a core that keeps
-    /// spinning on it takes the CPU from whatever shares it (on an emulated test bed, the
-    /// emulated device itself).
-    fn sleep(&self, conns: &HashMap<u64, Conn>, retry: &VecDeque<Submission>) {
-        let waiting = !retry.is_empty() || self.in_flight.iter().any(|n| n.load(Ordering::Relaxed) != 0);
-        match &self.epoll {
-            Some(ep) if !waiting && !conns.values().any(Conn::busy) => {
-                ep.wait(SLEEP_MS);
+    /// An idle round past the spin time: sleeps until a socket has data or, while backends
+    /// have operations in flight, until one of them signals a completion (an NVMe queue pair
+    /// in interrupt mode), at most [`SLEEP_MS`]. It naps for [`INFLIGHT_NAP`] instead when a
+    /// backend with operations in flight has nothing to wait on (it is polled), a busy
+    /// backend refused a submission, or a connection has answers waiting for room in its
+    /// socket: a device that has not answered within the spin time is slow, and a core that
+    /// keeps spinning on it takes the CPU from whatever shares it (on an emulated test bed,
+    /// the emulated device itself). It does not sleep when a backend already has a
+    /// completion.
+    fn sleep(&mut self, conns: &HashMap<u64, Conn>, retry: &VecDeque<Submission>) {
+        let Some(ep) = &self.epoll else {
+            std::thread::sleep(NAP);
+            return;
+        };
+        let mut nap = !retry.is_empty() || conns.values().any(Conn::busy);
+        for (i, b) in self.backends.iter_mut().enumerate() {
+            if nap || self.in_flight[i].load(Ordering::Relaxed) == 0 {
+                continue;
             }
-            _ if waiting => std::thread::sleep(INFLIGHT_NAP),
-            _ => std::thread::sleep(NAP),
+            match b.arm() {
+                Ok(fd) if self.watched.insert(fd) => match ep.add(fd) {
+                    // Already watched: a descriptor number reused after a retired backend.
+                    Err(e) if e.raw_os_error() != Some(libc::EEXIST) => nap = true,
+                    _ => {}
+                },
+                Ok(_) => {}
+                Err(true) => return,
+                Err(false) => nap = true,
+            }
+        }
+        if nap {
+            std::thread::sleep(INFLIGHT_NAP);
+        } else {
+            ep.wait(SLEEP_MS);
         }
     }
 
     /// Drops the backends of removed namespaces that have nothing in flight.
     fn retire(&mut self) {
-        let (backends, in_flight) = (&mut self.backends, &self.in_flight);
+        let (backends, in_flight, watched) = (&mut self.backends, &self.in_flight, &mut self.watched);
         self.retiring.retain(|&i| {
             if in_flight[i].load(Ordering::Relaxed) != 0 {
                 return true;
             }
+            // Its descriptors close with it; numbers may come back for others.
+            watched.clear();
             backends[i] = Box::new(Gone {
                 done: VecDeque::new(),
             });
