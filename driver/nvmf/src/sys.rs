@@ -116,10 +116,21 @@ impl Epoll {
         Ok(Epoll { fd })
     }
 
-    /// Watches `fd` for input (data, or the peer closing). Closing `fd` ends the watch.
+    /// Watches `fd` for input (data, or the peer closing) for as long as there is some.
+    /// Closing `fd` ends the watch.
     pub(crate) fn add(&self, fd: RawFd) -> io::Result<()> {
+        self.ctl_add(fd, libc::EPOLLIN as u32 | libc::EPOLLRDHUP as u32)
+    }
+
+    /// Watches `fd` for new input only (edge-triggered): an eventfd whose count nobody reads
+    /// wakes the waiter once per signal, not at every wait.
+    pub(crate) fn add_edge(&self, fd: RawFd) -> io::Result<()> {
+        self.ctl_add(fd, libc::EPOLLIN as u32 | libc::EPOLLET as u32)
+    }
+
+    fn ctl_add(&self, fd: RawFd, events: u32) -> io::Result<()> {
         let mut ev = libc::epoll_event {
-            events: libc::EPOLLIN as u32 | libc::EPOLLRDHUP as u32,
+            events,
             u64: fd as u64,
         };
         // SAFETY: `ev` is a valid epoll_event for the duration of the call; both descriptors
@@ -233,7 +244,17 @@ mod tests {
         assert_eq!(ep.wait(10), 0);
         y.write_all(b"wake").unwrap();
         assert_eq!(ep.wait(5000), 1);
+        assert_eq!(ep.wait(0), 1, "level-triggered: still readable");
         assert!(ep.add(-1).is_err());
+        // Edge-triggered: one wake per new input, however long it stays unread.
+        let (mut u, v) = UnixStream::pair().unwrap();
+        let ep = Epoll::new().unwrap();
+        ep.add_edge(v.as_raw_fd()).unwrap();
+        u.write_all(b"1").unwrap();
+        assert_eq!(ep.wait(5000), 1);
+        assert_eq!(ep.wait(0), 0, "no new input");
+        u.write_all(b"2").unwrap();
+        assert_eq!(ep.wait(5000), 1);
         pool.free(a);
         pool.free(b);
         drop(x.flush());

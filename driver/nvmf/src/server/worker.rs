@@ -295,7 +295,7 @@ impl Worker {
                 continue;
             }
             match b.arm() {
-                Ok(fd) if self.watched.insert(fd) => match ep.add(fd) {
+                Ok(fd) if self.watched.insert(fd) => match ep.add_edge(fd) {
                     // Already watched: a descriptor number reused after a retired backend.
                     Err(e) if e.raw_os_error() != Some(libc::EEXIST) => nap = true,
                     _ => {}
