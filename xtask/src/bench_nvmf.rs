@@ -19,8 +19,9 @@
 //! CPU time comes from its JSON (`usr_cpu` + `sys_cpu`, percent of its runtime). The target's
 //! cores are then:
 //! - vfpoll: the target process's CPU time over the window. Its workers poll without blocking
-//!   (they nap 200 µs only after 256 empty rounds), so under load this is close to one core
-//!   whatever the IOPS, and "I/Os per target core-second" is its IOPS over that.
+//!   and sleep (epoll on their sockets and their queue pairs' interrupt eventfds) only after
+//!   `--spin-us` without work, so under load this is close to one core whatever the IOPS, and
+//!   "I/Os per target core-second" is its IOPS over that.
 //! - kernel: nvmet-tcp does its work in kworkers (`nvmet_tcp_wq`, queued on the CPU that received
 //!   the data, `sk_incoming_cpu`, which cannot be pinned) and in softirq context, shared with the
 //!   initiator's `nvme_tcp_wq` kworkers, so no thread's time is the target's alone. The table
@@ -449,7 +450,7 @@ fn table(dir: &Path, repeat: u32, clk_tck: f64) -> String {
     }
     s.push_str(
         "\nMedians over the repetitions. guest, fio, target: busy cores (of 2) in the middle of the \
-         run; target = vfpoll target's process (it polls, napping only when idle: near 1 core under load), for \
+         run; target = vfpoll target's process (it polls, sleeping only after --spin-us idle: near 1 core under load), for \
          the kernel target the guest's busy time minus fio's own (an upper bound: it also holds the \
          initiator's kworker and softirq work). g-f us/IO: the guest's CPU time per I/O outside \
          fio (target plus the initiator's kernel work outside fio's context), the same method for \
