@@ -32,6 +32,21 @@ impl EventIdxPolicy {
     }
 }
 
+/// How the model answers a shutdown notification (CC.SHN, NVMe Base 2.0 §3.6), for testing a
+/// host's shutdown waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ShutdownBehavior {
+    /// Both a normal and an abrupt shutdown complete at once (CSTS.SHST = 10b).
+    #[default]
+    Complete,
+    /// A normal shutdown stays in progress (CSTS.SHST = 01b) for ever; an abrupt one completes at
+    /// once. A controller whose cache flush hangs.
+    AbruptOnly,
+    /// No shutdown ever completes (CSTS.SHST stays 01b); clearing CC.EN still resets the
+    /// controller.
+    Never,
+}
+
 /// The model's configuration. `ModelConfig::default()` is a small controller with SGLs, a volatile
 /// write cache, shadow doorbells and one 16 MiB namespace of 512-byte blocks; change the public
 /// fields as needed.
@@ -81,6 +96,11 @@ pub struct ModelConfig {
     /// The longest sleep between polls when idle (the sleep starts at a few microseconds and
     /// doubles up to this).
     pub max_idle_sleep: Duration,
+    /// RTD3 Entry Latency reported in Identify Controller (RTD3E, microseconds; 0 = not
+    /// reported): how long a host should wait for a normal shutdown.
+    pub rtd3e_us: u32,
+    /// How shutdown notifications are answered.
+    pub shutdown: ShutdownBehavior,
 }
 
 impl Default for ModelConfig {
@@ -105,6 +125,8 @@ impl Default for ModelConfig {
             completion_latency: None,
             idle_spin: Duration::from_micros(50),
             max_idle_sleep: Duration::from_micros(100),
+            rtd3e_us: 0,
+            shutdown: ShutdownBehavior::Complete,
         }
     }
 }

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use vfpoll_nvme::regs::{off, Cc};
 use vfpoll_pci::mmio::Mmio;
 
+use crate::config::ShutdownBehavior;
 use crate::dma::{Guest, Seg};
 use crate::events::Events;
 use crate::fault::{Fault, FaultKind, FaultTable};
@@ -26,7 +27,9 @@ pub(crate) const VERSION: u32 = 0x0001_0400;
 /// CSTS bits (§3.1.3.6).
 const CSTS_RDY: u32 = 1 << 0;
 const CSTS_CFS: u32 = 1 << 1;
+const CSTS_SHST_OCCURRING: u32 = 0b01 << 2;
 const CSTS_SHST_COMPLETE: u32 = 0b10 << 2;
+const CSTS_SHST: u32 = 0b11 << 2;
 /// Number of Error Information log entries kept (Identify Controller ELPE + 1).
 pub(crate) const ERROR_LOG_ENTRIES: usize = 64;
 /// Size of the scratch buffer for admin data, DSM ranges and compares.
@@ -83,6 +86,8 @@ pub(crate) struct Shared {
     pub(crate) ns_changed: AtomicBool,
     /// The MSI-X table: the eventfd each interrupt vector signals ([`crate::NvmeModel::msix`]).
     pub(crate) msix: Mutex<Vec<Arc<vfpoll_pci::vfio::EventFd>>>,
+    /// Normal and abrupt shutdowns completed.
+    pub(crate) shutdowns: [AtomicU64; 2],
 }
 
 /// Fault changes requested through the handle.
@@ -360,11 +365,27 @@ impl Controller {
         } else if !old.enabled() && cc.enabled() {
             self.enable(cc);
         }
-        if cc.enabled() && cc_shn(cc) != 0 && cc_shn(old) == 0 {
-            // §3.6.2: shutdown. Memory-backed data needs no flushing: complete at once. Queues
-            // keep being processed, which a host that follows the spec never notices.
-            self.set_csts(self.csts() | CSTS_SHST_COMPLETE);
-            log::debug!("shutdown notification {} acknowledged", cc_shn(cc));
+        let shn = cc_shn(cc);
+        if cc.enabled() && shn != 0 && shn != cc_shn(old) {
+            // §3.6: shutdown (SHN 01b normal, 10b abrupt; an abrupt one may follow a normal one
+            // in progress). Memory-backed data needs no flushing: complete at once, unless the
+            // configuration says otherwise. Queues keep being processed, which a host that
+            // follows the spec never notices.
+            let completes = match self.cfg.shutdown {
+                ShutdownBehavior::Complete => true,
+                ShutdownBehavior::AbruptOnly => shn == 2,
+                ShutdownBehavior::Never => false,
+            };
+            let shst = if completes {
+                if let Some(n) = self.shared.shutdowns.get(shn as usize - 1) {
+                    n.fetch_add(1, Ordering::Relaxed);
+                }
+                CSTS_SHST_COMPLETE
+            } else {
+                CSTS_SHST_OCCURRING
+            };
+            self.set_csts((self.csts() & !CSTS_SHST) | shst);
+            log::debug!("shutdown notification {shn} acknowledged (complete: {completes})");
         }
         true
     }

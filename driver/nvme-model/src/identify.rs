@@ -59,6 +59,8 @@ impl Controller {
         b[77] = cfg.mdts;
         put(b, 78, 1, 2); // CNTLID
         put(b, 80, VERSION as u64, 4);
+        // RTD3E: the normal-shutdown latency the configuration asks for.
+        put(b, 88, cfg.rtd3e_us as u64, 4);
         // OAES: Namespace Attribute Notices (bit 8), raised after a format change.
         put(b, 92, 1 << 8, 4);
         b[111] = 1; // CNTRLTYPE: I/O controller

@@ -89,7 +89,7 @@ use std::thread::JoinHandle;
 use vfpoll_pci::mmio::{self, Mmio};
 
 pub use admin::{feature, log_page, opcode as admin_opcode};
-pub use config::{EventIdxPolicy, ModelConfig};
+pub use config::{EventIdxPolicy, ModelConfig, ShutdownBehavior};
 pub use dma::{DmaFault, DmaSpace, FaultCheck, FaultLog, HeapDma};
 pub use fault::{Fault, FaultKind, QueueMatch};
 pub use io::opcode as io_opcode;
@@ -224,6 +224,7 @@ impl NvmeModel {
             ns_changes: Mutex::new(Vec::new()),
             ns_changed: AtomicBool::new(false),
             msix: Mutex::new(Vec::new()),
+            shutdowns: Default::default(),
         });
         // Registers are in place before `start` returns: the host may read CAP at once.
         ctrl::init_registers(&bar0, &config);
@@ -301,6 +302,23 @@ impl NvmeModel {
     /// running (disabled, or failed already).
     pub fn set_fatal(&self) {
         self.shared.fatal_now.store(true, Ordering::Relaxed);
+    }
+
+    /// Shutdowns completed so far: (normal, abrupt) (NVMe Base 2.0 §3.6; see
+    /// [`ModelConfig::shutdown`]).
+    pub fn shutdowns(&self) -> (u64, u64) {
+        let [n, a] = &self.shared.shutdowns;
+        (n.load(Ordering::Relaxed), a.load(Ordering::Relaxed))
+    }
+
+    /// Surprise removal: stops the controller thread and makes every register and doorbell of
+    /// BAR0 read all-ones, as a read of a vanished PCIe function does.
+    pub fn remove(&mut self) -> Result<(), ModelError> {
+        let r = self.join();
+        for at in (0..self.bar0.len()).step_by(4) {
+            self.bar0.write32(at, u32::MAX);
+        }
+        r
     }
 
     /// Counters so far.

@@ -23,6 +23,7 @@ use crate::namespace::{read_namespace, zasl_of};
 pub use crate::namespace::{FormatOptions, Namespace};
 use crate::qmem::ShadowPages;
 use crate::regs::{self, off, Cap, Cc, Csts, Shutdown, ShutdownStatus, Version};
+use crate::signal::{Registration, ShutdownKind, ShutdownLimits};
 
 /// The memory page size vfpoll programs into CC.MPS.
 pub const PAGE_SIZE: usize = 4096;
@@ -85,7 +86,9 @@ pub(crate) struct Shared {
     pub(crate) qids: Mutex<Vec<bool>>,
     /// The controller's place in the signal handler's registry. Dropped first (declared before
     /// the memory), right after the shutdown in `Drop`.
-    registration: Mutex<Option<crate::signal::Registration>>,
+    registration: Mutex<Option<Registration>>,
+    /// How long shutdown may take (RTD3E, CAP.TO).
+    shutdown_limits: ShutdownLimits,
     /// The controller memory buffer, once enabled.
     pub(crate) cmb: Mutex<Option<Arc<crate::cmb::Cmb>>>,
     /// The Doorbell Buffer Config pages, when in use.
@@ -123,8 +126,17 @@ fn csts(bar: &Mmio) -> Csts {
 }
 
 /// Polls CSTS until `done` holds or CAP.TO passes.
-fn wait_csts(bar: &Mmio, cap: Cap, step: &'static str, mut done: impl FnMut(Csts) -> bool) -> Result<()> {
-    let limit = Duration::from_millis(cap.timeout_ms().max(500));
+fn wait_csts(bar: &Mmio, cap: Cap, step: &'static str, done: impl FnMut(Csts) -> bool) -> Result<()> {
+    wait_csts_for(bar, Duration::from_millis(cap.timeout_ms().max(500)), step, done)
+}
+
+/// Polls CSTS until `done` holds or `limit` passes.
+fn wait_csts_for(
+    bar: &Mmio,
+    limit: Duration,
+    step: &'static str,
+    mut done: impl FnMut(Csts) -> bool,
+) -> Result<()> {
     let start = Instant::now();
     loop {
         let s = csts(bar);
@@ -366,7 +378,10 @@ impl Controller {
         }
 
         let admin = guard.admin.take().expect("still there");
-        let bar_ptr = bar.as_ptr();
+        let shutdown_limits = ShutdownLimits::new(cap, identify.rtd3e);
+        // SAFETY: `bar` moves into the `Shared` that owns the registration, which is dropped
+        // first in `Shared::drop`, so the mapping outlives it.
+        let registration = unsafe { Registration::new(bar.as_ptr(), shutdown_limits) };
         Ok(Controller {
             shared: Arc::new(Shared {
                 bar,
@@ -386,7 +401,8 @@ impl Controller {
                 shadow,
                 vectors: Mutex::new(None),
                 cmb: Mutex::new(None),
-                registration: Mutex::new(Some(crate::signal::Registration::new(bar_ptr, cap.timeout_ms()))),
+                registration: Mutex::new(Some(registration)),
+                shutdown_limits,
                 device,
             }),
         })
@@ -395,6 +411,12 @@ impl Controller {
     /// CAP.
     pub fn cap(&self) -> Cap {
         self.shared.cap
+    }
+
+    /// How long a shutdown of this controller may take: the normal one (RTD3E, or CAP.TO), then
+    /// the abrupt fallback (NVMe Base 2.0 §3.6).
+    pub fn shutdown_limits(&self) -> ShutdownLimits {
+        self.shared.shutdown_limits
     }
 
     /// VS.
@@ -661,17 +683,36 @@ impl Shared {
         }
     }
 
-    /// Normal shutdown (§3.6.1): CC.SHN = 01b, wait for CSTS.SHST = 10b, then clear CC.EN so
-    /// the controller does no more DMA before its memory is released.
-    fn shutdown(&self) -> Result<()> {
-        let cc = Cc(self.bar.read32(off::CC));
-        self.bar.write32(off::CC, cc.with_shutdown(Shutdown::Normal).0);
-        let r = wait_csts(&self.bar, self.cap, "shutdown", |s| {
-            s.shutdown_status() == ShutdownStatus::Complete
-        });
+    /// Shutdown (§3.6.1, §3.6.2): CC.SHN = 01b and a wait of up to RTD3E for CSTS.SHST = 10b;
+    /// if it does not come, CC.SHN = 10b (abrupt) and a short wait; then CC.EN is cleared so
+    /// the controller does no more DMA before its memory is released. Returns which shutdown
+    /// completed.
+    fn shutdown(&self) -> Result<ShutdownKind> {
+        let limits = self.shutdown_limits;
+        let complete = |s: Csts| s.shutdown_status() == ShutdownStatus::Complete;
+        let set_shn = |shn| {
+            let cc = Cc(self.bar.read32(off::CC));
+            self.bar.write32(off::CC, cc.with_shutdown(shn).0);
+        };
+        set_shn(Shutdown::Normal);
+        let r = match wait_csts_for(&self.bar, limits.normal, "normal shutdown", complete) {
+            Ok(()) => Ok(ShutdownKind::Normal),
+            Err(NvmeError::InitTimeout { waited, .. }) => {
+                log::warn!(
+                    "controller {}: normal shutdown not complete after {waited:?} (RTD3E {} us); shutting down abruptly",
+                    self.identify.serial,
+                    self.identify.rtd3e
+                );
+                set_shn(Shutdown::Abrupt);
+                wait_csts_for(&self.bar, limits.abrupt, "abrupt shutdown", complete)
+                    .map(|()| ShutdownKind::Abrupt)
+            }
+            Err(e) => Err(e),
+        };
         self.bar
             .write32(off::CC, Cc(self.bar.read32(off::CC)).with_enable(false).0);
-        r.and(wait_csts(&self.bar, self.cap, "disable", |s| !s.ready()))
+        let disabled = wait_csts(&self.bar, self.cap, "disable", |s| !s.ready());
+        r.and_then(|k| disabled.map(|()| k))
     }
 }
 
@@ -685,7 +726,12 @@ impl Drop for Shared {
                 .take(),
         );
         match self.shutdown() {
-            Ok(()) => log::debug!("controller {} shut down", self.identify.serial),
+            Ok(ShutdownKind::Normal) => log::debug!("controller {} shut down", self.identify.serial),
+            Ok(ShutdownKind::Abrupt) => log::warn!(
+                "controller {} shut down abruptly (the normal shutdown did not complete in {:?})",
+                self.identify.serial,
+                self.shutdown_limits.normal
+            ),
             Err(e) => {
                 // The controller may still write into the admin queue: never free that memory.
                 log::error!(

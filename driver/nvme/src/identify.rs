@@ -40,6 +40,9 @@ pub struct IdentifyController {
     pub cntlid: u16,
     /// Version (same encoding as VS).
     pub ver: u32,
+    /// RTD3 Entry Latency: the typical time, in microseconds, to enter runtime D3 after a
+    /// normal shutdown notification (0 = not reported; bytes 91:88). Bounds the shutdown wait.
+    pub rtd3e: u32,
     /// Optional Asynchronous Events Supported (bit 8: Namespace Attribute Notices).
     pub oaes: u32,
     /// Controller Attributes (bit 15: Extended LBA Formats Supported, ELBAS).
@@ -111,6 +114,7 @@ impl IdentifyController {
             mdts: b[77],
             cntlid: le16(b, 78),
             ver: le32(b, 80),
+            rtd3e: le32(b, 88),
             oaes: le32(b, 92),
             ctratt: le32(b, 96),
             oacs: le16(b, 256),
@@ -484,7 +488,7 @@ mod tests {
                 any::<(u16, u16, u8, u8, u16, u32)>(),
                 any::<(u32, u32, u16, u8, u8, u8)>(),
                 any::<(u8, u8, u8, u16, u32, u16)>(),
-                any::<(u8, u32)>(),
+                any::<(u8, u32, u32)>(),
                 (text(20), text(40), text(8), text(256)),
             )
                 .prop_map(|(a, b, c, d, e)| IdentifyController {
@@ -508,6 +512,7 @@ mod tests {
                     oncs: c.5,
                     vwc: d.0,
                     sgls: d.1,
+                    rtd3e: d.2,
                     serial: e.0,
                     model: e.1,
                     firmware: e.2,
@@ -526,6 +531,7 @@ mod tests {
             b[77] = c.mdts;
             b[78..80].copy_from_slice(&c.cntlid.to_le_bytes());
             b[80..84].copy_from_slice(&c.ver.to_le_bytes());
+            b[88..92].copy_from_slice(&c.rtd3e.to_le_bytes());
             b[92..96].copy_from_slice(&c.oaes.to_le_bytes());
             b[96..100].copy_from_slice(&c.ctratt.to_le_bytes());
             b[256..258].copy_from_slice(&c.oacs.to_le_bytes());

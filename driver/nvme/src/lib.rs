@@ -67,5 +67,7 @@ pub use ctrlr::{Controller, ControllerOptions, FormatOptions, Namespace, Registe
 pub use error::{NvmeError, Result};
 pub use format::{NsFormat, PiCheck, PiMode};
 pub use qpair::{CompletionMode, Done, QpairOptions, QpairStats, QueuePair, Rejected, MAX_QUEUE_ENTRIES};
-pub use signal::{shutdown_all, shutdown_on_signals, shutdown_on_signals_then};
+pub use signal::{
+    shutdown_all, shutdown_on_signals, shutdown_on_signals_then, ShutdownLimits, ShutdownReport,
+};
 pub use status::{Sct, Status};
