@@ -1,7 +1,7 @@
 //! Completions: the polled hot path that hands finished requests back with their buffers.
 
 use super::slot::{SLOT_BITS, SLOT_MASK, UNUSED};
-use super::{Done, QueuePair, HEALTH_CHECK_POLLS};
+use super::{Done, QueuePair};
 use crate::buffer::IoBuffer;
 use crate::error::NvmeError;
 
@@ -9,8 +9,9 @@ impl<B: IoBuffer> QueuePair<B> {
     /// Rings the submission doorbell, then delivers up to `max` completed requests to `f` and
     /// rings the completion doorbell once. Returns how many requests completed.
     ///
-    /// Also detects, every few hundred polls with work outstanding, commands past their timeout (asks the
-    /// controller to abort them) and a controller fatal status (fails every request).
+    /// Also detects, within a few milliseconds of polling (busy or idle), commands past their
+    /// timeout (asks the controller to abort them) and a controller that reports a fatal status
+    /// or reads all-ones (fails every request and the queue pair: see [`QueuePair::failed`]).
     #[inline]
     pub fn poll(&mut self, max: usize, mut f: impl FnMut(Done<B>)) -> usize {
         self.flush_submissions();
@@ -93,13 +94,13 @@ impl<B: IoBuffer> QueuePair<B> {
                 self.stats.shadow_only += 1;
             }
         }
-        if self.outstanding() != 0 {
-            // Every HEALTH_CHECK_POLLS polls with work outstanding (busy or not), look for commands
-            // past their deadline and a failed controller.
-            self.idle_polls = self.idle_polls.wrapping_add(1);
-            if self.idle_polls.is_multiple_of(HEALTH_CHECK_POLLS) {
-                delivered += self.check_health(&mut f);
-            }
+        // Every few polls, a look at the clock; every few milliseconds, one for commands past
+        // their deadline and a failed or vanished controller (`health.rs`). Counted: polls with
+        // commands still in flight, and empty polls (so an idle queue pair notices too). Not
+        // counted: a poll that reaped the last command in flight, proof that the controller
+        // works, with nothing left to time out.
+        if (consumed == 0 || self.outstanding() != 0) && self.health.count_poll() {
+            delivered += self.health_tick(&mut f);
         }
         delivered
     }

@@ -137,10 +137,6 @@ pub struct QpairStats {
     pub aborts: u64,
 }
 
-/// Polls (with work outstanding) between two looks for timed-out commands and a failed
-/// controller. Each look reads the clock once and scans the request table.
-const HEALTH_CHECK_POLLS: u32 = 256;
-
 /// An I/O submission + completion queue pair with its request trackers. See the module docs.
 pub struct QueuePair<B: IoBuffer> {
     ring: Ring,
@@ -170,7 +166,8 @@ pub struct QueuePair<B: IoBuffer> {
     ns_gen: u64,
     stats: QpairStats,
     timeout: Duration,
-    idle_polls: u32,
+    /// When to look for timed-out commands and a failed controller (`health.rs`).
+    health: health::HealthClock,
     failed: Option<String>,
     /// The submission queue's slots in the CMB, when there.
     sq_cmb: Option<crate::cmb::CmbSlice>,
@@ -353,7 +350,7 @@ impl<B: IoBuffer> QueuePair<B> {
             ns_gen: u64::MAX,
             stats: QpairStats::default(),
             timeout: opts.timeout,
-            idle_polls: 0,
+            health: health::HealthClock::new(),
             failed: None,
             sq_cmb,
             irq,
