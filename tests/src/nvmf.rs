@@ -157,8 +157,11 @@ pub fn nvme_namespace_device(ctrl: &Path, nsid: u32) -> Option<PathBuf> {
             continue;
         };
         let ns = fs::read_to_string(Path::new("/sys/block").join(&name).join("nsid")).unwrap_or_default();
+        // The head's sysfs entry too: right after another controller of the same subsystem
+        // went away, a node of the same name may still be in /dev before the new head exists.
+        let ready = Path::new("/sys/block").join(&head).join("size").exists();
         let dev = Path::new("/dev").join(head);
-        if ns.trim().parse::<u32>() == Ok(nsid) && dev.exists() {
+        if ns.trim().parse::<u32>() == Ok(nsid) && ready && dev.exists() {
             return Some(dev);
         }
     }
