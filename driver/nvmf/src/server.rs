@@ -339,6 +339,13 @@ pub struct Server {
     threads: Vec<JoinHandle<()>>,
 }
 
+/// The ID of subsystem `nqn` of `target`.
+fn subsystem_of(target: &Target, nqn: &str) -> Result<SubsystemId, ServerError> {
+    target
+        .subsystem_id(nqn)
+        .ok_or_else(|| ServerError::NoSuchSubsystem(nqn.to_owned()))
+}
+
 /// Binds listener `l`, non-blocking.
 fn bind(l: &Listener) -> Result<(TcpListener, SocketAddr), ServerError> {
     let bad = || ServerError::BadListener {
@@ -386,10 +393,7 @@ impl Server {
             let mut ns = HashMap::new();
             let mut backends = Vec::new();
             for n in w.namespaces {
-                let id = cfg
-                    .target
-                    .subsystem_id(&n.subsystem_nqn)
-                    .ok_or_else(|| ServerError::NoSuchSubsystem(n.subsystem_nqn.clone()))?;
+                let id = subsystem_of(&cfg.target, &n.subsystem_nqn)?;
                 ns.insert((id, n.nsid), backends.len());
                 backends.push(n.backend);
             }
@@ -585,9 +589,7 @@ impl Server {
             });
         }
         let mut target = self.shared.target();
-        let id = target
-            .subsystem_id(nqn)
-            .ok_or_else(|| ServerError::NoSuchSubsystem(nqn.to_owned()))?;
+        let id = subsystem_of(&target, nqn)?;
         if target
             .subsystem(id)
             .is_some_and(|s| s.namespaces.iter().any(|n| n.nsid == info.nsid))
@@ -623,9 +625,7 @@ impl Server {
     pub fn remove_namespace(&self, nqn: &str, nsid: u32) -> Result<(), ServerError> {
         self.check_running()?;
         let mut target = self.shared.target();
-        let id = target
-            .subsystem_id(nqn)
-            .ok_or_else(|| ServerError::NoSuchSubsystem(nqn.to_owned()))?;
+        let id = subsystem_of(&target, nqn)?;
         let aers = target.remove_namespace(id, nsid)?;
         drop(target);
         self.shared.send_all(|| Msg::RemoveBackend(id, nsid));
@@ -674,9 +674,7 @@ impl Server {
     pub fn remove_subsystem(&self, nqn: &str) -> Result<(), ServerError> {
         self.check_running()?;
         let mut target = self.shared.target();
-        let id = target
-            .subsystem_id(nqn)
-            .ok_or_else(|| ServerError::NoSuchSubsystem(nqn.to_owned()))?;
+        let id = subsystem_of(&target, nqn)?;
         let nsids: Vec<u32> = target
             .subsystem(id)
             .map(|s| s.namespaces.iter().map(|n| n.nsid).collect())
@@ -706,9 +704,7 @@ impl Server {
     pub fn set_allowed_hosts(&self, nqn: &str, hosts: Option<Vec<String>>) -> Result<(), ServerError> {
         self.check_running()?;
         let mut target = self.shared.target();
-        let id = target
-            .subsystem_id(nqn)
-            .ok_or_else(|| ServerError::NoSuchSubsystem(nqn.to_owned()))?;
+        let id = subsystem_of(&target, nqn)?;
         let aers = target.set_allowed_hosts(id, hosts)?;
         drop(target);
         self.shared.deliver(aers);
