@@ -8,9 +8,16 @@
 //! - [`vfio`]: container, group and device file descriptors, in IOMMU (type1) mode or, only when
 //!   asked for explicitly, no-IOMMU mode; region info, config space, reset, DMA map/unmap;
 //!   interrupts (MSI-X, MSI, INTx, error and request indexes) as eventfds ([`vfio::irq`]);
-//! - [`mmio`]: a typed, volatile, bounds-checked accessor over a mapped BAR.
+//! - [`mmio`]: a typed, volatile, bounds-checked accessor over a mapped BAR;
+//! - [`fault`]: BAR mappings that may vanish (hot removal, a zapped mapping): revoked in place,
+//!   and a SIGBUS handler scoped to them.
 //!
-//! All `unsafe` code of this crate lives in [`vfio`] (ioctls, mmap) and [`mmio`] (volatile access).
+//! Device removal: [`vfio::Device::watch`] listens on the device-request (and error) interrupt;
+//! [`vfio::Device::release`] revokes the device's BAR mappings and closes its file so that the
+//! kernel can complete the removal while the process goes on.
+//!
+//! All `unsafe` code of this crate lives in [`vfio`] (ioctls, mmap), [`mmio`] (volatile access)
+//! and [`fault`] (mapping replacement, the SIGBUS handler).
 //! Nothing here prints: errors are returned, diagnostics go through `log`.
 
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks, missing_docs)]
@@ -18,6 +25,7 @@
 pub mod addr;
 pub mod bdf;
 pub mod bind;
+pub mod fault;
 pub mod mmio;
 pub mod sysfs;
 pub mod vfio;

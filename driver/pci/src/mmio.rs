@@ -8,20 +8,86 @@
 use std::fmt;
 use std::io;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crate::vfio::SysOps;
 
 /// One mmap of a BAR; unmapped when the last [`Mmio`] over it is dropped.
+///
+/// A mapping of a VFIO device is guarded ([`crate::fault`]): a SIGBUS inside it (vfio-pci
+/// zapped it) replaces it with memory that reads all-ones instead of killing the process, and
+/// [`BarMapping::revoke`] does the same on purpose when the device goes away, so that the
+/// device file can be closed while other threads still hold (and use) the mapping.
 pub struct BarMapping {
     sys: Arc<dyn SysOps>,
     ptr: NonNull<u8>,
     len: usize,
+    /// Registered with the SIGBUS handler (device mappings only).
+    guard: Option<crate::fault::Guard>,
+    revoked: AtomicBool,
 }
 
 impl BarMapping {
     pub(crate) fn new(sys: Arc<dyn SysOps>, ptr: NonNull<u8>, len: usize) -> Self {
-        BarMapping { sys, ptr, len }
+        BarMapping {
+            sys,
+            ptr,
+            len,
+            guard: None,
+            revoked: AtomicBool::new(false),
+        }
+    }
+
+    /// A mapping registered with the SIGBUS handler.
+    ///
+    /// # Safety
+    /// `ptr`/`len` is one mapping returned by `sys.mmap`, owned by the result (nothing else
+    /// unmaps it) and only accessed through raw pointers.
+    pub(crate) unsafe fn guarded(sys: Arc<dyn SysOps>, ptr: NonNull<u8>, len: usize) -> Self {
+        let mut m = Self::new(sys, ptr, len);
+        // SAFETY: the caller's promise: the mapping lives (and is accessed by raw pointers only)
+        // as long as `m`, which drops the guard before unmapping.
+        m.guard = unsafe { crate::fault::Guard::new(ptr, len) };
+        m
+    }
+
+    /// Replaces the mapping in place with anonymous memory that reads all-ones (the first
+    /// [`crate::fault::FILL_BYTES`]; zeros after) and takes writes: from now on accesses through
+    /// any [`Mmio`] over it no longer reach the device, and the device mapping no longer holds
+    /// the device file open. Idempotent. For a device that is being removed: its registers then
+    /// read as a vanished device's do.
+    pub fn revoke(&self) -> io::Result<()> {
+        if self.revoked.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        // SAFETY: `ptr`/`len` is this object's own mapping, alive until drop and accessed only
+        // through raw pointers; replacing it keeps the range mapped.
+        let r = unsafe { crate::fault::replace_with_ones(self.ptr, self.len) };
+        if r.is_err() {
+            self.revoked.store(false, Ordering::SeqCst);
+        }
+        r
+    }
+
+    /// Whether the mapping no longer reaches the device: revoked, or replaced after a SIGBUS.
+    pub fn gone(&self) -> bool {
+        self.revoked.load(Ordering::SeqCst) || self.guard.as_ref().is_some_and(|g| g.faults() > 0)
+    }
+
+    /// SIGBUS faults repaired in this mapping.
+    pub fn faults(&self) -> u32 {
+        self.guard.as_ref().map_or(0, |g| g.faults())
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the mapping is empty (never: BARs have a size).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 }
 
@@ -33,6 +99,8 @@ impl fmt::Debug for BarMapping {
 
 impl Drop for BarMapping {
     fn drop(&mut self) {
+        // Out of the SIGBUS handler's registry before the range is unmapped.
+        drop(self.guard.take());
         // SAFETY: `ptr`/`len` is the mapping `SysOps::mmap` returned; this is its last owner, so
         // no accessor uses it afterwards.
         if let Err(e) = unsafe { self.sys.munmap(self.ptr, self.len) } {
@@ -85,6 +153,16 @@ impl Mmio {
     pub(crate) fn new(map: Arc<BarMapping>) -> Self {
         let (base, len) = (map.ptr, map.len);
         Mmio { map, base, len }
+    }
+
+    /// The whole mapping this window is part of.
+    pub fn mapping(&self) -> &Arc<BarMapping> {
+        &self.map
+    }
+
+    /// Whether the mapping no longer reaches the device ([`BarMapping::gone`]).
+    pub fn gone(&self) -> bool {
+        self.map.gone()
     }
 
     /// Length of the window in bytes.

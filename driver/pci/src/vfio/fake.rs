@@ -49,6 +49,8 @@ pub struct FakeDevice {
     /// The enabled interrupt index among INTx/MSI/MSI-X, and the eventfd bound to each of its
     /// vectors (-1: none), as vfio-pci tracks them.
     pub irq_enabled: Option<(IrqIndex, Vec<i32>)>,
+    /// The eventfd bound to the error (3) and request (4) indexes, by index.
+    pub irq_triggers: HashMap<u32, i32>,
 }
 
 impl FakeDevice {
@@ -73,6 +75,7 @@ impl FakeDevice {
             irq_counts: [1, 1, 16, 1, 1],
             irq_sets: Vec::new(),
             irq_enabled: None,
+            irq_triggers: HashMap::new(),
         }
     }
 }
@@ -141,6 +144,19 @@ fn errno(e: i32) -> io::Error {
 }
 
 impl FakeVfio {
+    /// Raises interrupt `index` (ERR or REQ) of device `bdf`, as vfio-pci does on an AER error
+    /// or a removal request: signals the eventfd bound to it. Fails when none is bound.
+    pub fn raise(&self, bdf: &str, index: IrqIndex) -> io::Result<()> {
+        let fd = self
+            .with(|st| {
+                st.devices
+                    .get(bdf)
+                    .and_then(|d| d.irq_triggers.get(&index.0).copied())
+            })
+            .ok_or_else(|| io::Error::other(format!("no eventfd bound to {index} of {bdf}")))?;
+        super::sys::signal_eventfd(fd)
+    }
+
     /// Runs `f` on the state (to set it up or check it).
     pub fn with<R>(&self, f: impl FnOnce(&mut FakeState) -> R) -> R {
         f(&mut self.state.lock().unwrap_or_else(|e| e.into_inner()))
@@ -227,8 +243,18 @@ impl FakeVfio {
                 }
                 dev.irq_enabled = Some((set.index, set.fds.clone()));
             }
-            None if trigger && data == uapi::IRQ_SET_DATA_NONE && set.count == 0 => {}
-            _ if !is_intr && trigger && data == uapi::IRQ_SET_DATA_EVENTFD => {}
+            None if trigger && data == uapi::IRQ_SET_DATA_NONE && set.count == 0 => {
+                dev.irq_triggers.remove(&set.index.0);
+            }
+            _ if !is_intr && trigger && data == uapi::IRQ_SET_DATA_EVENTFD => {
+                match set.fds.first() {
+                    Some(&fd) if fd >= 0 => dev.irq_triggers.insert(set.index.0, fd),
+                    _ => dev.irq_triggers.remove(&set.index.0),
+                };
+            }
+            Some(_) if !is_intr && trigger && data == uapi::IRQ_SET_DATA_NONE && set.count == 0 => {
+                dev.irq_triggers.remove(&set.index.0);
+            }
             _ => return Err(errno(libc::EINVAL)),
         }
         dev.irq_sets.push(set);

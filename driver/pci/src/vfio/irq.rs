@@ -19,12 +19,12 @@
 
 use std::fs::File;
 use std::io::{self, Read, Write};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::sys::{self, raw, IoctlArg, SysOps};
-use super::{io_err, uapi, Device, VfioError};
+use super::sys::{self, IoctlArg, SysOps};
+use super::{io_err, uapi, DevFd, Device, VfioError};
 use crate::bdf::Bdf;
 
 /// An IRQ index of a vfio-pci device (`VFIO_PCI_*_IRQ_INDEX`).
@@ -204,7 +204,7 @@ impl IrqSet {
 #[derive(Debug)]
 pub struct Irqs {
     sys: Arc<dyn SysOps>,
-    dev: Arc<OwnedFd>,
+    dev: Arc<DevFd>,
     bdf: Bdf,
     index: IrqIndex,
     fds: Vec<EventFd>,
@@ -234,12 +234,18 @@ impl Irqs {
 
     fn set(&self, what: &str, flags: u32, start: u32, count: u32, data: &[u8]) -> Result<(), VfioError> {
         let mut b = irq_set(flags, self.index, start, count, data);
-        self.sys
-            .ioctl(raw(&self.dev), uapi::req::DEVICE_SET_IRQS, IoctlArg::Buf(&mut b))
-            .map_err(io_err(format!(
-                "VFIO_DEVICE_SET_IRQS({}, {}, {what} vector {start})",
-                self.bdf, self.index
-            )))?;
+        self.dev.call(
+            || {
+                format!(
+                    "VFIO_DEVICE_SET_IRQS({}, {}, {what} vector {start})",
+                    self.bdf, self.index
+                )
+            },
+            |fd| {
+                self.sys
+                    .ioctl(fd, uapi::req::DEVICE_SET_IRQS, IoctlArg::Buf(&mut b))
+            },
+        )?;
         Ok(())
     }
 
@@ -270,9 +276,11 @@ impl Irqs {
         )
     }
 
-    /// Disables every vector of the index (also done on drop).
+    /// Disables every vector of the index (also done on drop). Nothing to do once the device
+    /// was released: closing its file disabled them all.
     pub fn disable(&mut self) -> Result<(), VfioError> {
-        if !self.enabled {
+        if !self.enabled || self.dev.closed() {
+            self.enabled = false;
             return Ok(());
         }
         self.set(
@@ -324,14 +332,14 @@ impl Device {
         let mut b = [0u8; uapi::IRQ_INFO_SIZE];
         uapi::put_u32(&mut b, 0, uapi::IRQ_INFO_SIZE as u32);
         uapi::put_u32(&mut b, 8, index.0);
-        self.container
-            .sys
-            .ioctl(
-                raw(&self.fd),
-                uapi::req::DEVICE_GET_IRQ_INFO,
-                IoctlArg::Buf(&mut b),
-            )
-            .map_err(io_err(format!("VFIO_DEVICE_GET_IRQ_INFO({}, {index})", self.bdf)))?;
+        self.fd.call(
+            || format!("VFIO_DEVICE_GET_IRQ_INFO({}, {index})", self.bdf),
+            |fd| {
+                self.container
+                    .sys
+                    .ioctl(fd, uapi::req::DEVICE_GET_IRQ_INFO, IoctlArg::Buf(&mut b))
+            },
+        )?;
         Ok(IrqInfo {
             index,
             count: uapi::get_u32(&b, 12),

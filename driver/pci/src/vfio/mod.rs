@@ -15,13 +15,14 @@ pub mod fake;
 pub mod irq;
 pub mod sys;
 pub mod uapi;
+pub mod watch;
 
 use std::collections::HashMap;
 use std::io;
 use std::ops::RangeInclusive;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use crate::addr::{BusAddr, Iova};
 use crate::bdf::Bdf;
@@ -30,6 +31,7 @@ use crate::sysfs::{self, Host};
 pub use irq::{EventFd, IrqIndex, IrqInfo, Irqs};
 use sys::raw;
 pub use sys::{IoctlArg, RealSys, SysOps};
+pub use watch::{DeviceEvent, Watch};
 
 /// How devices reach memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -158,6 +160,13 @@ pub enum VfioError {
     /// A sysfs lookup failed.
     #[error(transparent)]
     Sysfs(#[from] sysfs::SysfsError),
+    /// The device was released ([`Device::release`]): it was removed, or its removal was
+    /// requested. Open it again once it is back.
+    #[error("{bdf} was released (the kernel asked for it back: the device is being removed or unbound); open it again once it is back (`vfpoll bind {bdf}`)")]
+    Released {
+        /// The device.
+        bdf: Bdf,
+    },
     /// Any other failed system call.
     #[error("{what}: {source}")]
     Io {
@@ -358,6 +367,21 @@ impl Container {
                 },
             })?;
         Device::new(Arc::clone(self), group, fd, bdf)
+    }
+
+    /// Detaches group `id` once no device uses it, unless it is the container's last group
+    /// (detaching that would tear down the IOMMU domain, and every DMA mapping the process
+    /// still tracks with it). Returns whether it was detached.
+    fn forget_group(&self, id: u32) -> bool {
+        let mut st = self.lock();
+        let unused = st.groups.get(&id).is_some_and(|g| Arc::strong_count(g) == 1);
+        if unused && st.groups.len() > 1 {
+            st.groups.remove(&id);
+            log::debug!("detached IOMMU group {id}");
+            true
+        } else {
+            false
+        }
     }
 
     fn attach_group(&self, bdf: Bdf, id: u32) -> Result<Arc<Group>, VfioError> {
@@ -603,20 +627,62 @@ pub mod pci_cfg {
     pub const COMMAND_INTX_DISABLE: u16 = 1 << 10;
 }
 
+/// A device's file descriptor, which [`Device::release`] closes while the [`Device`] and the
+/// interrupts made from it live on: every call goes through [`DevFd::call`], which fails with
+/// [`VfioError::Released`] once it is closed, and holds the descriptor open for the call.
+#[derive(Debug)]
+pub(crate) struct DevFd {
+    bdf: Bdf,
+    fd: RwLock<Option<OwnedFd>>,
+}
+
+impl DevFd {
+    /// Runs `f` on the descriptor; `what` names the call in an error.
+    pub(crate) fn call<R>(
+        &self,
+        what: impl FnOnce() -> String,
+        f: impl FnOnce(RawFd) -> io::Result<R>,
+    ) -> Result<R, VfioError> {
+        let g = self.fd.read().unwrap_or_else(|e| e.into_inner());
+        match g.as_ref() {
+            None => Err(VfioError::Released { bdf: self.bdf }),
+            Some(fd) => f(fd.as_raw_fd()).map_err(|source| VfioError::Io { what: what(), source }),
+        }
+    }
+
+    /// Whether the descriptor was closed.
+    pub(crate) fn closed(&self) -> bool {
+        self.fd.read().unwrap_or_else(|e| e.into_inner()).is_none()
+    }
+
+    /// Closes the descriptor, once no call is using it.
+    fn close(&self) -> bool {
+        self.fd
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .is_some()
+    }
+}
+
 /// An open VFIO device.
 ///
 /// `Send + Sync`: all methods are system calls on a file descriptor.
 #[derive(Debug)]
 pub struct Device {
     container: Arc<Container>,
-    _group: Arc<Group>,
-    /// Shared with the device's enabled interrupts ([`Irqs`]), which outlive no call on it.
-    fd: Arc<OwnedFd>,
+    /// Dropped by [`Device::release`].
+    group: Mutex<Option<Arc<Group>>>,
+    group_id: u32,
+    /// Shared with the device's enabled interrupts ([`Irqs`]).
+    fd: Arc<DevFd>,
     bdf: Bdf,
     flags: u32,
     /// IRQ indexes (`VFIO_DEVICE_GET_INFO`.num_irqs).
     num_irqs: u32,
     regions: Vec<RegionInfo>,
+    /// Every BAR mapping made, for [`Device::release`] to revoke.
+    mappings: Mutex<Vec<Weak<BarMapping>>>,
 }
 
 impl Device {
@@ -637,12 +703,17 @@ impl Device {
         log::debug!("opened {bdf}: flags {flags:#x}, {} regions", regions.len());
         Ok(Device {
             container,
-            _group: group,
-            fd: Arc::new(fd),
+            group_id: group.id,
+            group: Mutex::new(Some(group)),
+            fd: Arc::new(DevFd {
+                bdf,
+                fd: RwLock::new(Some(fd)),
+            }),
             bdf,
             flags,
             num_irqs,
             regions,
+            mappings: Mutex::new(Vec::new()),
         })
     }
 
@@ -711,13 +782,75 @@ impl Device {
             index: bar,
             why: "is larger than the address space",
         })?;
-        let ptr = self
-            .container
-            .sys
-            .mmap(raw(&self.fd), r.offset, len)
-            .map_err(io_err(format!("mmap of BAR{bar} of {}", self.bdf)))?;
-        let mapping = BarMapping::new(Arc::clone(&self.container.sys), ptr, len);
-        Ok(Mmio::new(Arc::new(mapping)))
+        let sys = &self.container.sys;
+        let ptr = self.fd.call(
+            || format!("mmap of BAR{bar} of {}", self.bdf),
+            |fd| sys.mmap(fd, r.offset, len),
+        )?;
+        // SAFETY: `ptr`/`len` is the mapping just made, owned by the new `BarMapping` alone and
+        // only accessed through `Mmio`'s raw pointers.
+        let mapping = Arc::new(unsafe { BarMapping::guarded(Arc::clone(sys), ptr, len) });
+        let mut maps = self.mappings.lock().unwrap_or_else(|e| e.into_inner());
+        maps.retain(|m| m.strong_count() > 0);
+        maps.push(Arc::downgrade(&mapping));
+        Ok(Mmio::new(mapping))
+    }
+
+    /// Lets the device go, for a removal the kernel asked for ([`DeviceEvent::Request`]) or
+    /// after the device vanished: Bus Master is cleared (best effort: a vanished device does not
+    /// answer), every BAR mapping made through [`Device::map_bar`] is revoked in place
+    /// ([`BarMapping::revoke`]: from now on accesses through them read all-ones and write
+    /// nowhere, so threads still using them cannot crash), the device file is closed (the kernel
+    /// then disables the device and completes its removal), and the IOMMU group is detached
+    /// when no other device uses it and it is not the container's last. Every later call on the
+    /// device fails with [`VfioError::Released`]. Returns the mappings revoked; idempotent.
+    pub fn release(&self) -> Result<usize, VfioError> {
+        if self.fd.closed() {
+            return Ok(0);
+        }
+        if let Err(e) = self.disable_bus_master() {
+            log::debug!("{}: clearing Bus Master before release: {e}", self.bdf);
+        }
+        let maps: Vec<Arc<BarMapping>> = self
+            .mappings
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+            .filter_map(|m| m.upgrade())
+            .collect();
+        let mut revoked = 0;
+        for m in &maps {
+            match m.revoke() {
+                Ok(()) => revoked += 1,
+                // The kernel then waits for the last user to drop the mapping.
+                Err(e) => log::warn!(
+                    "{}: revoking a BAR mapping of {:#x} bytes failed ({e}); the removal completes when it is dropped",
+                    self.bdf,
+                    m.len()
+                ),
+            }
+        }
+        self.fd.close();
+        drop(self.group.lock().unwrap_or_else(|e| e.into_inner()).take());
+        self.container.forget_group(self.group_id);
+        log::info!("{}: released ({revoked} BAR mapping(s) revoked)", self.bdf);
+        Ok(revoked)
+    }
+
+    /// Whether [`Device::release`] let the device go.
+    pub fn released(&self) -> bool {
+        self.fd.closed()
+    }
+
+    /// Whether a BAR mapping of the device was replaced after a SIGBUS (vfio-pci zapped it: the
+    /// device's memory decode went off, or it was reset or removed underneath).
+    pub fn mapping_faulted(&self) -> bool {
+        self.mappings
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter_map(Weak::upgrade)
+            .any(|m| m.faults() > 0)
     }
 
     /// The bus address of BAR `bar` as the PCI bus sees it (sysfs `resource`): what a peer device
@@ -738,19 +871,19 @@ impl Device {
     /// Reads `buf.len()` bytes of configuration space at `off`.
     pub fn config_read(&self, off: u64, buf: &mut [u8]) -> Result<(), VfioError> {
         let r = self.region(uapi::PCI_CONFIG_REGION)?;
-        self.container
-            .sys
-            .pread(raw(&self.fd), buf, r.offset + off)
-            .map_err(io_err(format!("config read of {} at {off:#x}", self.bdf)))
+        self.fd.call(
+            || format!("config read of {} at {off:#x}", self.bdf),
+            |fd| self.container.sys.pread(fd, buf, r.offset + off),
+        )
     }
 
     /// Writes `buf` to configuration space at `off`.
     pub fn config_write(&self, off: u64, buf: &[u8]) -> Result<(), VfioError> {
         let r = self.region(uapi::PCI_CONFIG_REGION)?;
-        self.container
-            .sys
-            .pwrite(raw(&self.fd), buf, r.offset + off)
-            .map_err(io_err(format!("config write of {} at {off:#x}", self.bdf)))
+        self.fd.call(
+            || format!("config write of {} at {off:#x}", self.bdf),
+            |fd| self.container.sys.pwrite(fd, buf, r.offset + off),
+        )
     }
 
     /// Reads a 16-bit configuration register.
@@ -811,10 +944,14 @@ impl Device {
         if !self.can_reset() {
             return Ok(false);
         }
-        self.container
-            .sys
-            .ioctl(raw(&self.fd), uapi::req::DEVICE_RESET, IoctlArg::None)
-            .map_err(io_err(format!("VFIO_DEVICE_RESET({})", self.bdf)))?;
+        self.fd.call(
+            || format!("VFIO_DEVICE_RESET({})", self.bdf),
+            |fd| {
+                self.container
+                    .sys
+                    .ioctl(fd, uapi::req::DEVICE_RESET, IoctlArg::None)
+            },
+        )?;
         Ok(true)
     }
 }

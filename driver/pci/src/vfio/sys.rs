@@ -175,6 +175,46 @@ pub(crate) fn poll_readable(fd: RawFd, timeout: Option<std::time::Duration>) -> 
     Ok(r > 0 && p.revents & libc::POLLIN != 0)
 }
 
+/// Sleeps until one of `fds` is readable or `timeout` passes (`None`: no limit). Returns a
+/// readable flag per descriptor (all false after a timeout or a signal).
+pub(crate) fn poll_any(fds: &[RawFd], timeout: Option<std::time::Duration>) -> io::Result<Vec<bool>> {
+    let mut p: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    let ms = match timeout {
+        None => -1,
+        Some(t) => t.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as libc::c_int,
+    };
+    // SAFETY: `p` holds `p.len()` valid pollfds, exclusively borrowed for the call.
+    let r = unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, ms) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return match e.kind() {
+            io::ErrorKind::Interrupted => Ok(vec![false; fds.len()]),
+            _ => Err(e),
+        };
+    }
+    Ok(p.iter().map(|p| p.revents & libc::POLLIN != 0).collect())
+}
+
+/// Adds 1 to the eventfd `fd` as the kernel does when an interrupt fires (the fake kernel's
+/// way to raise an interrupt bound by number).
+pub(crate) fn signal_eventfd(fd: RawFd) -> io::Result<()> {
+    let one = 1u64.to_ne_bytes();
+    // SAFETY: writes 8 bytes from a local buffer valid for the call; `fd` is only written to.
+    let n = unsafe { libc::write(fd, one.as_ptr().cast(), one.len()) };
+    if n == 8 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 /// A raw descriptor of an owned fd, for passing to [`SysOps`].
 pub(crate) fn raw(fd: &OwnedFd) -> RawFd {
     fd.as_raw_fd()

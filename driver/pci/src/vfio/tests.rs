@@ -382,3 +382,116 @@ fn eventfd_counts_wakes_and_clears() {
     assert_eq!(e.take().unwrap(), 2);
     assert!(!e.wait(Some(Duration::ZERO)).unwrap(), "taken: cleared");
 }
+
+#[test]
+fn a_removal_request_reaches_the_watch_and_release_lets_the_device_go() {
+    use std::ops::ControlFlow;
+    use std::sync::mpsc;
+    use std::time::Duration;
+    let b = bed(false);
+    let c = open(&b, IommuMode::Type1).unwrap();
+    let nvme = Arc::new(c.device(NVME.parse().unwrap()).unwrap());
+    let _shm = c.device(SHM.parse().unwrap()).unwrap();
+    let bar = nvme.map_bar(0).unwrap();
+    let doorbells = bar.window(0x1000, 0x100).unwrap();
+    bar.write32(0x1c, 1);
+
+    let (tx, rx) = mpsc::channel();
+    let dev = Arc::clone(&nvme);
+    let watch = nvme
+        .watch(move |ev| {
+            let _ = tx.send(ev);
+            match ev {
+                DeviceEvent::Request { .. } => {
+                    let _ = tx.send(DeviceEvent::Request {
+                        count: dev.release().unwrap() as u64,
+                    });
+                    ControlFlow::Break(())
+                }
+                DeviceEvent::Error { .. } => ControlFlow::Continue(()),
+            }
+        })
+        .unwrap();
+    assert!(watch.watches_errors(), "the fake device offers the error index");
+    let bound = b.k.with(|st| st.devices[NVME].irq_triggers.clone());
+    assert_eq!(
+        bound.keys().copied().collect::<std::collections::BTreeSet<_>>(),
+        [3, 4].into()
+    );
+
+    // An AER error is reported, and the watch goes on.
+    b.k.raise(NVME, IrqIndex::ERR).unwrap();
+    assert_eq!(
+        rx.recv_timeout(Duration::from_secs(10)).unwrap(),
+        DeviceEvent::Error { count: 1 }
+    );
+    assert!(!nvme.released());
+
+    // The removal request: the handler releases the device.
+    b.k.raise(NVME, IrqIndex::REQ).unwrap();
+    assert_eq!(
+        rx.recv_timeout(Duration::from_secs(10)).unwrap(),
+        DeviceEvent::Request { count: 1 }
+    );
+    // The handler's release revoked one mapping (the BAR; the window shares it).
+    assert_eq!(
+        rx.recv_timeout(Duration::from_secs(10)).unwrap(),
+        DeviceEvent::Request { count: 1 }
+    );
+    let t = std::time::Instant::now();
+    while !watch.finished() {
+        assert!(t.elapsed() < Duration::from_secs(10), "the watch did not stop");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(nvme.released());
+    // Users of the mapping go on without crashing: registers read as a vanished device's.
+    assert_eq!(bar.read32(0x1c), u32::MAX);
+    doorbells.write32(0, 9);
+    assert!(bar.gone());
+    // Every call now says what happened.
+    let e = nvme.config_read_u16(pci_cfg::COMMAND).unwrap_err();
+    assert!(matches!(e, VfioError::Released { .. }), "{e}");
+    assert!(e.to_string().contains("was released"), "{e}");
+    assert!(matches!(nvme.map_bar(0), Err(VfioError::Released { .. })));
+    assert!(nvme.enable_irqs(IrqIndex::REQ, 1).is_err());
+    // Bus Master was cleared before the file was closed (no more DMA), and the group was
+    // detached (another group keeps the container's IOMMU).
+    let cmd =
+        b.k.with(|st| u16::from_le_bytes([st.devices[NVME].config[4], st.devices[NVME].config[5]]));
+    assert_eq!(cmd & pci_cfg::COMMAND_MASTER, 0);
+    assert_eq!(c.groups(), vec![6]);
+    assert_eq!(nvme.release().unwrap(), 0, "idempotent");
+    drop(watch);
+
+    // The device is back (the same BDF): it opens again.
+    let again = c.device(NVME.parse().unwrap()).unwrap();
+    assert!(!again.released());
+    assert_eq!(c.groups(), vec![3, 6]);
+    again.enable_bus_master().unwrap();
+}
+
+#[test]
+fn the_last_group_stays_attached_and_a_dropped_watch_stops() {
+    let b = bed(false);
+    b.k.with(|st| st.devices.get_mut(NVME).unwrap().irq_counts[3] = 0);
+    let c = open(&b, IommuMode::Type1).unwrap();
+    let d = c.device(NVME.parse().unwrap()).unwrap();
+    let w = d.watch(|_| std::ops::ControlFlow::Continue(())).unwrap();
+    assert!(!w.watches_errors(), "no error index on this device");
+    assert_eq!(
+        b.k.with(|st| st.devices[NVME].irq_triggers.keys().copied().collect::<Vec<_>>()),
+        vec![4]
+    );
+    drop(w);
+    assert!(
+        b.k.with(|st| st.devices[NVME].irq_triggers.is_empty()),
+        "dropping the watch disables the request interrupt"
+    );
+    d.release().unwrap();
+    assert_eq!(c.groups(), vec![3], "the container's last group keeps its IOMMU");
+    // No request index at all: watching is refused with the reason.
+    b.k.with(|st| st.devices.get_mut(SHM).unwrap().irq_counts[4] = 0);
+    let shm = c.device(SHM.parse().unwrap()).unwrap();
+    let e = shm.watch(|_| std::ops::ControlFlow::Continue(())).unwrap_err();
+    assert!(e.to_string().contains("no device-request interrupt"), "{e}");
+}
