@@ -229,6 +229,7 @@ pub fn main(ws: &Workspace, a: &BenchArgs) -> Result<u8> {
             .iter()
             .map(OsString::from)
             .collect(),
+        hotplug: false,
     };
     let load_before = loadavg();
     let lock = vm::lock_run_dir(&run_dir)?;

@@ -60,6 +60,9 @@ Options:
                          recreating it
       --no-build         Do not run `cargo build --workspace --bins` first
       --print-cmd        Print the QEMU command line and exit (builds and boots nothing)
+      --hotplug          Add NVMe controller R (0000:01:00.0) behind a PCIe root port, for
+                         device_del/device_add through QMP (<run-dir>/qmp.sock, or /out/qmp/
+                         requests from the guest)
   -v, --verbose          Show the guest init's lines and kernel warnings
   -h, --help             Print this help";
 
@@ -148,6 +151,8 @@ pub struct VmArgs {
     pub verbose: bool,
     /// The command and its arguments.
     pub command: Vec<OsString>,
+    /// `--hotplug`.
+    pub hotplug: bool,
 }
 
 /// Options of `cargo xtask test`.
@@ -238,6 +243,7 @@ fn parse_vm(mut p: Parser) -> Result<Task> {
         print_cmd: false,
         verbose: false,
         command: Vec::new(),
+        hotplug: false,
     };
     while let Some(arg) = p.args.next() {
         let s = arg.to_string_lossy().into_owned();
@@ -252,6 +258,7 @@ fn parse_vm(mut p: Parser) -> Result<Task> {
             "--keep-run-dir" => a.keep_run_dir = true,
             "--no-build" => a.no_build = true,
             "--print-cmd" => a.print_cmd = true,
+            "--hotplug" => a.hotplug = true,
             "-v" | "--verbose" => a.verbose = true,
             "--timeout" => a.timeout = secs(&p.value(name, inline)?)?,
             "--mem" => a.mem = p.value(name, inline)?,

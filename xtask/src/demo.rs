@@ -45,6 +45,7 @@ pub fn main(ws: &Workspace, mode: Mode, verbose: bool) -> Result<u8> {
         print_cmd: false,
         verbose,
         command: ["sh", "-c", &script].iter().map(OsString::from).collect(),
+        hotplug: false,
     };
     vm::main(ws, &args)
 }

@@ -84,6 +84,7 @@ mod cpio;
 mod demo;
 mod fuzz;
 mod json;
+mod qmp;
 mod setup;
 mod test;
 mod util;

@@ -37,6 +37,8 @@ const HOST_CHECK_PREFIX: &str = "host_check_";
 const EXPECT_FAULT_PREFIX: &str = "guest_expect_iommu_fault_";
 /// Where such a test writes, in the guest's `/out`, the text its fault line must contain.
 const EXPECT_FAULT_FILE: &str = "expect-iommu-fault";
+/// Test binaries whose boots get hot-pluggable NVMe controller R ([`Boot::hotplug`]).
+const HOTPLUG_BINS: &[&str] = &["recovery_removal"];
 
 /// `cargo xtask test`.
 pub fn main(ws: &Workspace, a: &TestArgs) -> Result<u8> {
@@ -309,6 +311,7 @@ fn run_pair(
         cwd: pkg_dir.clone(),
         env: vec![("VFPOLL_SEED".into(), seed.clone().into())],
         command,
+        hotplug: HOTPLUG_BINS.contains(&bin.name.as_str()),
     };
     eprintln!("test: {label}: {} guest tests, VFPOLL_SEED={seed}", guest.len());
     let lock = match vm::lock_run_dir(&run_dir) {

@@ -4,6 +4,12 @@
 //! `out`; the guest's `/init` runs it chrooted into the host's `/` and writes its exit status to
 //! `/out/exit-code`. The serial console carries the command's output (stdout and stderr merged)
 //! and a few `vm: ` lines of the init, which are hidden unless `--verbose`.
+//!
+//! QEMU's QMP socket is `<run-dir>/qmp.sock`; a guest test asks for QMP commands (device_del,
+//! device_add) through files in `/out/qmp/` that an agent of this process serves (see
+//! [`crate::qmp`]). With [`Boot::hotplug`], NVMe controller R (serial `vfpoll-r`, one 64 MiB
+//! namespace) sits behind a PCIe root port (slot 00:0c.0, so R is 0000:01:00.0 in the guest) and
+//! can be unplugged and plugged back.
 
 use std::ffi::OsString;
 use std::fs;
@@ -85,7 +91,18 @@ pub struct Boot {
     pub env: Vec<(OsString, OsString)>,
     /// The command and its arguments.
     pub command: Vec<OsString>,
+    /// Add hot-pluggable NVMe controller R behind a PCIe root port (see the module docs).
+    pub hotplug: bool,
 }
+
+/// QEMU's id of hot-pluggable controller R (for `device_del`/`device_add`).
+pub const HOTPLUG_ID: &str = "nvmer";
+/// The PCIe root port R sits behind.
+pub const HOTPLUG_PORT: &str = "rp1";
+/// The block node of R's namespace (a `-blockdev`, which outlives an unplug of R): R is plugged
+/// back with `device_add` of `{"driver":"nvme","id":"nvmer","bus":"rp1","serial":"vfpoll-r",
+/// "drive":"nvmer1"}`.
+pub const HOTPLUG_NODE: &str = "nvmer1";
 
 /// How a boot ended.
 #[derive(Debug, Clone)]
@@ -120,6 +137,7 @@ pub fn main(ws: &Workspace, a: &VmArgs) -> Result<u8> {
         cwd: std::env::current_dir().context("current directory")?,
         env: Vec::new(),
         command: a.command.clone(),
+        hotplug: a.hotplug,
     };
     if a.print_cmd {
         let assets = setup::current(ws)?;
@@ -224,6 +242,7 @@ pub fn run_boot(ws: &Workspace, assets: &Assets, b: &Boot, _lock: &Lock) -> Resu
         started
     });
     let errors = thread::spawn(move || filter_stderr(stderr, io::stderr()));
+    let agent = crate::qmp::Agent::start(&b.run_dir);
 
     let timed_out = match rx.recv_timeout(b.timeout) {
         Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => false,
@@ -234,6 +253,10 @@ pub fn run_boot(ws: &Workspace, assets: &Assets, b: &Boot, _lock: &Lock) -> Resu
     };
     let status = child.wait()?;
     let total = t0.elapsed();
+    match agent {
+        Ok(a) => drop(a),
+        Err(e) => eprintln!("vm: warning: the QMP agent did not start: {e}"),
+    }
     let started = console.join().unwrap_or(None);
     let iommu_faults = errors.join().unwrap_or_default();
 
@@ -288,6 +311,8 @@ pub const IMAGES: &[(&str, u64)] = &[
     ("nvme-f-ns5.img", 8),
     ("nvme-f-ns6.img", 16),
     ("nvme-f-ns7.img", 4),
+    // Controller R, only with `Boot::hotplug`.
+    ("nvme-r-ns1.img", 64),
 ];
 /// The ivshmem backing file (the GPU-BAR stand-in) and its size in MiB.
 pub const GPUBAR: (&str, u64) = ("gpubar.shm", 64);
@@ -311,6 +336,12 @@ fn prepare_run_dir(b: &Boot) -> Result<()> {
     for f in ["job.sh", "exit-code", "lib-modules"] {
         remove_file(&out.join(f))?;
     }
+    // Requests of an earlier boot must not be served again.
+    let qmp_dir = out.join(crate::qmp::REQUEST_DIR);
+    if qmp_dir.exists() {
+        fs::remove_dir_all(&qmp_dir).context(qmp_dir.display())?;
+    }
+    remove_file(&dir.join(crate::qmp::SOCKET))?;
     for &(f, mib) in IMAGES.iter().chain([&GPUBAR]) {
         let p = dir.join(f);
         if !p.exists() {
@@ -403,7 +434,14 @@ pub fn qemu_command(assets: &Assets, b: &Boot) -> Command {
         // `-nographic` would also make SeaBIOS print (and reset the terminal) on the serial
         // port; this is the same minus that, and without a monitor reading our stdin.
         .args(["-display", "none", "-serial", "stdio", "-monitor", "none"])
-        .args(["-no-reboot", "-vga", "none"]);
+        .args(["-no-reboot", "-vga", "none"])
+        .args([
+            "-qmp",
+            &format!(
+                "unix:{},server=on,wait=off",
+                opt_path(&run.join(crate::qmp::SOCKET))
+            ),
+        ]);
     // norandmaps: under TCG an exec at fresh random addresses is retranslated, 2.5-3x slower.
     // mitigations=off: the guest is a test bed, and the barriers cost ~0.3 s of every boot.
     // no_timer_check: on a loaded host the emulated CPU can miss the kernel's early check that
@@ -541,6 +579,36 @@ pub fn qemu_command(assets: &Assets, b: &Boot) -> Command {
         ),
     ]);
     q.args(["-device", "ivshmem-plain,memdev=gpubar,addr=7"]);
+    if b.hotplug {
+        // R behind a root port: hot-pluggable (q35 handles it with ACPI PCI hotplug). Its
+        // namespace is a -blockdev, so an unplug does not delete it and R can be plugged back
+        // with device_add (see HOTPLUG_NODE).
+        q.args([
+            "-device",
+            &format!("pcie-root-port,id={HOTPLUG_PORT},chassis=1,slot=1,addr=0xc"),
+        ]);
+        let img = IMAGES
+            .iter()
+            .find(|(f, _)| f.starts_with("nvme-r-"))
+            .expect("R's image")
+            .0;
+        let cache = if assets.drive_options.contains("cache=none") {
+            ",cache.direct=on"
+        } else {
+            ""
+        };
+        q.args([
+            "-blockdev",
+            &format!(
+                "driver=raw,node-name={HOTPLUG_NODE},discard=unmap,file.driver=file,file.filename={}{cache}",
+                opt_path(&run.join(img))
+            ),
+        ]);
+        q.args([
+            "-device",
+            &format!("nvme,id={HOTPLUG_ID},bus={HOTPLUG_PORT},serial=vfpoll-r,drive={HOTPLUG_NODE}"),
+        ]);
+    }
     q
 }
 
@@ -937,6 +1005,7 @@ mod tests {
             cwd: "/w/my dir".into(),
             env: vec![("VFPOLL_SEED".into(), "42".into())],
             command: vec!["sh".into(), "-c".into(), "echo 'hi'; exit 3".into()],
+            hotplug: false,
         };
         let s = String::from_utf8(job_script(&ws, &b)).unwrap();
         assert!(s.contains("export PATH=/w/target/debug:/w/target/release:/usr/local/sbin:"));
