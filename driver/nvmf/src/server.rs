@@ -14,6 +14,10 @@
 //! blocking; a worker that found nothing to do for [`ServerConfig::spin`] sleeps in `epoll_wait`
 //! on its sockets until a host sends something (it keeps polling while its backends have
 //! commands in flight), so an idle target costs no CPU and a busy one answers without a wake-up.
+//! Messages to a sleeping thread (a new connection, a close, an event, the stop) come with a
+//! write to its eventfd, and the listener thread sleeps in `epoll_wait` on its listening sockets
+//! until a host connects or the next keep-alive tick: nothing wakes on a timer more than once a
+//! second.
 //!
 //! A running server can be changed: listeners added and removed (the connections that came
 //! through a removed one are closed), namespaces added (with one backend per worker) and
@@ -25,7 +29,7 @@ use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{self, Sender};
+use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -37,6 +41,7 @@ use crate::fabrics::{
     AerCompletion, AnaState, ConnInfo, Listener, NamespaceInfo, QueueRef, Subsystem, SubsystemId, Target,
 };
 use crate::pdu::{LimitsError, TargetLimits};
+use crate::sys::{Epoll, Waker};
 
 mod worker;
 
@@ -48,8 +53,6 @@ const TICK: Duration = Duration::from_secs(1);
 const NAP: Duration = Duration::from_micros(200);
 /// The default of [`ServerConfig::spin`].
 pub const DEFAULT_SPIN: Duration = Duration::from_micros(100);
-/// The nap of the listener thread between rounds that accepted nothing.
-const LISTEN_NAP: Duration = Duration::from_millis(1);
 
 /// A namespace's storage, named by its subsystem and NSID.
 pub struct NamespaceBackend {
@@ -140,6 +143,9 @@ pub enum ServerError {
     /// A thread did not start.
     #[error("cannot start a thread: {0}")]
     Thread(#[source] io::Error),
+    /// The eventfd or epoll instance a thread sleeps on could not be made.
+    #[error("cannot make an eventfd for a thread's wake-ups: {0} (is the process out of file descriptors? raise `ulimit -n`)")]
+    Wakeup(#[source] io::Error),
     /// No worker was given.
     #[error("a server needs at least one worker")]
     NoWorkers,
@@ -283,11 +289,31 @@ enum ListenMsg {
     Remove(u16),
 }
 
+/// A thread's inbox: a message, then a wake-up of the thread if it sleeps in `epoll_wait`.
+struct Mailbox<T> {
+    tx: Sender<T>,
+    waker: Arc<Waker>,
+}
+
+impl<T> Mailbox<T> {
+    /// A mailbox and the receiving end; the receiver watches `waker`.
+    fn new(waker: Arc<Waker>) -> (Mailbox<T>, Receiver<T>) {
+        let (tx, rx) = mpsc::channel();
+        (Mailbox { tx, waker }, rx)
+    }
+
+    fn send(&self, m: T) -> Result<(), mpsc::SendError<T>> {
+        self.tx.send(m)?;
+        self.waker.wake();
+        Ok(())
+    }
+}
+
 /// What the threads share.
 struct Shared {
     target: Mutex<Target>,
-    inboxes: Vec<Sender<Msg>>,
-    listen: Mutex<Sender<ListenMsg>>,
+    inboxes: Vec<Mailbox<Msg>>,
+    listen: Mutex<Mailbox<ListenMsg>>,
     /// Connections per worker, for the listener's choice.
     loads: Vec<AtomicU64>,
     stop: AtomicBool,
@@ -400,11 +426,13 @@ impl Server {
             let pool = cfg
                 .dma
                 .pool(opts.max_transfer as usize, cfg.buffers.max(1), cfg.page_size)?;
-            let (tx, rx) = mpsc::channel();
+            let waker = Arc::new(Waker::new().map_err(ServerError::Wakeup)?);
+            let (tx, rx) = Mailbox::new(waker.clone());
             inboxes.push(tx);
-            workers.push((w.on_start, pool, backends, ns, rx));
+            workers.push((w.on_start, pool, backends, ns, rx, waker));
         }
-        let (listen_tx, listen_rx) = mpsc::channel();
+        let listen_waker = Arc::new(Waker::new().map_err(ServerError::Wakeup)?);
+        let (listen_tx, listen_rx) = Mailbox::new(listen_waker.clone());
         let shared = Arc::new(Shared {
             target: Mutex::new(cfg.target),
             loads: inboxes.iter().map(|_| AtomicU64::new(0)).collect(),
@@ -420,7 +448,7 @@ impl Server {
             threads: Vec::new(),
         };
         let (ready_tx, ready_rx) = mpsc::channel::<(usize, Result<(), String>)>();
-        for (index, (on_start, pool, backends, ns, inbox)) in workers.into_iter().enumerate() {
+        for (index, (on_start, pool, backends, ns, inbox, waker)) in workers.into_iter().enumerate() {
             let worker = Worker {
                 index,
                 shared: shared.clone(),
@@ -432,7 +460,10 @@ impl Server {
                 inbox,
                 limits,
                 spin: cfg.spin,
-                epoll: crate::sys::Epoll::new().ok(),
+                epoll: Epoll::new()
+                    .and_then(|ep| ep.add_edge(waker.fd()).map(|()| ep))
+                    .ok(),
+                _waker: waker,
                 watched: std::collections::HashSet::new(),
                 _dma: cfg.dma.clone(),
             };
@@ -463,11 +494,7 @@ impl Server {
                 }
             }
         }
-        let listener = ListenerThread {
-            shared: shared.clone(),
-            listeners,
-            inbox: listen_rx,
-        };
+        let listener = ListenerThread::new(shared.clone(), listeners, listen_rx, listen_waker);
         let handle = std::thread::Builder::new()
             .name("nvmf-listener".into())
             .spawn(move || listener.run())
@@ -730,6 +757,16 @@ impl Server {
 
     fn shutdown(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
+        // Sleepers see the flag now, not at their next timeout.
+        for m in &self.shared.inboxes {
+            m.waker.wake();
+        }
+        self.shared
+            .listen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .waker
+            .wake();
         // The listener (last) first, so that no connection is handed to a worker that ended.
         for t in self.threads.drain(..).rev() {
             if t.join().is_err() {

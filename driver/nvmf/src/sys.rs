@@ -1,4 +1,5 @@
-//! Socket I/O straight from and into DMA buffers: the only `unsafe` code of the crate.
+//! Socket I/O straight from and into DMA buffers, and the epoll and eventfd system calls: the
+//! only `unsafe` code of the crate.
 //!
 //! Read data goes to the socket from the DMA buffer the backend read it into, and write data
 //! comes from the socket into the DMA buffer the backend then writes: no copy in between. The
@@ -156,6 +157,41 @@ impl Epoll {
             )
         };
         usize::try_from(r).unwrap_or(0)
+    }
+}
+
+/// An eventfd another thread writes to wake a thread sleeping in [`Epoll::wait`] (a message in
+/// its inbox, a stop). Watched edge-triggered, it is never read: each [`Waker::wake`] is one
+/// new event.
+pub(crate) struct Waker {
+    fd: OwnedFd,
+}
+
+impl Waker {
+    /// A new eventfd (non-blocking, so a wake never blocks even with the count at its maximum).
+    pub(crate) fn new() -> io::Result<Waker> {
+        // SAFETY: eventfd takes no pointers; a non-negative result is a new descriptor that only
+        // this `OwnedFd` owns.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just returned by eventfd and is owned by no one else.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(Waker { fd })
+    }
+
+    /// Signals the eventfd: a sleeper watching it wakes.
+    pub(crate) fn wake(&self) {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: `one` is 8 readable bytes for the duration of the call; the descriptor is
+        // open while `self` lives. A full count (EAGAIN) still leaves the eventfd readable.
+        unsafe { libc::write(self.fd.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+    }
+
+    /// The descriptor to watch.
+    pub(crate) fn fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
     }
 }
 

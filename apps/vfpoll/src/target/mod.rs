@@ -145,6 +145,18 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
     let hup = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGHUP, Arc::clone(&hup))
         .context("installing a signal handler")?;
+    // The main thread sleeps until a signal or the next stats line: it shares the workers'
+    // cores (an operator may pin the whole process), so it must not wake them up for nothing.
+    let (mut sig_rx, sig_tx) = std::os::unix::net::UnixStream::pair().context("making a signal pipe")?;
+    sig_tx.set_nonblocking(true).context("making a signal pipe")?;
+    for sig in [
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+    ] {
+        signal_hook::low_level::pipe::register(sig, sig_tx.try_clone().context("making a signal pipe")?)
+            .context("installing a signal handler")?;
+    }
     let server = Server::start(ServerConfig {
         target,
         workers: per_worker
@@ -192,11 +204,17 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
     let started = Instant::now();
     let mut last = (Instant::now(), server.stats(), snapshot_map(&server));
     while !stop.load(Ordering::Relaxed) && server.is_running() {
-        std::thread::sleep(Duration::from_micros(100));
+        // A stats line once a second; without one, a look at the server's threads as often.
+        let printing = tty || a.stats_json;
+        let wait = match printing {
+            true => Duration::from_secs(1).saturating_sub(last.0.elapsed()),
+            false => Duration::from_secs(1),
+        };
+        wait_for_signal(&mut sig_rx, wait.max(Duration::from_millis(1)));
         if hup.swap(false, Ordering::Relaxed) {
             reload(&server, &mut devices, &mut plan, a.config.as_ref(), &settings);
         }
-        if (!tty && !a.stats_json) || last.0.elapsed() < Duration::from_secs(1) {
+        if !printing || last.0.elapsed() < Duration::from_secs(1) {
             continue;
         }
         let now = (Instant::now(), server.stats(), snapshot_map(&server));
@@ -231,6 +249,18 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
         st.accepted, st.commands, st.protocol_errors
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// Sleeps until a signal handler writes to the pipe or `timeout` passes.
+fn wait_for_signal(rx: &mut std::os::unix::net::UnixStream, timeout: Duration) {
+    use std::io::Read;
+    if rx.set_read_timeout(Some(timeout)).is_err() {
+        std::thread::sleep(timeout);
+        return;
+    }
+    let mut buf = [0u8; 64];
+    // What woke it is in the flags; the bytes only end the wait.
+    drop(rx.read(&mut buf));
 }
 
 /// Re-reads `--config` and applies what changed; says what it did on stdout (and the log).

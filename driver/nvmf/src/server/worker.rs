@@ -3,6 +3,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::TcpListener;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
@@ -10,17 +11,18 @@ use std::time::{Duration, Instant};
 
 use vfpoll_dma::{DmaContext, DmaPool};
 
-use super::{ListenMsg, Msg, Shared, LISTEN_NAP, NAP, TICK};
+use super::{ListenMsg, Msg, Shared, NAP, TICK};
 
-/// The longest sleep of an idle worker waiting for its sockets: messages from the other
-/// threads (new connections, closes, events) are seen at most this late.
-const SLEEP_MS: i32 = 1;
+/// The longest sleep of an idle worker waiting for its sockets (messages from the other threads
+/// and the stop wake it at once through its eventfd).
+const SLEEP_MS: i32 = 1000;
 /// The nap of a worker past its spin time whose backends have operations in flight.
 const INFLIGHT_NAP: Duration = Duration::from_micros(20);
 use crate::backend::{Backend, Completion};
 use crate::conn::{Conn, Ctx, Submission};
 use crate::fabrics::{ConnInfo, QueueRef, SubsystemId};
 use crate::pdu::TargetLimits;
+use crate::sys::{Epoll, Waker};
 
 /// How long a stopping worker waits for its backends' commands in flight.
 const DRAIN: Duration = Duration::from_secs(5);
@@ -117,20 +119,62 @@ impl Backend for Gone {
 }
 
 /// The listener thread: accepts connections, hands them out, advances the keep-alive timers.
+/// It sleeps in `epoll_wait` on its listening sockets and its inbox's eventfd until a host
+/// connects, a message comes or the next keep-alive tick is due.
 pub(super) struct ListenerThread {
-    pub(super) shared: Arc<Shared>,
-    pub(super) listeners: Vec<(u16, TcpListener)>,
-    pub(super) inbox: Receiver<ListenMsg>,
+    shared: Arc<Shared>,
+    listeners: Vec<(u16, TcpListener)>,
+    inbox: Receiver<ListenMsg>,
+    /// `None`: no epoll instance could be made; the thread naps [`LISTEN_NAP`] instead.
+    epoll: Option<Epoll>,
+    _waker: Arc<Waker>,
 }
 
+/// The nap of a listener thread without epoll between rounds that accepted nothing.
+const LISTEN_NAP: Duration = Duration::from_millis(1);
+
 impl ListenerThread {
+    pub(super) fn new(
+        shared: Arc<Shared>,
+        listeners: Vec<(u16, TcpListener)>,
+        inbox: Receiver<ListenMsg>,
+        waker: Arc<Waker>,
+    ) -> Self {
+        let epoll = Epoll::new().and_then(|ep| {
+            ep.add_edge(waker.fd())?;
+            for (_, l) in &listeners {
+                ep.add(l.as_raw_fd())?;
+            }
+            Ok(ep)
+        });
+        let epoll = epoll
+            .map_err(|e| log::warn!("listener thread: epoll: {e}; napping instead"))
+            .ok();
+        ListenerThread {
+            shared,
+            listeners,
+            inbox,
+            epoll,
+            _waker: waker,
+        }
+    }
+
     pub(super) fn run(mut self) {
         let mut next_id = 1u64;
         let mut last_tick = Instant::now();
         while !self.shared.stop.load(Ordering::Acquire) {
             while let Ok(m) = self.inbox.try_recv() {
                 match m {
-                    ListenMsg::Add(portid, sock) => self.listeners.push((portid, sock)),
+                    ListenMsg::Add(portid, sock) => {
+                        if let Some(ep) = &self.epoll {
+                            if let Err(e) = ep.add(sock.as_raw_fd()) {
+                                log::warn!("listener {portid}: epoll: {e}; napping instead");
+                                self.epoll = None;
+                            }
+                        }
+                        self.listeners.push((portid, sock));
+                    }
+                    // Closing the socket ends its watch.
                     ListenMsg::Remove(portid) => self.listeners.retain(|(p, _)| *p != portid),
                 }
             }
@@ -147,7 +191,15 @@ impl ListenerThread {
                 self.shared.close_everywhere(close);
             }
             if !accepted {
-                std::thread::sleep(LISTEN_NAP);
+                match &self.epoll {
+                    Some(ep) => {
+                        let next = TICK.saturating_sub(last_tick.elapsed());
+                        // Rounded up: a wake just before the tick would find nothing to do.
+                        let ms = next.as_micros().div_ceil(1000).clamp(1, i32::MAX as u128) as i32;
+                        ep.wait(ms);
+                    }
+                    None => std::thread::sleep(LISTEN_NAP),
+                }
             }
         }
     }
@@ -214,11 +266,13 @@ pub(super) struct Worker {
     pub(super) spin: Duration,
     /// Where an idle worker sleeps until a socket has data or a backend a completion
     /// (`None`: it naps instead).
-    pub(super) epoll: Option<crate::sys::Epoll>,
+    pub(super) epoll: Option<Epoll>,
     /// Backend descriptors in `epoll`.
     pub(super) watched: std::collections::HashSet<std::os::fd::RawFd>,
     /// Keeps the DMA mappings alive as long as the pool.
     pub(super) _dma: DmaContext,
+    /// The eventfd in `epoll` that messages and the stop signal.
+    pub(super) _waker: Arc<Waker>,
 }
 
 impl Worker {
