@@ -149,7 +149,7 @@ impl Guard {
     /// # Safety
     /// The range must be one mapping of this process that stays mapped until the guard is
     /// dropped, accessed only through raw pointers: on a SIGBUS inside it the handler replaces
-    /// it with other memory ([`replace_with_ones`]).
+    /// it with other memory (see the module docs).
     pub unsafe fn new(start: NonNull<u8>, len: usize) -> Option<Guard> {
         if let Err(e) = install() {
             log::warn!("cannot install vfpoll's SIGBUS handler ({e}): device mappings are unguarded");
