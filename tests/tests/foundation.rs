@@ -29,7 +29,9 @@ fn guest_claims_nvme_and_reads_cap_and_vs() {
     let c = Container::open(mode).expect("container");
     let dev = c.device(bdf(NVME_A)).expect("NVMe device");
     dev.enable_bus_master().expect("bus master");
-    let bar0 = dev.map_bar(0).expect("BAR0");
+    // SAFETY: the test writes only CC (enable, then a function reset) and rings no doorbell,
+    // so the controller fetches no command and starts no DMA.
+    let bar0 = unsafe { dev.map_bar(0) }.expect("BAR0");
     let cap = Cap(bar0.read64(off::CAP));
     let vs = Version(bar0.read32(off::VS));
     println!("{NVME_A}: CAP={cap:?} VS={vs}");
@@ -113,7 +115,8 @@ fn guest_hugepage_dma_and_ivshmem_bar_as_dma_target() {
     assert_eq!(&back, b"hello hugepage");
 
     // The ivshmem BAR2 (64 MiB) as a DMA target.
-    let bar2 = shm.map_bar(2).expect("ivshmem BAR2");
+    // SAFETY: ivshmem's BAR2 is shared memory, not registers: writes to it start no DMA.
+    let bar2 = unsafe { shm.map_bar(2) }.expect("ivshmem BAR2");
     assert_eq!(bar2.len(), 64 << 20);
     let bar_bus = shm.bar_bus_addr(2).expect("BAR2 bus address");
     // SAFETY: `bar2` is this process's mmap of the BAR and outlives the registration.

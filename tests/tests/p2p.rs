@@ -85,7 +85,8 @@ fn guest_nvme_reads_into_and_writes_from_the_ivshmem_bar() {
     let (a, dma) = Controller::open_first(&c, bdf(NVME_A), ControllerOptions::default()).unwrap();
     let _dma_back = DmaReturnCheck::new(&dma);
     let shm = c.device(bdf(IVSHMEM)).unwrap();
-    let bar = shm.map_bar(2).unwrap();
+    // SAFETY: ivshmem's BAR2 is shared memory, not registers: writes to it start no DMA.
+    let bar = unsafe { shm.map_bar(2) }.unwrap();
     // SAFETY: `bar` is this process's mapping of the BAR and outlives the registration (and
     // every piece of it below); the test reaches the BAR only through those pieces.
     let peer = unsafe { dma.register_peer_bar(bar.as_ptr(), bar.len() as u64, shm.bar_bus_addr(2).unwrap()) }

@@ -16,8 +16,9 @@
 //! per packet and writes each tail register once per burst. Works with VFIO in IOMMU (type1)
 //! and no-IOMMU mode alike: devices get bus addresses from [`vfpoll_dma::DmaRegion::bus_addr`].
 //!
-//! The only `unsafe` code is in the private `mem` module (descriptor rings, virtqueues and
-//! packet buffer access).
+//! The only `unsafe` code is in the private `mem` module (descriptor rings, virtqueues,
+//! packet buffer access, and mapping the BARs, which stay inside the crate because register
+//! writes can aim the device's DMA anywhere).
 //!
 //! ```no_run
 //! use vfpoll_nic::{Port, PortOptions};

@@ -7,6 +7,9 @@
 //! packet reaches its pool through a raw pointer that the pool's self-reference keeps valid
 //! (see `Packet::pool`).
 //!
+//! Device BARs are mapped here too ([`map_bar`]): a register write can start DMA to any bus
+//! address (a ring base), so the drivers keep the mappings to themselves.
+//!
 //! Virtqueues (the `virtio` driver) use the same memory type with 16- and 32-bit fields at
 //! checked, aligned byte offsets ([`RingMem::load16`], [`RingMem::store16`], [`RingMem::load32`]).
 //!
@@ -25,6 +28,14 @@ use crate::pool::{Packet, PoolShared};
 
 /// Size of one descriptor (82574 legacy and extended formats alike).
 pub(crate) const DESC_SIZE: usize = 16;
+
+/// Maps BAR `bar` of `device` for the driver's own register accesses.
+pub(crate) fn map_bar(device: &vfpoll_pci::vfio::Device, bar: u32) -> Result<vfpoll_pci::mmio::Mmio> {
+    // SAFETY: the mapping stays inside the crate (no public API returns it or a window of it);
+    // the drivers write into registers that take bus addresses only those of rings and packet
+    // buffers they allocated and keep mapped while the device runs.
+    Ok(unsafe { device.map_bar(bar) }?)
+}
 
 /// Orders earlier stores to DMA memory before a following MMIO store (the tail register).
 ///

@@ -20,11 +20,14 @@
 //! unmapped (see [`Slot::enter`] for why that suffices). Each slot carries its own controller's
 //! waits, written before its pointer is published.
 //!
-//! This is one of the crate's two `unsafe` modules (with `qmem`): signal handlers and raw BAR
-//! pointers that outlive Rust's view of them.
+//! This is one of the crate's `unsafe` modules (see the crate docs): signal handlers and raw
+//! BAR pointers that outlive Rust's view of them. A [`Registration`] holds a clone of the BAR0
+//! mapping it points into, so it is made safely.
 
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
+
+use vfpoll_pci::mmio::Mmio;
 
 use crate::regs::{off, Cap, Cc, Csts, Shutdown, ShutdownStatus};
 
@@ -161,18 +164,35 @@ static REGISTRY: [Slot; SLOTS] = [const { Slot::free() }; SLOTS];
 
 /// A controller's place in the registry; freed on drop.
 #[derive(Debug)]
-pub(crate) struct Registration(Option<&'static Slot>);
+pub(crate) struct Registration {
+    slot: Option<&'static Slot>,
+    /// The BAR0 mapping the slot points into, kept mapped until the slot is retired (fields
+    /// drop after `Drop::drop` has run).
+    _bar: Option<Mmio>,
+}
 
 impl Registration {
-    /// Records BAR0 at `bar` and the controller's shutdown limits for the signal handler.
-    ///
-    /// # Safety
-    /// `bar` must point to a mapping of BAR0 (at least 4 KiB) that stays mapped until the
-    /// registration is dropped.
-    pub(crate) unsafe fn new(bar: *mut u8, limits: ShutdownLimits) -> Self {
-        Self::in_table(&REGISTRY, bar, limits)
+    /// Records BAR0 `bar` and the controller's shutdown limits for the signal handler. The
+    /// registration holds the mapping until it is dropped; a window too small to hold CC and
+    /// CSTS is not registered.
+    pub(crate) fn new(bar: &Mmio, limits: ShutdownLimits) -> Self {
+        if bar.len() < off::CSTS + 4 {
+            log::warn!(
+                "BAR0 window of {:#x} bytes has no CC/CSTS: not shut down on a signal",
+                bar.len()
+            );
+            return Registration {
+                slot: None,
+                _bar: None,
+            };
+        }
+        let mut r = Self::in_table(&REGISTRY, bar.as_ptr(), limits);
+        r._bar = Some(bar.clone());
+        r
     }
 
+    /// Claims a slot of `table` for the BAR0 mapping at `bar` (which the caller keeps mapped,
+    /// at least up to CSTS, until the result is dropped).
     fn in_table(table: &'static [Slot], bar: *mut u8, limits: ShutdownLimits) -> Self {
         let ms = |d: Duration| d.as_millis().min(u32::MAX.into()) as u64;
         for slot in table {
@@ -186,17 +206,23 @@ impl Registration {
                 slot.limits_ms
                     .store(ms(limits.normal) << 32 | ms(limits.abrupt), Ordering::Relaxed);
                 slot.bar.store(bar, Ordering::SeqCst);
-                return Registration(Some(slot));
+                return Registration {
+                    slot: Some(slot),
+                    _bar: None,
+                };
             }
         }
         log::warn!("more than {SLOTS} controllers: this one is shut down on drop only, not on a signal");
-        Registration(None)
+        Registration {
+            slot: None,
+            _bar: None,
+        }
     }
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        if let Some(slot) = self.0 {
+        if let Some(slot) = self.slot {
             slot.retire();
         }
     }

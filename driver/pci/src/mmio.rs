@@ -4,6 +4,10 @@
 //! store of the register's width, at an offset that is checked against the mapping's length and
 //! the access's alignment. The check is always on: it costs a compare next to an uncached MMIO
 //! access that costs hundreds of cycles, and it keeps the API safe in release builds too.
+//!
+//! Accesses are memory-safe for this process, but a device register can take a bus address and
+//! start DMA there: that is why a window over a device's BAR comes only from the `unsafe`
+//! [`crate::vfio::Device::map_bar`], whose caller answers for what it writes.
 
 use std::fmt;
 use std::io;

@@ -170,7 +170,7 @@ impl E1000e {
         opts: &PortOptions,
     ) -> Result<(E1000e, E1000eRx, E1000eTx)> {
         device.enable_bus_master()?;
-        let bar = device.map_bar(0)?;
+        let bar = crate::mem::map_bar(&device, 0)?;
         let name = device.bdf().to_string();
         Self::bring_up(bar, name, Some(device), dma, pool, opts)
     }

@@ -205,7 +205,7 @@ impl Transport {
             let bar = match bars.iter().find(|(b, _)| *b == loc.bar) {
                 Some((_, m)) => m.clone(),
                 None => {
-                    let m = device.map_bar(loc.bar as u32)?;
+                    let m = crate::mem::map_bar(device, loc.bar as u32)?;
                     bars.push((loc.bar, m.clone()));
                     m
                 }

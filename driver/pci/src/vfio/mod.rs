@@ -761,7 +761,15 @@ impl Device {
     }
 
     /// Maps BAR `bar` (0..=5) whole and returns an MMIO accessor over it.
-    pub fn map_bar(&self, bar: u32) -> Result<Mmio, VfioError> {
+    ///
+    /// # Safety
+    /// The accessor writes device registers, and a register write can start DMA to any bus
+    /// address: an NVMe controller's ASQ/ACQ/CMBMSC, a NIC's ring base, an MSI-X table entry
+    /// all take one. The caller must only write values that aim the device at memory it owns
+    /// and has mapped for DMA for as long as the device may use it (device drivers do this in
+    /// the one module that programs the device, and hand out no writable view of the BAR).
+    /// Reads have side effects on some devices (read-to-clear registers) but no memory effects.
+    pub unsafe fn map_bar(&self, bar: u32) -> Result<Mmio, VfioError> {
         if bar > 5 {
             return Err(VfioError::Region {
                 bdf: self.bdf,

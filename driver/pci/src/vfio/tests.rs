@@ -201,7 +201,8 @@ fn bars_map_and_access_the_device_memory() {
     });
     let c = open(&b, IommuMode::Type1).unwrap();
     let d = c.device(SHM.parse().unwrap()).unwrap();
-    let bar0 = d.map_bar(0).unwrap();
+    // SAFETY: a fake device: its BAR is plain memory and starts no DMA.
+    let bar0 = unsafe { d.map_bar(0) }.unwrap();
     assert_eq!(bar0.len(), 0x4000);
     bar0.write32(0x1c, 0x1234_5678);
     let backing = b.k.with(|st| st.devices[SHM].bars[&0].clone());
@@ -213,13 +214,11 @@ fn bars_map_and_access_the_device_memory() {
     let r2 = d.region(2).unwrap();
     assert_eq!(r2.sparse, Some(vec![(0x8_0000, 0x8_0000)]));
     assert!(!r2.mappable());
-    assert!(d
-        .map_bar(2)
-        .unwrap_err()
-        .to_string()
-        .contains("cannot be mmapped"));
-    assert!(d.map_bar(1).unwrap_err().to_string().contains("does not exist"));
-    assert!(d.map_bar(7).unwrap_err().to_string().contains("not a BAR"));
+    // SAFETY: a fake device, and each call fails before mapping anything.
+    let err = |bar| unsafe { d.map_bar(bar) }.unwrap_err().to_string();
+    assert!(err(2).contains("cannot be mmapped"));
+    assert!(err(1).contains("does not exist"));
+    assert!(err(7).contains("not a BAR"));
 }
 
 #[test]
@@ -392,7 +391,8 @@ fn a_removal_request_reaches_the_watch_and_release_lets_the_device_go() {
     let c = open(&b, IommuMode::Type1).unwrap();
     let nvme = Arc::new(c.device(NVME.parse().unwrap()).unwrap());
     let _shm = c.device(SHM.parse().unwrap()).unwrap();
-    let bar = nvme.map_bar(0).unwrap();
+    // SAFETY: a fake device: its BAR is plain memory and starts no DMA.
+    let bar = unsafe { nvme.map_bar(0) }.unwrap();
     let doorbells = bar.window(0x1000, 0x100).unwrap();
     bar.write32(0x1c, 1);
 
@@ -452,7 +452,9 @@ fn a_removal_request_reaches_the_watch_and_release_lets_the_device_go() {
     let e = nvme.config_read_u16(pci_cfg::COMMAND).unwrap_err();
     assert!(matches!(e, VfioError::Released { .. }), "{e}");
     assert!(e.to_string().contains("was released"), "{e}");
-    assert!(matches!(nvme.map_bar(0), Err(VfioError::Released { .. })));
+    // SAFETY: the call fails (the device was released) and maps nothing.
+    let remap = unsafe { nvme.map_bar(0) };
+    assert!(matches!(remap, Err(VfioError::Released { .. })));
     assert!(nvme.enable_irqs(IrqIndex::REQ, 1).is_err());
     // Bus Master was cleared before the file was closed (no more DMA), and the group was
     // detached (another group keeps the container's IOMMU).
