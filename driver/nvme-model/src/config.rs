@@ -101,6 +101,9 @@ pub struct ModelConfig {
     pub rtd3e_us: u32,
     /// How shutdown notifications are answered.
     pub shutdown: ShutdownBehavior,
+    /// CAP.TO in units of 500 ms (1 ..= 255; default 10, 5 s): how long a host waits for
+    /// CSTS.RDY to follow CC.EN. Tests of controllers that never get ready set it low.
+    pub ready_timeout_500ms: u8,
 }
 
 impl Default for ModelConfig {
@@ -127,6 +130,7 @@ impl Default for ModelConfig {
             max_idle_sleep: Duration::from_micros(100),
             rtd3e_us: 0,
             shutdown: ShutdownBehavior::Complete,
+            ready_timeout_500ms: CAP_TO_500MS,
         }
     }
 }
@@ -138,7 +142,7 @@ pub(crate) const CAP_CSS_IOCS: u8 = 1 << 6;
 pub(crate) const CAP_CSS_ADMIN_ONLY: u8 = 1 << 7;
 
 /// CAP.TO: the model reacts to CC.EN within microseconds; 5 s leaves room for a loaded test host.
-const CAP_TO_500MS: u64 = 10;
+const CAP_TO_500MS: u8 = 10;
 
 impl ModelConfig {
     /// Checks the configuration, naming the first problem.
@@ -225,7 +229,7 @@ impl ModelConfig {
         let mqes = (self.max_queue_entries - 1) as u64;
         let css = CAP_CSS_NVM | CAP_CSS_IOCS | CAP_CSS_ADMIN_ONLY;
         mqes | 1 << 16
-            | CAP_TO_500MS << 24
+            | (self.ready_timeout_500ms.max(1) as u64) << 24
             | (self.dstrd as u64) << 32
             | (css as u64) << 37
             | (self.mps_max as u64) << 52

@@ -6,7 +6,7 @@
 //! it through [`Shared`] (stop flag, statistics, faults to arm, namespaces).
 
 use std::collections::BinaryHeap;
-use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -88,6 +88,15 @@ pub(crate) struct Shared {
     pub(crate) msix: Mutex<Vec<Arc<vfpoll_pci::vfio::EventFd>>>,
     /// Normal and abrupt shutdowns completed.
     pub(crate) shutdowns: [AtomicU64; 2],
+    /// CC.EN 1 → 0 transitions left to hang on (the controller stops, CSTS.RDY stays 1).
+    pub(crate) hang_disable: AtomicU32,
+    /// CC.EN 0 → 1 transitions left to hang on (CSTS.RDY never comes).
+    pub(crate) hang_enable: AtomicU32,
+    /// Function resets asked for through the handle, and done by the thread.
+    pub(crate) flr_asked: AtomicU64,
+    pub(crate) flr_done: AtomicU64,
+    /// Controller resets (CC.EN 1 → 0 that completed) and function resets done.
+    pub(crate) resets: [AtomicU64; 2],
 }
 
 /// Fault changes requested through the handle.
@@ -119,6 +128,9 @@ enum State {
     Running,
     /// CSTS.CFS = 1: nothing is processed until CC.EN is cleared.
     Failed,
+    /// Hung (an injected fault): nothing is processed, CSTS stays as it was, CC.EN is ignored;
+    /// only a function reset ends it.
+    Hung,
 }
 
 /// A completion held back until `due` (completion latency or a `Delay` fault).
@@ -315,6 +327,11 @@ impl Controller {
     pub(crate) fn run(mut self) {
         let mut idle = Idle::new(&self.cfg);
         while !self.shared.stop.load(Ordering::Relaxed) {
+            let asked = self.shared.flr_asked.load(Ordering::Acquire);
+            if asked != self.shared.flr_done.load(Ordering::Relaxed) {
+                self.function_reset();
+                self.shared.flr_done.store(asked, Ordering::Release);
+            }
             let mut busy = self.poll_cc();
             // A request made while the controller is not running is dropped.
             let fatal = &self.shared.fatal_now;
@@ -359,10 +376,23 @@ impl Controller {
             return false;
         }
         let old = std::mem::replace(&mut self.cc, cc);
+        if self.state == State::Hung {
+            return true;
+        }
         if old.enabled() && !cc.enabled() {
+            if take_one(&self.shared.hang_disable) {
+                self.state = State::Hung;
+                log::warn!("controller hangs on CC.EN 1 -> 0 (injected): CSTS.RDY stays 1");
+                return true;
+            }
             self.reset();
+            self.shared.resets[0].fetch_add(1, Ordering::Relaxed);
             log::debug!("controller reset (CC.EN 1 -> 0)");
         } else if !old.enabled() && cc.enabled() {
+            if take_one(&self.shared.hang_enable) {
+                log::warn!("controller never gets ready after CC.EN 0 -> 1 (injected)");
+                return true;
+            }
             self.enable(cc);
         }
         let shn = cc_shn(cc);
@@ -470,6 +500,20 @@ impl Controller {
         }
         self.state = State::Disabled;
         self.set_csts(0);
+    }
+
+    /// A PCI function reset (FLR through VFIO): the controller as after power-on, registers
+    /// included (CC, AQA, ASQ, ACQ zeroed; CAP and VS kept), a hang ended.
+    fn function_reset(&mut self) {
+        self.reset();
+        for reg in [off::CC, off::AQA, off::INTMS] {
+            self.bar.write32(reg, 0);
+        }
+        self.bar.write64(off::ASQ, 0);
+        self.bar.write64(off::ACQ, 0);
+        self.cc = Cc(0);
+        self.shared.resets[1].fetch_add(1, Ordering::Relaxed);
+        log::debug!("function reset");
     }
 
     pub(crate) fn default_features(&mut self) {
@@ -967,6 +1011,12 @@ impl Controller {
     pub(crate) fn nn(&self) -> u32 {
         self.ns.last().map_or(0, |n| n.nsid)
     }
+}
+
+/// Takes one from a fault counter; true if there was one.
+fn take_one(n: &AtomicU32) -> bool {
+    n.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| v.checked_sub(1))
+        .is_ok()
 }
 
 /// Marks the controller fatal if its thread panics, so a host polling CSTS notices at once.

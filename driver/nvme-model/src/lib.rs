@@ -225,6 +225,11 @@ impl NvmeModel {
             ns_changed: AtomicBool::new(false),
             msix: Mutex::new(Vec::new()),
             shutdowns: Default::default(),
+            hang_disable: Default::default(),
+            hang_enable: Default::default(),
+            flr_asked: Default::default(),
+            flr_done: Default::default(),
+            resets: Default::default(),
         });
         // Registers are in place before `start` returns: the host may read CAP at once.
         ctrl::init_registers(&bar0, &config);
@@ -309,6 +314,41 @@ impl NvmeModel {
     pub fn shutdowns(&self) -> (u64, u64) {
         let [n, a] = &self.shared.shutdowns;
         (n.load(Ordering::Relaxed), a.load(Ordering::Relaxed))
+    }
+
+    /// Makes the next `n` controller resets hang: at CC.EN 1 → 0 the controller stops
+    /// processing and CSTS.RDY stays 1, whatever the host writes to CC, until a function reset
+    /// ([`NvmeModel::function_reset`]).
+    pub fn hang_on_disable(&self, n: u32) {
+        self.shared.hang_disable.store(n, Ordering::Release);
+    }
+
+    /// Makes the next `n` enables (CC.EN 0 → 1) never set CSTS.RDY: a controller that does not
+    /// come back after a reset. Counted across function resets.
+    pub fn hang_on_enable(&self, n: u32) {
+        self.shared.hang_enable.store(n, Ordering::Release);
+    }
+
+    /// Resets the PCI function, as VFIO's device reset (FLR) does: the controller is back to
+    /// its power-on state (CC, AQA, ASQ, ACQ zeroed, no queues, CSTS = 0), a hang ended.
+    /// Returns once the controller thread has done it (within a second), or `false` if it is
+    /// not running.
+    pub fn function_reset(&self) -> bool {
+        let asked = self.shared.flr_asked.fetch_add(1, Ordering::AcqRel) + 1;
+        let start = std::time::Instant::now();
+        while self.shared.flr_done.load(Ordering::Acquire) < asked {
+            if start.elapsed() > std::time::Duration::from_secs(1) || self.thread.is_none() {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
+        true
+    }
+
+    /// Controller resets (CC.EN 1 → 0 that completed) and function resets so far.
+    pub fn resets(&self) -> (u64, u64) {
+        let [c, f] = &self.shared.resets;
+        (c.load(Ordering::Relaxed), f.load(Ordering::Relaxed))
     }
 
     /// Surprise removal: stops the controller thread and makes every register and doorbell of

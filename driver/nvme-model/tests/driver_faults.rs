@@ -299,7 +299,7 @@ fn dropped_completion_is_aborted_and_reported() {
 }
 
 #[test]
-fn dropped_completion_with_an_ignored_abort_fails_the_queue_pair_and_leaks_its_buffers() {
+fn dropped_completion_with_a_refused_abort_resets_the_controller_and_returns_the_buffers() {
     let mut fx = Fx::new(16);
     let mut pool = fx.rig.ctrl.dma().pool(4096, 8, PageSize::Base4K).unwrap();
     let mut qp = fx.rig.ctrl.create_qpair::<DmaBuf>(&qopts(16, T)).unwrap();
@@ -324,36 +324,35 @@ fn dropped_completion_with_an_ignored_abort_fails_the_queue_pair_and_leaks_its_b
         .map_err(|r| r.error)
         .unwrap();
     let done = wait_for(&mut qp, 2, HANG);
-    assert!(start.elapsed() >= 2 * T, "failed after {:?}", start.elapsed());
-    for d in &done {
+    assert!(start.elapsed() >= 2 * T, "reset after {:?}", start.elapsed());
+    for d in done {
         match &d.result {
-            Err(NvmeError::Failed(why)) => {
-                assert!(why.contains("did not complete even after an abort"), "{why}")
-            }
-            other => panic!("tag {}: expected the queue pair to fail, got {other:?}", d.tag),
+            Err(NvmeError::Reset { qid: q, .. }) => assert_eq!(*q, qid),
+            other => panic!("tag {}: expected the reset's error, got {other:?}", d.tag),
         }
-        assert!(
-            d.buf.is_none(),
-            "a buffer the device may still write must not come back"
-        );
+        // The controller was disabled before the reset's error: the buffer is safe to reuse.
+        pool.free(d.buf.expect("the buffer comes back with the reset's error"));
     }
-    assert_eq!(pool.available(), 6, "both buffers are leaked, not returned");
+    assert_eq!(pool.available(), 8, "nothing leaked");
     let st = qp.stats();
-    assert_eq!((st.aborts, st.errors, st.completions), (2, 2, 0));
-    assert_eq!(fx.rig.model.stats().admin_commands(adm::ABORT), 2);
-    // The failed queue pair refuses more work and hands the buffer back.
-    let b = pool.alloc().unwrap();
-    let r = qp.read(1, 0, b, 3).unwrap_err();
-    assert!(matches!(r.error, NvmeError::Failed(_)), "{:?}", r.error);
-    pool.free(r.buf);
-    let start = Instant::now();
-    drop(qp);
-    assert!(
-        start.elapsed() < PROMPT,
-        "dropping a failed queue pair took {:?}",
-        start.elapsed()
+    assert_eq!(
+        (st.aborts, st.errors, st.completions, st.resets, st.reset_errors),
+        (2, 2, 0, 1, 2)
     );
-    std::mem::forget(pool); // its buffers are out: it would leak its region anyway
+    assert_eq!(fx.rig.model.stats().admin_commands(adm::ABORT), 2);
+    // The same queue pair works on.
+    let b = pool.alloc().unwrap();
+    qp.read(1, 2000, b, 3).map_err(|r| r.error).unwrap();
+    let r = wait_for(&mut qp, 1, HANG).pop().unwrap();
+    r.result.expect("a read after the reset");
+    let b = r.buf.unwrap();
+    let mut got = vec![0; 4096];
+    pool.read(&b, 0, &mut got).unwrap();
+    assert_eq!(got, d, "the write the model executed before the reset");
+    pool.free(b);
+    assert_eq!(fx.rig.ctrl.resets(), (1, 0));
+    fx.rig.model.clear_faults();
+    drop(qp);
     fx.shadow.write(2000, &d); // executed by the model, completion dropped
     fx.rig.ctrl.smart_log().expect("admin still works");
     fx.check_clean();
@@ -361,7 +360,7 @@ fn dropped_completion_with_an_ignored_abort_fails_the_queue_pair_and_leaks_its_b
 }
 
 #[test]
-fn controller_fatal_fails_every_request_and_later_admin_commands() {
+fn controller_fatal_resets_and_hands_every_request_back() {
     let mut fx = Fx::new(16);
     let (b, d) = fx.data_buf(11, 8);
     sync(&mut fx.qp, |q, b| q.write(1, 50, b, 0), b)
@@ -373,51 +372,50 @@ fn controller_fatal_fails_every_request_and_later_admin_commands() {
             .on_sq(fx.qid())
             .opcode(io::WRITE),
     );
-    let (b, _) = fx.data_buf(12, 8);
+    let (b, wd) = fx.data_buf(12, 8);
     let r1 = region_buf(&fx.rig.ctrl, 0, &[0xee; 4096]);
-    // The failed queue pair keeps (leaks) this buffer, so no safe handle will reach it again:
-    // its address is the only way to look.
-    let r1_ptr = r1.as_ptr();
+    let start = Instant::now();
     fx.qp.write(1, 60, b, 1).map_err(|r| r.error).unwrap();
     fx.qp.read(1, 0, r1, 2).map_err(|r| r.error).unwrap();
     fx.qp.read(1, 8, fx.empty_buf(8), 3).map_err(|r| r.error).unwrap();
-    let done = wait_for(&mut fx.qp, 3, HANG);
+    let mut done = wait_for(&mut fx.qp, 3, HANG);
+    let took = start.elapsed();
+    assert!(took < PROMPT, "CFS to the reset's errors: {took:?}");
+    done.sort_by_key(|d| d.tag);
     for d in &done {
-        match &d.result {
-            Err(NvmeError::Failed(why)) => assert!(why.contains("fatal status (CSTS.CFS"), "{why}"),
-            other => panic!("tag {}: expected a failure, got {other:?}", d.tag),
-        }
-        assert!(d.buf.is_none());
+        assert!(
+            matches!(d.result, Err(NvmeError::Reset { .. })),
+            "tag {}: {:?}",
+            d.tag,
+            d.result
+        );
     }
-    assert!(fx.rig.ctrl.status().fatal());
-    assert!(
-        matches!(fx.rig.ctrl.smart_log(), Err(NvmeError::ControllerFatal { .. })),
-        "admin after CFS"
+    // Nothing after the fatal command ran: the read buffers come back untouched.
+    assert_eq!(
+        contents(done[0].buf.as_ref().unwrap()),
+        wd,
+        "the write's own data"
     );
-    assert!(fx.rig.ctrl.create_qpair::<RegionBuf>(&qopts(4, T)).is_err());
-    let r = fx.qp.flush(1, 4).unwrap_err();
-    assert!(matches!(r, NvmeError::Failed(_)), "{r:?}");
-    // Nothing after the fatal command ran: the read buffer is untouched, the write not done.
-    let mut got = vec![0; 4096];
-    // SAFETY: the queue pair leaked the buffer (`d.buf` is `None` above), so its region stays
-    // allocated and mapped for the rest of the process; the controller is fatal and the queue
-    // pair failed, so nothing writes it any more, and no reference points into it.
-    unsafe { std::ptr::copy_nonoverlapping(r1_ptr, got.as_mut_ptr(), got.len()) };
-    assert_eq!(got, vec![0xee; 4096]);
+    assert_eq!(contents(done[1].buf.as_ref().unwrap()), vec![0xee; 4096]);
+    assert_eq!(contents(done[2].buf.as_ref().unwrap()), vec![0xee; 4096]);
+    fx.rig.ctrl.smart_log().expect("admin after the reset");
+    assert!(!fx.rig.ctrl.status().fatal(), "the reset cleared CFS");
+    assert_eq!(fx.rig.ctrl.resets(), (1, 0));
+    assert_eq!(fx.rig.ctrl.failed(), None);
+    assert_eq!(
+        fx.qp.stats().aborts,
+        0,
+        "CFS is noticed without waiting for a timeout"
+    );
+    // The same queue pair, with its queues re-created under the same id, and a new one work.
+    usable(&mut fx.qp, &mut fx.shadow, &fx.rig);
+    assert_eq!(fx.qp.stats().resets, 1);
     fx.check_clean();
-    // Tear-down does not hang, and resets the controller (CC.EN = 0 clears CFS).
-    let Fx { qp, rig, .. } = fx;
-    let start = Instant::now();
-    drop(qp);
-    let Rig { ctrl, model, .. } = rig;
-    drop(ctrl);
-    assert!(start.elapsed() < PROMPT, "tear-down took {:?}", start.elapsed());
-    let csts = model.bar0().read32(vfpoll_nvme::regs::off::CSTS);
-    assert_eq!(csts & 3, 0, "CSTS {csts:#x} after tear-down");
+    fx.check_usable();
 }
 
 #[test]
-fn controller_fatal_while_idle_fails_the_next_request() {
+fn controller_fatal_while_idle_is_reset_and_the_queue_pair_goes_on() {
     let mut fx = Fx::new(16);
     fx.rig.model.set_fatal();
     let start = Instant::now();
@@ -425,17 +423,14 @@ fn controller_fatal_while_idle_fails_the_next_request() {
         assert!(start.elapsed() < HANG);
         std::thread::sleep(Duration::from_millis(1));
     }
+    // Submitted to the fatal controller (the doorbell rings before anyone noticed CFS): it
+    // comes back with the reset's error.
     fx.qp.read(1, 0, fx.empty_buf(1), 1).map_err(|r| r.error).unwrap();
     let d = wait_for(&mut fx.qp, 1, HANG).pop().unwrap();
-    match &d.result {
-        Err(NvmeError::Failed(why)) => assert!(why.contains("fatal status (CSTS.CFS"), "{why}"),
-        other => panic!("expected a failure, got {other:?}"),
-    }
-    assert_eq!(
-        fx.qp.stats().aborts,
-        0,
-        "CFS is noticed without waiting for a timeout"
-    );
+    assert!(matches!(d.result, Err(NvmeError::Reset { .. })), "{:?}", d.result);
+    assert!(d.buf.is_some());
+    assert_eq!(fx.qp.stats().aborts, 0);
+    usable(&mut fx.qp, &mut fx.shadow, &fx.rig);
     fx.check_clean();
 }
 
@@ -478,7 +473,7 @@ fn bogus_command_id_is_counted_and_its_command_times_out() {
 fn wrong_phase_completion_is_not_consumed() {
     let mut fx = Fx::new(4);
     // Before and after the completion queue wrapped (its phase tag flipped).
-    for warm in [0, 5] {
+    for (n, warm) in [0, 5].into_iter().enumerate() {
         let mut qp = fx.rig.ctrl.create_qpair::<RegionBuf>(&qopts(4, T)).unwrap();
         for i in 0..warm {
             sync(&mut qp, |q, b| q.read(1, i, b, 0), fx.empty_buf(1))
@@ -488,17 +483,20 @@ fn wrong_phase_completion_is_not_consumed() {
         fx.rig
             .model
             .inject(Fault::new(FaultKind::WrongPhase).on_sq(qp.qid()));
-        let after = fx.empty_buf(1);
-        // The queue pair will keep (leak) this buffer, so no safe handle will reach it again:
-        // its address is the only way to look.
-        let after_ptr = after.as_ptr();
         qp.read(1, 32, fx.empty_buf(1), 1).map_err(|r| r.error).unwrap();
-        qp.read(1, 40, after, 2).map_err(|r| r.error).unwrap();
+        qp.read(1, 40, fx.empty_buf(1), 2).map_err(|r| r.error).unwrap();
         expect_quiet(&mut qp, T / 4);
         assert_eq!(qp.stats().completions, warm);
+        // Both time out, their aborts change nothing (the CQ is stalled), and the reset one
+        // timeout later hands them back.
         let done = wait_for(&mut qp, 2, HANG);
         for d in &done {
-            assert!(d.result.is_err(), "tag {}: {:?}", d.tag, d.result);
+            assert!(
+                matches!(d.result, Err(NvmeError::Reset { .. })),
+                "tag {}: {:?}",
+                d.tag,
+                d.result
+            );
         }
         assert_eq!(
             qp.stats().completions,
@@ -510,13 +508,15 @@ fn wrong_phase_completion_is_not_consumed() {
             .iter()
             .find(|d| d.tag == 2)
             .expect("the second read is reported");
-        assert!(second.buf.is_none(), "the queue pair leaks the buffer");
-        let mut got = vec![0; 512];
-        // SAFETY: the queue pair leaked the buffer (checked just above), so its region stays
-        // allocated and mapped for the rest of the process; the queue pair gave up the command,
-        // which the controller never ran, so nothing writes it, and no reference points into it.
-        unsafe { std::ptr::copy_nonoverlapping(after_ptr, got.as_mut_ptr(), got.len()) };
-        assert_eq!(got, vec![0xee; 512]);
+        assert_eq!(
+            contents(second.buf.as_ref().expect("handed back")),
+            vec![0xee; 512]
+        );
+        // The queue pair works again.
+        let d = sync(&mut qp, |q, b| q.read(1, 40, b, 3), fx.empty_buf(1));
+        d.result.expect("a read after the reset");
+        assert_eq!(fx.rig.ctrl.resets().0, n as u64 + 1);
+        assert_eq!(contents(d.buf.as_ref().unwrap()), fx.shadow.get(40, 512));
     }
     fx.check_clean();
     fx.check_usable();

@@ -7,11 +7,11 @@
 //!
 //! For every case: nothing panics; every accepted request completes exactly once, with the
 //! status the controller gave (success, the injected status, Command Abort Requested for a lost
-//! completion) or, after an unrecoverable fault, with the queue pair failed; its buffers come
-//! back (except after that failure, where they are leaked on purpose, and a later submission is
-//! refused with its buffer back); `QpairStats` counts the requests, errors and bogus completions
-//! (one per duplicate and per bogus id); reads return what the namespace holds; and what was
-//! written successfully reads back through a fresh queue pair at the end.
+//! completion) or, after an unrecoverable fault (a command stuck even after its abort), with
+//! the controller reset ([`NvmeError::Reset`]); its buffers come back, the reset's included;
+//! the same queue pair works after the reset; `QpairStats` counts the requests, errors and
+//! bogus completions (one per duplicate and per bogus id); reads return what the namespace
+//! holds; and what was written successfully reads back through a fresh queue pair at the end.
 //!
 //! Bounded: each case runs on a fresh model (milliseconds to start) with the queue pair timeout
 //! [`T`] of 150 ms. 48 cases without lost completions or killers take tens of milliseconds
@@ -308,10 +308,10 @@ fn run_batch(
 }
 
 /// Checks each completion of a batch against its fate, in submission order (the order the model
-/// executed the commands in), and updates what is known of the namespace. `failed`: the queue
-/// pair failed in this batch (a request may end so); `spurious`: commands without a fault may
-/// have timed out on a stalled machine and been aborted. Returns the errors seen, and whether
-/// the queue pair failed.
+/// executed the commands in), and updates what is known of the namespace. `failed`: the
+/// controller may have been reset in this batch (a request may end so); `spurious`: commands
+/// without a fault may have timed out on a stalled machine and been aborted. Returns the errors
+/// seen, and whether a request ended with the reset.
 fn check_batch(
     sent: &[Sent],
     done: &mut Completions,
@@ -325,11 +325,16 @@ fn check_batch(
         let what = format!("tag {} ({:?}, killer {:?})", s.tag, s.op, s.killer);
         errors += d.result.is_err() as u64;
         prop_assert!(d.meta.is_none(), "{}: no metadata buffer was given", what);
-        if let Err(NvmeError::Failed(why)) = &d.result {
-            prop_assert!(failed || spurious, "{}: the queue pair failed: {}", what, why);
-            prop_assert!(
-                d.buf.is_none(),
-                "{}: a buffer the device may still write came back",
+        if let Err(e @ NvmeError::Reset { .. }) = &d.result {
+            prop_assert!(failed || spurious, "{}: a reset nothing called for: {}", what, e);
+            let buf = d
+                .buf
+                .as_ref()
+                .expect("the buffer comes back with the reset's error");
+            prop_assert_eq!(
+                (buf.bus_addr(0), buf.len()),
+                s.buf,
+                "{}: another buffer came back",
                 what
             );
             dead = true;
@@ -340,7 +345,7 @@ fn check_batch(
         }
         prop_assert!(
             s.killer.is_none(),
-            "{}: ended {:?}, not with the queue pair failed",
+            "{}: ended {:?}, not with the controller reset",
             what,
             d.result
         );
@@ -437,19 +442,20 @@ fn run_case(case: &Case) -> Result<(), TestCaseError> {
         prop_assert_eq!(st.bogus_completions, bogus, "{:?}", st);
         prop_assert_eq!((st.requests, st.errors), (requests, errors), "{:?}", st);
         prop_assert_eq!(qp.outstanding(), 0);
-        if failed {
-            // After a killer; or after commands timed out twice on a stalled machine.
-            dead = true;
-            break;
-        }
+        // After a killer, or after commands timed out twice on a stalled machine: a reset.
+        dead |= failed;
     }
     if dead {
-        // A failed queue pair refuses more work and gives the buffer back.
-        let b = region_buf(&rig.ctrl, 0, &[0; LBA]);
-        let at = b.bus_addr(0);
-        let r = qp.read(1, 0, b, u64::MAX).expect_err("refused");
-        prop_assert!(matches!(r.error, NvmeError::Failed(_)), "{:?}", r.error);
-        prop_assert_eq!(r.buf.bus_addr(0), at);
+        // The same queue pair goes on after the reset.
+        prop_assert_eq!(qp.failed(), None);
+        let d = sync(
+            &mut qp,
+            |q, b| q.read(1, 0, b, u64::MAX),
+            region_buf(&rig.ctrl, 0, &[0; LBA]),
+        );
+        prop_assert!(d.result.is_ok(), "read after the reset: {:?}", d.result);
+        prop_assert!(rig.ctrl.resets().0 >= 1);
+        known.check(0, &contents(&d.buf.expect("buffer back")), "read after the reset")?;
     }
     drop(qp);
     // What was written successfully reads back, through a fresh queue pair.

@@ -1,5 +1,10 @@
 //! The admin queue (NVMe Base 2.0 §3.3.1.1): one command at a time, polled to completion with a
 //! deadline. Admin commands are control path; the controller serialises them behind a mutex.
+//!
+//! Besides: commands submitted without waiting ([`AdminQueue::submit`], collected later with
+//! [`AdminQueue::take`]), for callers that must not block, such as a polling thread that asks
+//! for an Abort or re-creates its queues after a controller reset; whoever next holds the queue
+//! reaps their completions, and they stay until taken.
 
 use std::time::{Duration, Instant};
 
@@ -63,6 +68,8 @@ pub(crate) struct AdminQueue {
     events: Vec<u16>,
     /// Completed Asynchronous Event Requests not handled yet.
     fired: Vec<Completion>,
+    /// Commands submitted without waiting, until taken.
+    pending: Vec<Pending>,
     dma: DmaContext,
     page_size: PageSize,
 }
@@ -77,6 +84,26 @@ impl std::fmt::Debug for AdminQueue {
             self.quarantine.len()
         )
     }
+}
+
+/// A command submitted with [`AdminQueue::submit`].
+#[derive(Debug)]
+struct Pending {
+    cid: u16,
+    opcode: u8,
+    since: Instant,
+    done: Option<Completion>,
+}
+
+/// What became of a command submitted with [`AdminQueue::submit`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Taken {
+    /// It completed (with whatever status); it is forgotten now.
+    Done(Completion),
+    /// Still running, submitted this long ago.
+    Running(Duration),
+    /// Unknown: never submitted, or lost in a controller reset.
+    Lost,
 }
 
 /// Command ids from here up belong to Asynchronous Event Requests, which stay outstanding
@@ -137,6 +164,7 @@ impl AdminQueue {
             quarantine: Vec::new(),
             events: Vec::new(),
             fired: Vec::new(),
+            pending: Vec::new(),
             dma: dma.clone(),
             page_size,
         };
@@ -172,6 +200,11 @@ impl AdminQueue {
         // nothing better to do than abort the leak with the region still owned.
         dma.alloc_region(PAGE, page_size)
             .expect("a page for the leaked admin queue's placeholder")
+    }
+
+    /// Entries of each of the two queues.
+    pub(crate) fn entries(&self) -> u16 {
+        self.ring.entries
     }
 
     /// Copies the first `dst.len()` bytes of the data buffer out.
@@ -233,8 +266,7 @@ impl AdminQueue {
             let (p1, p2) = prp::build(start, len, PAGE, |i| pages[i], &mut list)?;
             cmd.set_data_ptr(DataPtr::prp(p1, p2));
         }
-        let cid = self.next_cid;
-        self.next_cid = (self.next_cid + 1) % EVENT_CIDS;
+        let cid = self.take_cid();
         cmd.set_cid(cid);
         self.ring.push(&mut self.mem, &cmd.to_words());
         self.ring.ring_sq();
@@ -274,6 +306,92 @@ impl AdminQueue {
         }
     }
 
+    /// The next command id, skipping those of commands still running without a waiter.
+    fn take_cid(&mut self) -> u16 {
+        loop {
+            let cid = self.next_cid;
+            self.next_cid = (self.next_cid + 1) % EVENT_CIDS;
+            if !self.pending.iter().any(|p| p.cid == cid) {
+                return cid;
+            }
+        }
+    }
+
+    /// Submits `cmd` (which moves no data through the admin data buffer) without waiting for
+    /// it; returns its command id for [`AdminQueue::take`]. Same contract as
+    /// [`AdminQueue::exec`] with [`DataDir::None`].
+    pub(crate) fn submit(&mut self, op: &'static str, mut cmd: Command) -> Result<u16> {
+        if self.ring.sq_used() + 1 >= self.ring.entries {
+            return Err(NvmeError::Failed(format!(
+                "{op}: the admin submission queue is full; the controller must be reset"
+            )));
+        }
+        let cid = self.take_cid();
+        cmd.set_cid(cid);
+        self.ring.push(&mut self.mem, &cmd.to_words());
+        self.ring.ring_sq();
+        self.pending.push(Pending {
+            cid,
+            opcode: cmd.opcode(),
+            since: Instant::now(),
+            done: None,
+        });
+        Ok(cid)
+    }
+
+    /// Reaps what completed, then says what became of command `cid` (submitted with
+    /// [`AdminQueue::submit`]); a completed one is forgotten.
+    pub(crate) fn take(&mut self, cid: u16) -> Taken {
+        self.reap();
+        let Some(i) = self.pending.iter().position(|p| p.cid == cid) else {
+            return Taken::Lost;
+        };
+        match self.pending[i].done {
+            Some(c) => {
+                self.pending.swap_remove(i);
+                Taken::Done(c)
+            }
+            None => Taken::Running(self.pending[i].since.elapsed()),
+        }
+    }
+
+    /// Stops tracking command `cid` (it timed out: a late completion is logged and dropped).
+    pub(crate) fn forget(&mut self, cid: u16) {
+        self.pending.retain(|p| p.cid != cid);
+    }
+
+    /// Aborts submitted and not completed: at most ACL + 1 may run at once (NVMe Base 2.0
+    /// §5.1, Identify Controller ACL).
+    pub(crate) fn aborts_running(&self) -> usize {
+        self.pending
+            .iter()
+            .filter(|p| p.opcode == crate::cmd::admin_op::ABORT && p.done.is_none())
+            .count()
+    }
+
+    /// Consumes every completion posted, without waiting.
+    fn reap(&mut self) {
+        while let Some(c) = self.ring.pop(&self.mem) {
+            self.ring.ring_cq();
+            self.late(c);
+        }
+    }
+
+    /// The queue as new, for a controller that was reset (disabled: it no longer touches this
+    /// memory): entries zeroed, ring state reset, every command forgotten (their waiters see
+    /// [`Taken::Lost`]), quarantined buffers freed. Returns the bus addresses for ASQ and ACQ.
+    pub(crate) fn reinit(&mut self) -> (BusAddr, BusAddr) {
+        let len = self.mem.region().len();
+        self.mem.zero(0, len);
+        self.ring.reset();
+        self.events.clear();
+        self.fired.clear();
+        self.pending.clear();
+        self.quarantine.clear();
+        let sq = (self.ring.entries as usize * SQE_SIZE).next_multiple_of(PAGE);
+        (self.mem.bus(0), self.mem.bus(sq))
+    }
+
     /// Submits an Asynchronous Event Request (NVMe Base 2.0 §5.2) without waiting: it
     /// completes when the controller has an event to report.
     pub(crate) fn arm_event(&mut self) -> Result<()> {
@@ -296,10 +414,7 @@ impl AdminQueue {
     /// Reaps what completed without waiting, and returns the Asynchronous Event Requests that
     /// fired since the last call (each must be re-armed by the caller).
     pub(crate) fn poll_events(&mut self) -> Vec<Completion> {
-        while let Some(c) = self.ring.pop(&self.mem) {
-            self.ring.ring_cq();
-            self.late(c);
-        }
+        self.reap();
         std::mem::take(&mut self.fired)
     }
 
@@ -316,6 +431,14 @@ impl AdminQueue {
                 // Aborted (e.g. at shutdown) or refused: not an event.
                 log::debug!("asynchronous event request ended: {}", c.status());
             }
+            return;
+        }
+        if let Some(p) = self
+            .pending
+            .iter_mut()
+            .find(|p| p.cid == c.cid && p.done.is_none())
+        {
+            p.done = Some(c);
             return;
         }
         log::warn!("admin queue: late completion of a timed-out command {c:?}");

@@ -114,6 +114,15 @@ impl Drop for CmbSlice {
     }
 }
 
+impl Cmb {
+    /// Programs CMBMSC again after a controller reset, which clears it (NVMe Base 2.0
+    /// §3.1.3.15): the same address, so mappings and queues in the CMB stay valid.
+    pub(crate) fn reprogram(&self, bar: &vfpoll_pci::mmio::Mmio) {
+        bar.write64(off::CMBMSC, CMBMSC_CRE);
+        bar.write64(off::CMBMSC, self.bus.get() | CMBMSC_CMSE | CMBMSC_CRE);
+    }
+}
+
 impl Controller {
     /// Enables the controller memory buffer (once; later calls return the same) and maps it.
     ///
@@ -146,7 +155,7 @@ impl Controller {
         }
         let unit = 1u64 << (12 + 4 * ((sz.0 >> 8) & 0xf));
         let offset = loc.offset_units() * unit;
-        let whole = crate::regs::map_bar(dev, loc.bir())?;
+        let whole = dev.map_bar(loc.bir())?;
         let mmio = whole.window(offset as usize, size as usize).map_err(|e| {
             NvmeError::Unsupported(format!(
                 "CMB of {size:#x} bytes at {offset:#x} does not fit BAR{}: {e}",

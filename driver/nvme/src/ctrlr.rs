@@ -6,7 +6,7 @@
 //! the controller down cleanly (CC.SHN, waits for CSTS.SHST).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use vfpoll_dma::{DmaContext, PageSize};
@@ -23,6 +23,7 @@ use crate::namespace::{read_namespace, zasl_of};
 pub use crate::namespace::{FormatOptions, Namespace};
 use crate::qmem::ShadowPages;
 use crate::regs::{self, off, Cap, Cc, Csts, Shutdown, ShutdownStatus, Version};
+use crate::reset::{FunctionReset, ResetPolicy, ResetState};
 use crate::signal::{Registration, ShutdownKind, ShutdownLimits};
 
 /// The memory page size vfpoll programs into CC.MPS.
@@ -47,6 +48,8 @@ pub struct ControllerOptions {
     /// controllers save most of their MMIO exits this way. Applies to every I/O queue pair of
     /// the controller (a controller with the buffer configured reads doorbells from it).
     pub shadow_doorbells: bool,
+    /// When controller resets are given up on (back-off, storm bound, failed attempts).
+    pub reset: ResetPolicy,
 }
 
 impl Default for ControllerOptions {
@@ -57,6 +60,7 @@ impl Default for ControllerOptions {
             admin_timeout: Duration::from_secs(10),
             io_queues: 64,
             shadow_doorbells: true,
+            reset: ResetPolicy::default(),
         }
     }
 }
@@ -95,7 +99,17 @@ pub(crate) struct Shared {
     pub(crate) shadow: Option<Arc<ShadowPages>>,
     /// Interrupt vectors, once an interrupt-mode queue pair asked for them (`qpair/wait.rs`).
     pub(crate) vectors: Mutex<Option<Arc<crate::qpair::Vectors>>>,
-    device: Option<Device>,
+    /// Resets: the epoch queue pairs compare, failure, history (`reset.rs`).
+    pub(crate) reset: ResetState,
+    /// The Asynchronous Event Configuration set at bring-up (re-applied after a reset).
+    pub(crate) aen_config: Option<u32>,
+    /// Features set through `Controller::set_feature`, re-applied after a reset.
+    pub(crate) features: Mutex<Vec<(u8, u32)>>,
+    /// A function reset for controllers VFIO did not open.
+    pub(crate) function_reset: Mutex<Option<FunctionReset>>,
+    /// This `Shared`, for the recovery thread.
+    pub(crate) me: Weak<Shared>,
+    pub(crate) device: Option<Device>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -126,7 +140,12 @@ fn csts(bar: &Mmio) -> Csts {
 }
 
 /// Polls CSTS until `done` holds or CAP.TO passes.
-fn wait_csts(bar: &Mmio, cap: Cap, step: &'static str, done: impl FnMut(Csts) -> bool) -> Result<()> {
+pub(crate) fn wait_csts(
+    bar: &Mmio,
+    cap: Cap,
+    step: &'static str,
+    done: impl FnMut(Csts) -> bool,
+) -> Result<()> {
     wait_csts_for(bar, Duration::from_millis(cap.timeout_ms().max(500)), step, done)
 }
 
@@ -202,7 +221,7 @@ impl Controller {
             )));
         }
         device.enable_bus_master()?;
-        let bar = crate::regs::map_bar(&device, 0)?;
+        let bar = device.map_bar(0)?;
         Self::bring_up(bar, dma, opts, Some(device))
     }
 
@@ -362,6 +381,7 @@ impl Controller {
         // Namespace Attribute Notices (§5.2, §5.27.1.7): one Asynchronous Event Request stays
         // outstanding, so a format or a namespace change elsewhere in the subsystem reaches
         // `process_events`.
+        let mut aen_config = None;
         if identify.namespace_attribute_notices() {
             let cmd = Command::set_features(feature::ASYNC_EVENT_CONFIG, 1 << 8);
             match admin.exec(
@@ -371,7 +391,10 @@ impl Controller {
                 &[],
                 &mut || check_csts(&bar),
             ) {
-                Ok(_) => admin.arm_event()?,
+                Ok(_) => {
+                    admin.arm_event()?;
+                    aen_config = Some(1 << 8);
+                }
                 Err(e @ NvmeError::Status { .. }) => log::warn!("namespace attribute notices not used: {e}"),
                 Err(e) => return Err(e),
             }
@@ -379,9 +402,11 @@ impl Controller {
 
         let admin = guard.admin.take().expect("still there");
         let shutdown_limits = ShutdownLimits::new(cap, identify.rtd3e);
-        let registration = Registration::new(&bar, shutdown_limits);
+        // SAFETY: `bar` moves into the `Shared` that owns the registration, which is dropped
+        // first in `Shared::drop`, so the mapping outlives it.
+        let registration = unsafe { Registration::new(bar.as_ptr(), shutdown_limits) };
         Ok(Controller {
-            shared: Arc::new(Shared {
+            shared: Arc::new_cyclic(|me| Shared {
                 bar,
                 cap,
                 version,
@@ -401,6 +426,11 @@ impl Controller {
                 cmb: Mutex::new(None),
                 registration: Mutex::new(Some(registration)),
                 shutdown_limits,
+                reset: ResetState::default(),
+                aen_config,
+                features: Mutex::new(Vec::new()),
+                function_reset: Mutex::new(None),
+                me: me.clone(),
                 device,
             }),
         })
@@ -454,24 +484,9 @@ impl Controller {
         self.shared.shadow.is_some()
     }
 
-    /// The VFIO device, when opened through VFIO. Crate-private: the device could map BAR0
-    /// writable or reset the function under the driver.
-    pub(crate) fn device(&self) -> Option<&Device> {
+    /// The VFIO device, when opened through VFIO.
+    pub fn device(&self) -> Option<&Device> {
         self.shared.device.as_ref()
-    }
-
-    /// The PCI address, when opened through VFIO.
-    pub fn bdf(&self) -> Option<Bdf> {
-        self.device().map(Device::bdf)
-    }
-
-    /// The interrupts the controller offers at VFIO index `index` (MSI-X, MSI, INTx), when
-    /// opened through VFIO (`None` otherwise).
-    pub fn irq_info(&self, index: vfpoll_pci::vfio::IrqIndex) -> Result<Option<vfpoll_pci::vfio::IrqInfo>> {
-        self.device()
-            .map(|d| d.irq_info(index))
-            .transpose()
-            .map_err(NvmeError::from)
     }
 
     /// The DMA context the controller allocates from.
@@ -548,7 +563,7 @@ impl Controller {
                 "Number of Queues can only be set before the controller's first I/O queue (bring-up does it: ControllerOptions::io_queues)".into(),
             ));
         }
-        Ok(self
+        let dw0 = self
             .shared
             .admin_exec(
                 "Set Features",
@@ -557,7 +572,12 @@ impl Controller {
                 &[],
             )?
             .0
-            .dw0)
+            .dw0;
+        // Kept for a reset, which reverts features to their defaults (§3.7.2).
+        let mut kept = self.shared.features.lock().unwrap_or_else(|e| e.into_inner());
+        kept.retain(|&(f, _)| f != fid);
+        kept.push((fid, dw11));
+        Ok(dw0)
     }
 
     /// Turns the volatile write cache on or off (Set Features 06h).
@@ -640,7 +660,7 @@ impl Shared {
         }
     }
 
-    fn admin_lock(&self) -> MutexGuard<'_, Option<AdminQueue>> {
+    pub(crate) fn admin_lock(&self) -> MutexGuard<'_, Option<AdminQueue>> {
         self.admin.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -651,22 +671,57 @@ impl Shared {
         dir: DataDir,
         data: &[u8],
     ) -> Result<(Completion, Vec<u8>)> {
-        let mut guard = self.admin_lock();
-        let q = guard
-            .as_mut()
-            .ok_or_else(|| NvmeError::Failed("the admin queue was lost in a failed shutdown".into()))?;
         let op = if op == "admin command" {
             crate::admin::name_of(cmd.opcode())
         } else {
             op
         };
-        let c = q.exec(op, cmd, dir, data, &mut || check_csts(&self.bar))?;
-        let mut out = Vec::new();
-        if let DataDir::FromDevice(n) = dir {
-            out.resize(n, 0);
-            q.read_data(&mut out);
+        self.with_admin(|q, _| {
+            let c = q.exec(op, cmd, dir, data, &mut || check_csts(&self.bar))?;
+            let mut out = Vec::new();
+            if let DataDir::FromDevice(n) = dir {
+                out.resize(n, 0);
+                q.read_data(&mut out);
+            }
+            Ok((c, out))
+        })
+    }
+
+    /// Runs `f` on the admin queue with the reset epoch, while the controller runs (refused
+    /// when it failed or is down): several commands under one hold, with no reset between
+    /// them. A command that times out or a fatal status asks for a reset afterwards.
+    pub(crate) fn with_admin<T>(&self, f: impl FnOnce(&mut AdminQueue, u64) -> Result<T>) -> Result<T> {
+        let mut guard = self.admin_lock();
+        let q = guard
+            .as_mut()
+            .ok_or_else(|| NvmeError::Failed("the admin queue was lost in a failed shutdown".into()))?;
+        let epoch = self.reset.epoch.load(Ordering::Acquire);
+        if let Some(f) = self.reset.failure() {
+            return Err(NvmeError::Failed(f.why.clone()));
         }
-        Ok((c, out))
+        if !crate::reset::is_up(epoch) {
+            return Err(NvmeError::Failed(
+                "the controller is down after a failed reset attempt (recovery retries it; Controller::failed() says when it gives up)".into(),
+            ));
+        }
+        let r = f(q, epoch);
+        drop(guard);
+        if let Err(e) = &r {
+            self.after_admin_error(e, epoch);
+        }
+        r
+    }
+
+    /// What an admin command's failure says about the controller: a stuck command or a fatal
+    /// status needs a reset, all-ones reads mean it is gone.
+    pub(crate) fn after_admin_error(&self, e: &NvmeError, epoch: u64) {
+        match e {
+            NvmeError::Timeout { .. } | NvmeError::ControllerFatal { .. } => {
+                self.request_reset(e.to_string(), epoch)
+            }
+            NvmeError::DeviceGone => self.fail(e.to_string(), true),
+            _ => {}
+        }
     }
 
     /// Takes a free I/O queue id.
@@ -795,7 +850,7 @@ impl Registers<'_> {
     }
 }
 
-fn check_csts(bar: &Mmio) -> Result<()> {
+pub(crate) fn check_csts(bar: &Mmio) -> Result<()> {
     let s = csts(bar);
     if s.device_gone() {
         Err(NvmeError::DeviceGone)

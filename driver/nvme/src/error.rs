@@ -137,6 +137,16 @@ pub enum NvmeError {
     /// A destructive command was issued without its explicit guard.
     #[error("{0} destroys data: pass the explicit confirmation flag to do it")]
     Unconfirmed(&'static str),
+    /// The command was in flight when the controller was reset: the controller dropped it,
+    /// and may or may not have carried it out (a write may be on the media, a read's data in
+    /// the buffer, or not). The buffer is handed back with it; submit it again.
+    #[error("{op} on queue {qid} was aborted by a controller reset (it may or may not have been carried out): submit it again")]
+    Reset {
+        /// The command.
+        op: &'static str,
+        /// The queue.
+        qid: u16,
+    },
     /// The queue pair or controller was shut down after an unrecoverable error.
     #[error("the queue pair is unusable after an earlier failure: {0}")]
     Failed(String),

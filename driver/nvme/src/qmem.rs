@@ -184,6 +184,28 @@ impl QueueMem {
         Some(Completion::from_dwords(dw))
     }
 
+    /// Copies the 64-byte command in submission queue slot `slot` out (a command written but
+    /// not yet announced, kept across a controller reset).
+    pub(crate) fn read_sqe(&self, slot: u16) -> [u64; 8] {
+        assert!(slot < self.entries, "submission queue slot {slot} out of bounds");
+        let src = self.sq.wrapping_add(slot as usize * 8).cast_const();
+        let mut words = [0u64; 8];
+        for (i, w) in words.iter_mut().enumerate() {
+            // SAFETY: as in `write_sqe`; volatile because the slot is device-visible memory.
+            *w = u64::from_le(unsafe { src.wrapping_add(i).read_volatile() });
+        }
+        words
+    }
+
+    /// Zeroes `len` bytes from `off` of the region (the completion queue of a queue re-created
+    /// after a controller reset: every phase tag back to 0). Only while the controller does not
+    /// use the queue.
+    pub(crate) fn zero(&mut self, off: usize, len: usize) {
+        self.region
+            .fill(off, len, 0)
+            .expect("queue memory zeroed inside its region");
+    }
+
     /// Stores a 64-bit little-endian word at `off` (PRP list entries, SGL descriptors).
     #[inline]
     pub(crate) fn write_u64(&mut self, off: usize, v: u64) {
@@ -268,6 +290,14 @@ pub(crate) struct ShadowSlot {
 unsafe impl Send for ShadowSlot {}
 
 impl ShadowSlot {
+    /// Zeroes this queue's shadow doorbell and EventIdx words (a queue re-created in place after
+    /// a controller reset, before the controller learns of it again).
+    pub(crate) fn reset(&self) {
+        for off in [self.sq, self.cq, self.ei + self.sq, self.ei + self.cq] {
+            self.store(off, 0);
+        }
+    }
+
     fn store(&self, off: usize, v: u32) {
         let p = self.base.wrapping_add(off).cast::<u32>();
         // SAFETY: `off` is one of this queue's words in the shadow page or (when the queue is

@@ -65,6 +65,27 @@ impl Ring {
         }
     }
 
+    /// Back to the state of a newly created queue (tail, head and the controller's SQ head 0,
+    /// phase tag 1), for a queue re-created in place after a controller reset; the shadow
+    /// doorbell words are zeroed too (a stale EventIdx would suppress the first MMIO doorbells,
+    /// a stale shadow tail would be read as new commands).
+    pub(crate) fn reset(&mut self) {
+        self.sq_tail = 0;
+        self.cq_head = 0;
+        self.phase = PHASE;
+        self.sq_head = 0;
+        self.unrung = 0;
+        self.unacked = 0;
+        if let Some(s) = &self.shadow {
+            s.reset();
+        }
+    }
+
+    /// The SQ slot of the command written `back` commands before the tail (1: the last one).
+    pub(crate) fn slot_back(&self, back: u16) -> u16 {
+        (self.sq_tail + self.entries - back) % self.entries
+    }
+
     /// Uses shadow doorbells for this queue.
     pub(crate) fn set_shadow(&mut self, slot: ShadowSlot) {
         self.shadow = Some(slot);

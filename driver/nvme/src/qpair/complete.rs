@@ -10,11 +10,52 @@ impl<B: IoBuffer> QueuePair<B> {
     /// rings the completion doorbell once. Returns how many requests completed.
     ///
     /// Also detects, within a few milliseconds of polling (busy or idle), commands past their
-    /// timeout (asks the controller to abort them) and a controller that reports a fatal status
-    /// or reads all-ones (fails every request and the queue pair: see [`QueuePair::failed`]).
+    /// timeout (asks the controller to abort them, without waiting), a controller that reports
+    /// a fatal status (asks for a reset) and one that reads all-ones (fails every request and
+    /// the queue pair: see [`QueuePair::failed`]).
+    ///
+    /// After a controller reset ([`crate::Controller::reset`]) it also settles the requests
+    /// the reset interrupted (each completes with [`NvmeError::Reset`] and its buffers, or is
+    /// submitted again) and re-creates the queues, without blocking.
     #[inline]
     pub fn poll(&mut self, max: usize, mut f: impl FnMut(Done<B>)) -> usize {
-        self.flush_submissions();
+        if self.ring.unrung != 0 {
+            // No doorbell for a controller that was reset since the queues were created.
+            if !self.current() {
+                return self.recover(&mut f);
+            }
+            self.ring_submissions();
+        }
+        let (mut delivered, consumed) = self.reap(max, &mut f);
+        // The completion-queue head doorbell is deferred: consumed entries are released in
+        // batches (one MMIO write per many completions, which matters most at low queue depth).
+        // It is rung as soon as released-but-unannounced entries plus commands in flight could
+        // fill half the queue, so the controller always has room to post (this check runs at
+        // every poll, busy or not, so a controller waiting for room is never left waiting).
+        let taken = self.slots.len() - self.free_cids.len();
+        let unacked = self.ring.unacked as usize;
+        if unacked != 0 && unacked + taken >= self.cq_release_at && self.current() {
+            if self.ring.ring_cq() {
+                self.stats.cq_doorbells += 1;
+            } else {
+                self.stats.shadow_only += 1;
+            }
+        }
+        // Every few polls, a look at the clock; every few milliseconds, one for commands past
+        // their deadline and a failed, reset or vanished controller (`health.rs`). Counted:
+        // polls with commands still in flight, and empty polls (so an idle queue pair notices
+        // too). Not counted: a poll that reaped the last command in flight, proof that the
+        // controller works, with nothing left to time out.
+        if (consumed == 0 || self.outstanding() != 0) && self.health.count_poll() {
+            delivered += self.health_tick(&mut f);
+        }
+        delivered
+    }
+
+    /// Delivers up to `max` completed requests to `f`; returns them and the completion entries
+    /// consumed. Rings no doorbell.
+    #[inline(always)]
+    pub(super) fn reap(&mut self, max: usize, f: &mut impl FnMut(Done<B>)) -> (usize, u32) {
         let mut delivered = 0;
         let mut consumed = 0u32;
         while delivered < max {
@@ -80,29 +121,7 @@ impl<B: IoBuffer> QueuePair<B> {
         if consumed != 0 {
             self.stats.completions += consumed as u64;
         }
-        // The completion-queue head doorbell is deferred: consumed entries are released in
-        // batches (one MMIO write per many completions, which matters most at low queue depth).
-        // It is rung as soon as released-but-unannounced entries plus commands in flight could
-        // fill half the queue, so the controller always has room to post (this check runs at
-        // every poll, busy or not, so a controller waiting for room is never left waiting).
-        let taken = self.slots.len() - self.free_cids.len();
-        let unacked = self.ring.unacked as usize;
-        if unacked != 0 && unacked + taken >= self.cq_release_at {
-            if self.ring.ring_cq() {
-                self.stats.cq_doorbells += 1;
-            } else {
-                self.stats.shadow_only += 1;
-            }
-        }
-        // Every few polls, a look at the clock; every few milliseconds, one for commands past
-        // their deadline and a failed or vanished controller (`health.rs`). Counted: polls with
-        // commands still in flight, and empty polls (so an idle queue pair notices too). Not
-        // counted: a poll that reaped the last command in flight, proof that the controller
-        // works, with nothing left to time out.
-        if (consumed == 0 || self.outstanding() != 0) && self.health.count_poll() {
-            delivered += self.health_tick(&mut f);
-        }
-        delivered
+        (delivered, consumed)
     }
 
     /// A completion for no command in flight: counted and logged.

@@ -1,5 +1,6 @@
-//! Off the hot path: commands past their timeout (asked to abort), a failed or vanished
-//! controller (every request failed), and draining a queue pair.
+//! Off the hot path: commands past their timeout (asked to abort, without waiting: the Abort
+//! is collected at a later check), a fatal or vanished controller (a reset asked for, or every
+//! request failed), a reset that took the queues (`recover.rs`), and draining a queue pair.
 //!
 //! When to look is driven by elapsed time as well as by polls, whether or not anything is in
 //! flight: a queue pair with nothing outstanding must still notice that its controller failed
@@ -21,8 +22,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::slot::UNUSED;
 use super::{Done, QueuePair};
+use crate::admin::Taken;
 use crate::buffer::IoBuffer;
 use crate::ctrlr::Controller;
 use crate::error::{NvmeError, Result};
@@ -106,12 +107,38 @@ impl HealthClock {
 }
 
 impl<B: IoBuffer> QueuePair<B> {
-    /// Why the queue pair failed for good (its controller reported a fatal status or vanished,
-    /// or a command stayed stuck after an abort), or `None` while it works. A failed queue pair
-    /// refuses submissions with [`NvmeError::Failed`]; `poll` notices a failure within a few
-    /// milliseconds of polling, whether or not anything is in flight.
+    /// Why the queue pair failed for good (its controller was declared failed: it vanished, or
+    /// resets gave up on it; or its queues could not be re-created after a reset), or `None`
+    /// while it works. A failed queue pair refuses submissions with [`NvmeError::Failed`];
+    /// `poll` notices a failure within a few milliseconds of polling, whether or not anything
+    /// is in flight.
     pub fn failed(&self) -> Option<&str> {
         self.failed.as_deref()
+    }
+
+    /// Sets the timeout of the queue pair's commands from now on (those in flight included):
+    /// after it a command is asked to abort, after twice it the controller is reset.
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
+    }
+
+    /// Gives the request in flight with `tag` a timeout of its own (1 ms to 65 s) instead of
+    /// the queue pair's. Returns whether such a request was found. A lookup among the requests
+    /// in flight: for the few commands that need it (a flush that may take long, a read that
+    /// must not).
+    pub fn set_request_timeout(&mut self, tag: u64, timeout: Duration) -> bool {
+        let ms = timeout.as_millis().clamp(1, u16::MAX as u128) as u16;
+        match self
+            .slots
+            .iter_mut()
+            .find(|s| s.req.parts != 0 && s.req.tag == tag)
+        {
+            Some(s) => {
+                s.req.limit_ms = ms;
+                true
+            }
+            None => false,
+        }
     }
 
     /// A clock read from `poll`, and a health check when one is due.
@@ -119,7 +146,15 @@ impl<B: IoBuffer> QueuePair<B> {
     #[inline(never)]
     pub(super) fn health_tick(&mut self, f: &mut impl FnMut(Done<B>)) -> usize {
         let now = Instant::now();
-        if !self.health.tick(now, self.outstanding() != 0) || self.failed.is_some() {
+        let due = self.health.tick(now, self.outstanding() != 0);
+        if self.failed.is_some() {
+            return 0;
+        }
+        if !self.current() || self.queues != super::recover::Queues::Live {
+            // A reset took the queues: settle and re-create, at every clock read.
+            return self.recover(f);
+        }
+        if !due {
             return 0;
         }
         self.check_health(now, f)
@@ -128,14 +163,19 @@ impl<B: IoBuffer> QueuePair<B> {
     /// Timeouts and controller health, off the hot path.
     #[cold]
     pub(super) fn check_health(&mut self, now: Instant, f: &mut impl FnMut(Done<B>)) -> usize {
+        let epoch = self.epoch;
         let s = crate::regs::Csts(self.ctrl.bar.read32(crate::regs::off::CSTS));
-        if s.device_gone() || s.fatal() {
-            let why = if s.device_gone() {
-                NvmeError::DeviceGone
-            } else {
-                NvmeError::ControllerFatal { csts: s.0 }
-            };
-            return self.fail_all(why.to_string(), f);
+        if s.device_gone() {
+            // Nothing answers: a vanished device no longer writes to memory either.
+            self.ctrl.fail(NvmeError::DeviceGone.to_string(), true);
+            return self.recover(f);
+        }
+        if s.fatal() {
+            // Only a reset clears CFS: asked for here, done on the recovery thread; this queue
+            // pair settles once the controller is disabled.
+            let why = NvmeError::ControllerFatal { csts: s.0 }.to_string();
+            self.ctrl.request_reset(why, epoch);
+            return 0;
         }
         // Asynchronous events (a namespace changed): handled here, without waiting, so a
         // busy queue pair's next submission sees the new namespace table.
@@ -148,6 +188,9 @@ impl<B: IoBuffer> QueuePair<B> {
                 "queue {}: handling asynchronous events failed: {e}",
                 self.ring.qid
             );
+        }
+        if !self.aborts.is_empty() && self.collect_aborts() {
+            return 0;
         }
         // Milliseconds since creation, plus one (0 means "not seen" in `Request::seen_ms`);
         // wrapping arithmetic keeps working past 49 days.
@@ -170,81 +213,121 @@ impl<B: IoBuffer> QueuePair<B> {
             if r.seen_ms == 0 {
                 r.seen_ms = now;
             }
-            if now.wrapping_sub(r.seen_ms) > timeout {
+            let limit = if r.limit_ms != 0 {
+                r.limit_ms as u32
+            } else {
+                timeout
+            };
+            if now.wrapping_sub(r.seen_ms) > limit {
                 timed_out.push((rid as u16, r.aborted));
                 r.aborted = true;
                 r.seen_ms = now;
             }
         }
+        if timed_out.is_empty() {
+            return 0;
+        }
         // Every part of those requests still in flight (a split request's other parts may have
         // completed, and their slots now belong to other requests).
         let mut expired = Vec::new();
-        for (rid, already) in timed_out {
+        for &(rid, already) in &timed_out {
             for (slot, t) in self.slots.iter().enumerate() {
                 if t.owner == rid {
-                    expired.push((t.cid(slot as u16), already));
+                    expired.push((rid, t.cid(slot as u16), already));
                 }
             }
         }
-        for (cid, already) in expired {
-            if already {
-                // Asked to abort one timeout ago and still nothing: the controller is not
-                // processing this queue. Give up on it.
-                let why = format!(
-                    "command id {cid} on queue {} did not complete even after an abort",
-                    self.ring.qid
+        let qid = self.ring.qid;
+        if let Some(&(_, cid, _)) = expired.iter().find(|e| e.2) {
+            // Asked to abort one timeout ago and still nothing: the controller is not
+            // processing this queue. Only a reset gets the commands back.
+            let why = format!("command id {cid} on queue {qid} did not complete even after an abort");
+            self.ctrl.request_reset(why, epoch);
+            return 0;
+        }
+        // Aborts go to the admin queue without waiting (a try-lock; at most ACL + 1 running
+        // on the controller); what does not go now is tried again at the next check.
+        let acl = self.ctrl.identify.acl as usize + 1;
+        let sh = Arc::clone(&self.ctrl);
+        let mut guard = sh.admin.try_lock().ok();
+        for (rid, cid, _) in expired {
+            let sent = match guard.as_mut().and_then(|g| g.as_mut()) {
+                Some(q) if q.aborts_running() < acl => {
+                    match q.submit("Abort", crate::cmd::Command::abort(qid, cid)) {
+                        Ok(acid) => {
+                            self.aborts.push((acid, cid));
+                            true
+                        }
+                        Err(e) => {
+                            log::warn!("queue {qid}: abort of command id {cid} not submitted: {e}");
+                            false
+                        }
+                    }
+                }
+                _ => false,
+            };
+            if sent {
+                self.stats.aborts += 1;
+                log::warn!(
+                    "queue {qid}: command id {cid} timed out after {:?}; aborting it",
+                    self.timeout
                 );
-                return self.fail_all(why, f);
-            }
-            self.stats.aborts += 1;
-            log::warn!(
-                "queue {}: command id {cid} timed out after {:?}; aborting it",
-                self.ring.qid,
-                self.timeout
-            );
-            if let Err(e) = (Controller {
-                shared: Arc::clone(&self.ctrl),
-            })
-            .abort(self.ring.qid, cid)
-            {
-                log::warn!("abort of command id {cid} failed: {e}");
+            } else {
+                // Not asked yet: asked at a later check (the request is not marked aborted).
+                self.slots[rid as usize].req.aborted = false;
             }
         }
         0
     }
 
-    /// Completes every request with an error after an unrecoverable failure. The buffers are
-    /// leaked, never returned: the device may still write into them.
+    /// Collects the Aborts that completed (NVMe Base 2.0 §5.1). Returns whether a reset was
+    /// asked for: an Abort that failed (other than for the abort limit) or did not complete
+    /// within the admin timeout.
     #[cold]
-    fn fail_all(&mut self, why: String, f: &mut impl FnMut(Done<B>)) -> usize {
-        log::error!(
-            "queue {}: {why}; failing {} requests",
-            self.ring.qid,
-            self.outstanding()
-        );
-        self.failed = Some(why.clone());
-        let mut n = 0;
-        for t in self.slots.iter_mut() {
-            t.owner = UNUSED;
-        }
-        for s in self.slots.iter_mut() {
-            let req = &mut s.req;
-            if req.parts != 0 {
-                req.parts = 0;
-                std::mem::forget(s.buf.take());
-                std::mem::forget(s.meta.take());
-                self.stats.errors += 1;
-                n += 1;
-                self.live -= 1;
-                f(Done {
-                    tag: req.tag,
-                    result: Err(NvmeError::Failed(why.clone())),
-                    buf: None,
-                    meta: None,
-                });
+    fn collect_aborts(&mut self) -> bool {
+        let sh = Arc::clone(&self.ctrl);
+        let Ok(mut guard) = sh.admin.try_lock() else {
+            return false;
+        };
+        let Some(q) = guard.as_mut() else { return false };
+        let qid = self.ring.qid;
+        let limit = sh.opts.admin_timeout;
+        let mut why = None;
+        self.aborts.retain(|&(acid, cid)| match q.take(acid) {
+            Taken::Running(waited) if waited > limit => {
+                q.forget(acid);
+                why = Some(format!(
+                    "the Abort of command id {cid} on queue {qid} did not complete within {limit:?}"
+                ));
+                false
             }
+            Taken::Running(_) => true,
+            Taken::Lost => false,
+            Taken::Done(c) => {
+                let st = c.status();
+                if st.is_success() {
+                    if c.dw0 & 1 != 0 {
+                        log::warn!("queue {qid}: the controller did not abort command id {cid}");
+                    }
+                } else if st.sct() == crate::status::Sct::CommandSpecific && st.sc() == 0x03 {
+                    // Abort Command Limit Exceeded (§5.1).
+                    log::warn!("queue {qid}: abort of command id {cid} refused (abort limit); retried at the next timeout");
+                } else {
+                    why = Some(format!(
+                        "the Abort of command id {cid} on queue {qid} failed: {st}"
+                    ));
+                }
+                false
+            }
+        });
+        drop(guard);
+        match why {
+            Some(w) => {
+                sh.request_reset(w, self.epoch);
+                true
+            }
+            None => false,
         }
-        n
     }
 
     /// Polls until every request in flight has completed or `timeout` passes; returns how many

@@ -34,6 +34,7 @@ use crate::queue::{Layout, Ring, CQE_SIZE, SQE_SIZE};
 
 mod complete;
 mod health;
+mod recover;
 mod slot;
 mod submit;
 mod wait;
@@ -71,6 +72,11 @@ pub struct QpairOptions {
     pub protection: PiMode,
     /// Polling, or interrupts that [`QueuePair::wait`] sleeps on (one vector per queue pair).
     pub completion: CompletionMode,
+    /// After a controller reset, submit the commands it interrupted once more (reads, writes,
+    /// flushes and the other commands that may run twice; see [`Controller::reset`]) instead of
+    /// completing them with [`NvmeError::Reset`]. Costs a copy of each command (64 bytes) at
+    /// submission; a command interrupted by a second reset completes with the error.
+    pub resubmit_on_reset: bool,
 }
 
 impl Default for QpairOptions {
@@ -84,6 +90,7 @@ impl Default for QpairOptions {
             split: true,
             protection: PiMode::Controller,
             completion: CompletionMode::Poll,
+            resubmit_on_reset: false,
         }
     }
 }
@@ -135,6 +142,12 @@ pub struct QpairStats {
     pub bogus_completions: u64,
     /// Commands the queue pair asked the controller to abort after a timeout.
     pub aborts: u64,
+    /// Controller resets this queue pair went through (its queues re-created).
+    pub resets: u64,
+    /// Requests completed with [`NvmeError::Reset`] because a reset interrupted them.
+    pub reset_errors: u64,
+    /// Requests submitted again after a reset ([`QpairOptions::resubmit_on_reset`]).
+    pub resubmitted: u64,
 }
 
 /// An I/O submission + completion queue pair with its request trackers. See the module docs.
@@ -169,6 +182,16 @@ pub struct QueuePair<B: IoBuffer> {
     /// When to look for timed-out commands and a failed controller (`health.rs`).
     health: health::HealthClock,
     failed: Option<String>,
+    /// The controller's reset epoch the queues were created in (`recover.rs`): a doorbell is
+    /// rung only while the controller's is the same.
+    epoch: u64,
+    /// Whether the queues exist in the controller, or are being re-created after a reset.
+    queues: recover::Queues,
+    /// Each slot's command as written, for submitting it again after a reset (empty unless
+    /// `QpairOptions::resubmit_on_reset`).
+    saved: Box<[[u64; 8]]>,
+    /// Aborts submitted and not yet collected: (admin command id, I/O command id).
+    aborts: Vec<(u16, u16)>,
     /// The submission queue's slots in the CMB, when there.
     sq_cmb: Option<crate::cmb::CmbSlice>,
     /// The interrupt vector in interrupt mode (`wait.rs`); never touched by `poll`.
@@ -287,40 +310,39 @@ impl<B: IoBuffer> QueuePair<B> {
             .map(|p| p.slot(qid, sh.cap.doorbell_stride(), PAGE_SIZE));
         let sq_bus = sq_cmb.as_ref().map_or(mem.bus(0), |s| s.bus_addr());
         let cq_bus = mem.bus(sq_bytes);
-        let created = (|| {
-            let create_cq = match &irq {
-                Some(i) => {
-                    ctrl.unmask_vector(i.vector());
-                    Command::create_io_cq_irq(qid, entries as u32, cq_bus, i.vector())
-                }
-                None => Command::create_io_cq(qid, entries as u32, cq_bus),
-            };
-            sh.admin_exec(
-                "Create I/O Completion Queue",
-                create_cq,
-                crate::admin::DataDir::None,
-                &[],
-            )?;
-            if let Err(e) = sh.admin_exec(
-                "Create I/O Submission Queue",
-                Command::create_io_sq(qid, entries as u32, sq_bus, qid),
-                crate::admin::DataDir::None,
-                &[],
-            ) {
-                let _ = sh.admin_exec(
+        let create_cq = match &irq {
+            Some(i) => {
+                ctrl.unmask_vector(i.vector());
+                Command::create_io_cq_irq(qid, entries as u32, cq_bus, i.vector())
+            }
+            None => Command::create_io_cq(qid, entries as u32, cq_bus),
+        };
+        let create_sq = Command::create_io_sq(qid, entries as u32, sq_bus, qid);
+        // Under one hold of the admin queue, with the epoch read there: a reset cannot come
+        // between the creation and the epoch the queue pair records for it.
+        let created = sh.with_admin(|q, epoch| {
+            let none = crate::admin::DataDir::None;
+            let check = &mut || crate::ctrlr::check_csts(&sh.bar);
+            q.exec("Create I/O Completion Queue", create_cq, none, &[], check)?;
+            if let Err(e) = q.exec("Create I/O Submission Queue", create_sq, none, &[], check) {
+                let _ = q.exec(
                     "Delete I/O Completion Queue",
                     Command::delete_io_cq(qid),
-                    crate::admin::DataDir::None,
+                    none,
                     &[],
+                    check,
                 );
                 return Err(e);
             }
-            Ok(())
-        })();
-        if let Err(e) = created {
-            sh.free_qid(qid);
-            return Err(e);
-        }
+            Ok(epoch)
+        });
+        let created_epoch = match created {
+            Ok(epoch) => epoch,
+            Err(e) => {
+                sh.free_qid(qid);
+                return Err(e);
+            }
+        };
         let mut ring = Ring::new(&sh.bar, sh.cap.doorbell_stride(), qid, opts.entries);
         if let Some(slot) = shadow {
             ring.set_shadow(slot);
@@ -329,6 +351,7 @@ impl<B: IoBuffer> QueuePair<B> {
             mem.put_sq_in_cmb(s.mmio());
         }
         let n = entries - 1;
+        let epoch = created_epoch;
         log::debug!("I/O queue pair {qid}: {entries} entries, max transfer {max_xfer}, {list_pages} list page(s) per command");
         let mut qp = QueuePair {
             ring,
@@ -352,6 +375,14 @@ impl<B: IoBuffer> QueuePair<B> {
             timeout: opts.timeout,
             health: health::HealthClock::new(),
             failed: None,
+            epoch,
+            queues: recover::Queues::Live,
+            saved: if opts.resubmit_on_reset {
+                vec![[0u64; 8]; n].into_boxed_slice()
+            } else {
+                Box::default()
+            },
+            aborts: Vec::new(),
             sq_cmb,
             irq,
             ctrl: Arc::clone(sh),
@@ -512,14 +543,24 @@ impl<B: IoBuffer> QueuePair<B> {
 impl<B: IoBuffer> Drop for QueuePair<B> {
     fn drop(&mut self) {
         let qid = self.ring.qid;
-        if self.outstanding() != 0 {
+        if self.outstanding() != 0 && self.failed.is_none() {
             let _ = self.drain(Duration::from_millis(500).min(self.timeout), |_| {});
         }
+        let epoch = self.ctrl.reset.epoch.load(Ordering::Acquire);
+        // Which of the queues the controller has: none after a reset the queue pair did not
+        // re-create them from, or once it failed.
+        let (cq, sq) = match self.queues {
+            _ if self.failed.is_some() => (false, false),
+            recover::Queues::Live => (epoch == self.epoch, epoch == self.epoch),
+            recover::Queues::CreatingCq { epoch: e, .. } => (e == epoch, false),
+            recover::Queues::CreatingSq { epoch: e, .. } => (e == epoch, e == epoch),
+            recover::Queues::Down => (false, false),
+        };
         // Deleting the SQ aborts whatever is left (§5.6); after both deletions succeed the
         // controller no longer touches this queue's memory or its buffers.
         let none = crate::admin::DataDir::None;
-        let deleted = self.failed.is_none()
-            && self
+        let deleted = (!sq
+            || self
                 .ctrl
                 .admin_exec(
                     "Delete I/O Submission Queue",
@@ -527,17 +568,20 @@ impl<B: IoBuffer> Drop for QueuePair<B> {
                     none,
                     &[],
                 )
-                .is_ok()
-            && self
-                .ctrl
-                .admin_exec(
-                    "Delete I/O Completion Queue",
-                    Command::delete_io_cq(qid),
-                    none,
-                    &[],
-                )
-                .is_ok();
-        if deleted {
+                .is_ok())
+            && (!cq
+                || self
+                    .ctrl
+                    .admin_exec(
+                        "Delete I/O Completion Queue",
+                        Command::delete_io_cq(qid),
+                        none,
+                        &[],
+                    )
+                    .is_ok());
+        // A controller declared failed without being stopped may still write anywhere.
+        let stopped = self.ctrl.reset.failure().is_none_or(|f| f.dma_stopped);
+        if deleted && stopped {
             self.ctrl.free_qid(qid);
         } else {
             log::error!(

@@ -76,6 +76,24 @@ pub(super) enum Op {
 }
 
 impl Op {
+    /// Whether running the command twice does what running it once does, so that one a reset
+    /// interrupted may be submitted again (reads, writes of the same data, flushes, zeroes,
+    /// deallocation, compares); not Zone Append (a second append writes elsewhere), zone state
+    /// changes or raw commands.
+    pub(super) const fn repeatable(self) -> bool {
+        matches!(
+            self,
+            Op::Read
+                | Op::Write
+                | Op::WriteFua
+                | Op::Compare
+                | Op::Flush
+                | Op::WriteZeroes
+                | Op::DatasetManagement
+                | Op::ZoneReport
+        )
+    }
+
     /// The opcode of a data transfer, and whether it sets FUA.
     #[inline]
     pub(super) const fn io_opcode(self) -> (u8, bool) {
@@ -128,6 +146,10 @@ pub(super) struct Request {
     pub error: Status,
     pub op: Op,
     pub aborted: bool,
+    /// Already submitted again once after a controller reset.
+    pub resubmitted: bool,
+    /// This request's own timeout in milliseconds (0: the queue pair's).
+    pub limit_ms: u16,
 }
 
 const _: () = assert!(std::mem::size_of::<Request>() <= 24);
@@ -144,6 +166,8 @@ impl Request {
             error: Status::SUCCESS,
             op,
             aborted: false,
+            resubmitted: false,
+            limit_ms: 0,
         }
     }
 }

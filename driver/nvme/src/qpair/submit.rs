@@ -250,7 +250,11 @@ impl<B: IoBuffer> QueuePair<B> {
         s.req = Request::new(tag, 1, op);
         s.buf = buf;
         s.meta = meta;
-        self.ring.push(&mut self.mem, &words(cid));
+        let words = words(cid);
+        self.ring.push(&mut self.mem, &words);
+        if !self.saved.is_empty() {
+            self.saved[slot as usize] = words;
+        }
         self.stats.requests += 1;
         self.live += 1;
     }
@@ -422,6 +426,9 @@ impl<B: IoBuffer> QueuePair<B> {
                 mptr: p.mptr,
             });
             self.ring.push(&mut self.mem, &words);
+            if !self.saved.is_empty() {
+                self.saved[slot as usize] = words;
+            }
             done += plen;
         }
         self.stats.requests += 1;
@@ -554,15 +561,22 @@ impl<B: IoBuffer> QueuePair<B> {
         }
     }
 
-    /// Rings the submission doorbell for everything submitted since the last ring.
+    /// Rings the submission doorbell for everything submitted since the last ring (not while
+    /// a controller reset has the queues: they are announced once re-created, at a poll).
     #[inline]
     pub fn flush_submissions(&mut self) {
-        if self.ring.unrung != 0 {
-            if self.ring.ring_sq() {
-                self.stats.sq_doorbells += 1;
-            } else {
-                self.stats.shadow_only += 1;
-            }
+        if self.ring.unrung != 0 && self.current() {
+            self.ring_submissions();
+        }
+    }
+
+    /// Rings the submission doorbell (the caller checked the epoch).
+    #[inline(always)]
+    pub(super) fn ring_submissions(&mut self) {
+        if self.ring.ring_sq() {
+            self.stats.sq_doorbells += 1;
+        } else {
+            self.stats.shadow_only += 1;
         }
     }
 }

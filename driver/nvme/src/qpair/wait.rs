@@ -280,14 +280,15 @@ impl<B: IoBuffer> QueuePair<B> {
             .fd()
             .take()
             .map_err(|e| NvmeError::Failed(format!("reading the interrupt eventfd: {e}")))?;
-        if self.ring.unacked != 0 {
+        if self.ring.unacked != 0 && self.current() {
             if self.ring.ring_cq() {
                 self.stats.cq_doorbells += 1;
             } else {
                 self.stats.shadow_only += 1;
             }
         }
-        Ok(self.ring.has_completion(&self.mem) || self.failed.is_some())
+        // After a reset, poll: it settles and re-creates the queues (no interrupt comes first).
+        Ok(self.ring.has_completion(&self.mem) || self.failed.is_some() || !self.current())
     }
 
     /// Waits until a completion is there or `timeout` passes (`None`: no limit). Returns whether
