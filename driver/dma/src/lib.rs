@@ -177,9 +177,14 @@ impl DmaContext {
         DmaRegion::new(&self.shared, mem)
     }
 
-    /// A pool of `count` buffers of `buf_size` bytes (a power of two, 512 to the page size).
+    /// A pool of `count` buffers of `buf_size` bytes (a power of two of at least 512). Without
+    /// an IOMMU a buffer must fit in one page (physical pages are contiguous only within
+    /// themselves); behind one it may span pages ([`PoolLayout::spanning`]).
     pub fn pool(&self, buf_size: usize, count: usize, page_size: PageSize) -> Result<DmaPool, DmaError> {
-        let layout = PoolLayout::new(buf_size, count, page_size)?;
+        let layout = match self.kind() {
+            MapKind::Iommu => PoolLayout::spanning(buf_size, count, page_size)?,
+            MapKind::NoIommu => PoolLayout::new(buf_size, count, page_size)?,
+        };
         let region = self.alloc_region(layout.region_len, page_size)?;
         Ok(DmaPool::new(region, layout))
     }

@@ -1,9 +1,12 @@
 //! [`DmaPool`]: fixed-size DMA buffers for the hot path.
 //!
 //! One [`DmaRegion`] is carved into `count` buffers of `buf_size` bytes. The size is a power of
-//! two between 512 bytes and the page size, so a buffer never straddles a page and each one is
-//! contiguous on the bus even without an IOMMU. The free list is a stack of indices allocated
-//! once, at construction: `alloc` and `free` never allocate, lock or make a system call.
+//! two of at least 512 bytes. Up to the page size ([`PoolLayout::new`]) a buffer never straddles
+//! a page, so each one is contiguous on the bus even without an IOMMU. Behind an IOMMU a buffer
+//! may span several pages ([`PoolLayout::spanning`]): the region sits at one contiguous IOVA
+//! range, so its buffers are bus-contiguous whatever the page size (128 KiB buffers on 4 KiB
+//! pages, for machines without hugepages). The free list is a stack of indices allocated once,
+//! at construction: `alloc` and `free` never allocate, lock or make a system call.
 
 use std::cell::Cell;
 use std::marker::PhantomData;
@@ -25,7 +28,8 @@ pub struct PoolLayout {
     pub buf_size: usize,
     /// Number of buffers.
     pub count: usize,
-    /// Buffers per page.
+    /// Buffers per page (0: each buffer spans `buf_size / page` pages; see
+    /// [`PoolLayout::spanning`]).
     pub bufs_per_page: usize,
     /// Bytes of region needed (whole pages).
     pub region_len: usize,
@@ -48,7 +52,8 @@ impl PoolLayout {
         }
         if buf_size > page {
             return Err(bad(
-                "a buffer must fit in one page: use a larger page size, or chain smaller buffers",
+                "a buffer larger than a page is contiguous on the bus only behind an IOMMU: use a larger \
+                 page size (2 MiB hugepages), or chain smaller buffers",
             ));
         }
         if count == 0 || u32::try_from(count).is_err() {
@@ -62,6 +67,42 @@ impl PoolLayout {
             buf_size,
             count,
             bufs_per_page: page / buf_size,
+            region_len,
+        })
+    }
+
+    /// Like [`PoolLayout::new`], but buffers larger than a page are allowed too: each then spans
+    /// `buf_size / page` whole pages. Only a region mapped behind an IOMMU (one contiguous IOVA
+    /// range) keeps such a buffer contiguous on the bus; [`crate::DmaContext::pool`] uses this
+    /// layout only there.
+    pub fn spanning(buf_size: usize, count: usize, page_size: PageSize) -> Result<Self, DmaError> {
+        let page = page_size.bytes() as usize;
+        if buf_size <= page || !buf_size.is_power_of_two() {
+            return Self::new(buf_size, count, page_size);
+        }
+        // A one-page buffer passes every check but the size; its geometry is then scaled up.
+        let one = Self::new(page, count, page_size).map_err(|e| match e {
+            DmaError::BadPoolGeometry { reason, .. } => DmaError::BadPoolGeometry {
+                buf_size,
+                count,
+                page_size,
+                reason,
+            },
+            other => other,
+        })?;
+        let region_len = one
+            .region_len
+            .checked_mul(buf_size / page)
+            .ok_or(DmaError::BadPoolGeometry {
+                buf_size,
+                count,
+                page_size,
+                reason: "the pool does not fit the address space: ask for fewer buffers",
+            })?;
+        Ok(PoolLayout {
+            buf_size,
+            count,
+            bufs_per_page: 0,
             region_len,
         })
     }
@@ -163,7 +204,12 @@ impl DmaPool {
             region.len() >= layout.region_len,
             "pool region too small for its layout"
         );
-        debug_assert!(region.page_size().bytes() as usize & (layout.buf_size - 1) == 0);
+        // Buffers start at multiples of their size: inside one page, or on page boundaries.
+        let page = region.page_size().bytes() as usize;
+        debug_assert!(page
+            .max(layout.buf_size)
+            .is_multiple_of(page.min(layout.buf_size)));
+        debug_assert!(layout.bufs_per_page != 0 || region.iova().is_some());
         // Reversed, so the first alloc hands out buffer 0.
         let mut free = Vec::with_capacity(layout.count);
         free.extend((0..layout.count as u32).rev());
@@ -351,6 +397,25 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(msg.contains("use a larger page size"), "{msg}");
+    }
+
+    #[test]
+    fn spanning_layouts() {
+        let l = PoolLayout::spanning(128 << 10, 5, PageSize::Base4K).unwrap();
+        assert_eq!((l.bufs_per_page, l.region_len), (0, 5 * (128 << 10)));
+        assert_eq!(l.offset(4), 4 << 17);
+        // Up to a page it is the ordinary layout.
+        assert_eq!(
+            PoolLayout::spanning(2048, 7, PageSize::Base4K).unwrap(),
+            PoolLayout::new(2048, 7, PageSize::Base4K).unwrap()
+        );
+        for (size, count) in [(3 << 12, 1), (8192, 0), (1 << 20, usize::MAX / 8)] {
+            let e = PoolLayout::spanning(size, count, PageSize::Base4K).unwrap_err();
+            assert!(
+                matches!(e, DmaError::BadPoolGeometry { buf_size, .. } if buf_size == size),
+                "{e:?}"
+            );
+        }
     }
 
     #[test]

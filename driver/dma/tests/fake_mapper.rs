@@ -548,3 +548,51 @@ fn no_iommu_hugepages_are_contiguous_within_a_page() {
     );
     assert_eq!(r.contiguous_len((2 << 20) + 0x10), (2 << 20) - 0x10);
 }
+
+/// Behind an IOMMU a pool's buffers may span 4 KiB pages: each is one contiguous bus range the
+/// device reaches end to end, and buffers do not overlap.
+#[test]
+fn buffers_span_pages_behind_an_iommu() {
+    let (ctx, fake) = ctx_with(FakeMapper::new());
+    let mut pool = ctx.pool(32 << 10, 3, PageSize::Base4K).unwrap();
+    assert_eq!(pool.buf_size(), 32 << 10);
+    let bufs: Vec<_> = (0..3).map(|_| pool.alloc().unwrap()).collect();
+    assert!(pool.alloc().is_none());
+    for (i, b) in bufs.iter().enumerate() {
+        assert_eq!(b.len(), 32 << 10);
+        assert_eq!(
+            b.bus_addr().get() % (32 << 10),
+            bufs[0].bus_addr().get() % (32 << 10)
+        );
+        let pattern: Vec<u8> = (0..b.len()).map(|k| (k / P + i * 16) as u8).collect();
+        device_write(&fake, b.bus_addr(), &pattern);
+        let mut back = vec![0u8; b.len()];
+        pool.read(b, 0, &mut back).unwrap();
+        assert_eq!(
+            back, pattern,
+            "buffer {i}: the CPU sees what the device wrote, page by page"
+        );
+    }
+    for (i, b) in bufs.iter().enumerate() {
+        let mut back = vec![0u8; b.len()];
+        pool.read(b, 0, &mut back).unwrap();
+        assert_eq!(
+            back[b.len() - 1],
+            ((b.len() - 1) / P + i * 16) as u8,
+            "buffer {i} overwritten"
+        );
+    }
+    for b in bufs {
+        pool.free(b);
+    }
+}
+
+/// Without an IOMMU, physical pages are contiguous only within themselves: a buffer larger than
+/// a page is refused with the fix.
+#[test]
+fn buffers_larger_than_a_page_need_an_iommu() {
+    let (ctx, _) = ctx_with(FakeMapper::no_iommu());
+    let e = ctx.pool(8192, 2, PageSize::Base4K).unwrap_err();
+    assert!(matches!(e, DmaError::BadPoolGeometry { .. }), "{e:?}");
+    assert!(e.to_string().contains("only behind an IOMMU"), "{e}");
+}

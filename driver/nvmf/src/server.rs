@@ -397,15 +397,6 @@ impl Server {
         }
         let opts = *cfg.target.options();
         let limits = TargetLimits::new(cfg.maxh2cdata, opts.in_capsule_data)?;
-        if opts.max_transfer < 8192 {
-            // MDTS 0 means "no limit" (NVMe Base 2.0, Identify Controller MDTS): hosts may send
-            // larger commands, which are refused with Invalid Field.
-            log::warn!(
-                "max_transfer {} B is reported as MDTS 0 (no limit); hosts other than test clients \
-                 need at least 8 KiB",
-                opts.max_transfer
-            );
-        }
         let mut listeners = Vec::new();
         let mut addrs = Vec::new();
         for l in cfg.target.listeners() {

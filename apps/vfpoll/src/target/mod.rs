@@ -62,8 +62,9 @@ pub struct Args {
     /// enable_unsafe_noiommu_mode).
     #[arg(long)]
     noiommu: bool,
-    /// Page size of the data buffers: 2M or 1G (hugepages). A buffer lies in one page and a
-    /// command moves up to 128 KiB. Default 2M.
+    /// Page size of the data buffers: 2M or 1G (hugepages), or 4K behind an IOMMU (a 128 KiB
+    /// buffer then spans pages at one IOVA range; refused with --noiommu). A command moves up
+    /// to 128 KiB. Default 2M.
     #[arg(long, value_parser = parse_page_size)]
     page_size: Option<PageSize>,
     /// Cores to run workers on, one pinned worker each (e.g. `2-3` or `1,3`); each new connection
@@ -109,7 +110,9 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
         )?,
     };
     let page_size = plan.page_size;
-    let max_transfer = (page_size.bytes() as u32).min(128 << 10);
+    // Buffers larger than a page span pages behind an IOMMU; without one the plan refused 4 KiB
+    // pages (2 MiB and 1 GiB pages hold a whole buffer).
+    let max_transfer = 128 << 10;
     let workers = plan.cores.len();
     let mut devices = Devices::new(plan.has_nvme(), plan.noiommu, page_size, plan.nvme_irq)?;
     // One backend per worker and namespace: its own queue pair for an NVMe namespace, shared

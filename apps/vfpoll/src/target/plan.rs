@@ -4,7 +4,7 @@
 //!
 //! ```toml
 //! cores = "1-2"            # one pinned worker per core (default: one unpinned worker)
-//! page_size = "2M"         # data buffer pages: 2M or 1G
+//! page_size = "2M"         # data buffer pages: 2M or 1G (4K behind an IOMMU)
 //! noiommu = false          # VFIO no-IOMMU mode for NVMe namespaces
 //! spin_us = 100            # polling after the last work before a worker sleeps
 //! nvme_completion = "irq"  # irq: NVMe queue pairs interrupt, so a worker past its spin time
@@ -308,10 +308,11 @@ impl Plan {
     /// A plan with these settings and nothing to serve yet.
     fn settings(s: &Settings) -> anyhow::Result<Plan> {
         let page_size = s.page_size.unwrap_or(PageSize::Huge2M);
-        if page_size == PageSize::Base4K {
-            // MDTS counts in 4 KiB pages as a power of two with 0 meaning "no limit": the
-            // smallest limit a controller can state is 8 KiB, more than one 4 KiB page holds.
-            bail!("page size 4K: a command's data must fit one buffer page and MDTS cannot say 4 KiB; use 2M (reserve hugepages with `vfpoll setup`)");
+        if page_size == PageSize::Base4K && s.noiommu {
+            // A command's data buffer (128 KiB) must be contiguous on the bus: behind an IOMMU
+            // its pages sit at one IOVA range, without one only a page is contiguous (and MDTS
+            // cannot state a 4 KiB limit: 0 means none).
+            bail!("page size 4K without an IOMMU: a command's 128 KiB data buffer would span physical pages the controller cannot see as one; use 2M (reserve hugepages with `vfpoll setup`), or leave no-IOMMU mode");
         }
         let cores = match &s.cores {
             Some(list) => parse_cores(list)
@@ -581,7 +582,9 @@ mod tests {
         assert!(err(&format!("{sub}[[subsystem.namespace]]\nnsid = 2\nmalloc = \"1M\"\n[[subsystem.namespace]]\nnsid = 2\nmalloc = \"1M\"\n")).contains("used twice"));
         assert!(err(&format!("{sub}{sub}")).contains("given twice"));
         assert!(err("[[subsystem]]\nnqn = \"disk\"\n").contains("nqn."));
-        assert!(err(&format!("page_size = \"4K\"\n{sub}")).contains("MDTS"));
+        let e = err(&format!("page_size = \"4K\"\nnoiommu = true\n{sub}"));
+        assert!(e.contains("without an IOMMU") && e.contains("use 2M"), "{e}");
+        assert!(Plan::from_toml(&format!("page_size = \"4K\"\n{sub}"), &Settings::default()).is_ok());
         let two =
             "[[listener]]\naddress = \"127.0.0.1:1\"\n[[listener]]\naddress = \"127.0.0.1:2\"\nport_id = 1\n";
         assert!(err(&format!("{two}{sub}")).contains("used twice"));

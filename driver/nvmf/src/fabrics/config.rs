@@ -527,7 +527,8 @@ pub struct TargetOptions {
     /// writes of up to 8 KiB need no R2T round trip). A multiple of 16.
     pub in_capsule_data: u32,
     /// The largest transfer of one command in bytes (MDTS; default 1 MiB): a power of two, at
-    /// least 4096. Bounds the memory a command can make the target hold.
+    /// least 8 KiB (MDTS 0 means no limit, so 4 KiB cannot be reported). Bounds the memory a
+    /// command can make the target hold.
     pub max_transfer: u32,
 }
 
@@ -558,11 +559,13 @@ impl TargetOptions {
                 "a multiple of 16 up to 1 MiB",
             );
         }
-        if !self.max_transfer.is_power_of_two() || !(4096..=1 << 30).contains(&self.max_transfer) {
+        // MDTS counts 4 KiB pages as a power of two, and 0 means "no limit": 8 KiB is the
+        // smallest limit a host can be told (NVMe Base 2.0, Identify Controller, MDTS).
+        if !self.max_transfer.is_power_of_two() || !(8192..=1 << 30).contains(&self.max_transfer) {
             return bad(
                 "max_transfer",
                 self.max_transfer.into(),
-                "a power of two from 4 KiB to 1 GiB",
+                "a power of two from 8 KiB (MDTS cannot say 4 KiB: 0 means no limit) to 1 GiB",
             );
         }
         Ok(())
@@ -685,11 +688,15 @@ mod tests {
         assert!(!h.host_allowed("nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000000"));
         let o = TargetOptions::default();
         assert_eq!((o.mdts(), o.ioccsz()), (8, 4 + 512));
-        let bad = TargetOptions {
-            max_transfer: 3 << 12,
+        for max_transfer in [3 << 12, 4096, 2 << 30] {
+            let bad = TargetOptions { max_transfer, ..o };
+            assert!(bad.validate().is_err(), "{max_transfer}");
+        }
+        let small = TargetOptions {
+            max_transfer: 8192,
             ..o
         };
-        assert!(bad.validate().is_err());
+        assert_eq!((small.validate(), small.mdts()), (Ok(()), 1));
         let l = Listener::tcp(1, "[::]:4420".parse().unwrap());
         assert_eq!(
             (l.adrfam, l.traddr.as_str(), l.trsvcid.as_str()),

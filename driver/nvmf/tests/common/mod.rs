@@ -54,7 +54,7 @@ pub fn server_over(backends: Vec<Box<dyn Backend>>) -> Server {
     ns.deallocate = true;
     sub.namespaces.push(ns);
     let opts = TargetOptions {
-        max_transfer: 4096,
+        max_transfer: 8192,
         in_capsule_data: ICD,
         ..TargetOptions::default()
     };
