@@ -179,6 +179,32 @@ pub struct NamespaceInfo {
     pub blocks: u64,
 }
 
+/// Resets a model's PCI function from any thread ([`NvmeModel::function_reset_handle`]).
+#[derive(Clone)]
+pub struct FunctionResetHandle(Arc<Shared>);
+
+impl std::fmt::Debug for FunctionResetHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FunctionResetHandle")
+    }
+}
+
+impl FunctionResetHandle {
+    /// See [`NvmeModel::function_reset`].
+    pub fn reset(&self) -> bool {
+        let sh = &self.0;
+        let asked = sh.flr_asked.fetch_add(1, Ordering::AcqRel) + 1;
+        let start = std::time::Instant::now();
+        while sh.flr_done.load(Ordering::Acquire) < asked {
+            if start.elapsed() > std::time::Duration::from_secs(1) || sh.stop.load(Ordering::Relaxed) {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
+        true
+    }
+}
+
 /// A running controller model: its thread, its BAR0 and its namespaces.
 ///
 /// Dropping it stops the thread (as [`NvmeModel::stop`] does, ignoring a panic).
@@ -331,18 +357,16 @@ impl NvmeModel {
 
     /// Resets the PCI function, as VFIO's device reset (FLR) does: the controller is back to
     /// its power-on state (CC, AQA, ASQ, ACQ zeroed, no queues, CSTS = 0), a hang ended.
-    /// Returns once the controller thread has done it (within a second), or `false` if it is
-    /// not running.
+    /// Returns once the controller thread has done it (within a second), or `false` if it did
+    /// not.
     pub fn function_reset(&self) -> bool {
-        let asked = self.shared.flr_asked.fetch_add(1, Ordering::AcqRel) + 1;
-        let start = std::time::Instant::now();
-        while self.shared.flr_done.load(Ordering::Acquire) < asked {
-            if start.elapsed() > std::time::Duration::from_secs(1) || self.thread.is_none() {
-                return false;
-            }
-            std::thread::sleep(std::time::Duration::from_micros(50));
-        }
-        true
+        self.function_reset_handle().reset()
+    }
+
+    /// A handle that resets the function from any thread (for the driver's
+    /// `Controller::set_function_reset`, which stands in for VFIO's device reset).
+    pub fn function_reset_handle(&self) -> FunctionResetHandle {
+        FunctionResetHandle(Arc::clone(&self.shared))
     }
 
     /// Controller resets (CC.EN 1 → 0 that completed) and function resets so far.
