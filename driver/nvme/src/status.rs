@@ -100,6 +100,13 @@ impl Status {
     }
 
     /// The spec's name for this status, or `None` for a code it does not name here.
+    ///
+    /// Every code NVMe Base 2.0 names (Figures 102-105) and those of the command sets vfpoll
+    /// does I/O with: NVM Command Set 1.0 (SC 80h-84h generic, 80h-83h command specific,
+    /// 80h-88h media) and Zoned Namespace 1.1 (Figure 27: B8h-BFh). One table serves
+    /// them all because their I/O-command-set-specific codes do not overlap; Key Value
+    /// namespaces (whose 85h-89h would be named only for KV commands) are refused for I/O, so
+    /// their codes cannot reach a caller.
     pub const fn name(self) -> Option<&'static str> {
         Some(match (self.sct(), self.sc()) {
             (Sct::Generic, 0x00) => "Successful Completion",
@@ -125,11 +132,19 @@ impl Status {
             (Sct::Generic, 0x14) => "Atomic Write Unit Exceeded",
             (Sct::Generic, 0x15) => "Operation Denied",
             (Sct::Generic, 0x16) => "SGL Offset Invalid",
+            (Sct::Generic, 0x18) => "Host Identifier Inconsistent Format",
+            (Sct::Generic, 0x19) => "Keep Alive Timer Expired",
+            (Sct::Generic, 0x1a) => "Keep Alive Timeout Invalid",
+            (Sct::Generic, 0x1b) => "Command Aborted due to Preempt and Abort",
+            (Sct::Generic, 0x1c) => "Sanitize Failed",
             (Sct::Generic, 0x1d) => "Sanitize In Progress",
             (Sct::Generic, 0x1e) => "SGL Data Block Granularity Invalid",
+            (Sct::Generic, 0x1f) => "Command Not Supported for Queue in CMB",
             (Sct::Generic, 0x20) => "Namespace is Write Protected",
             (Sct::Generic, 0x21) => "Command Interrupted",
             (Sct::Generic, 0x22) => "Transient Transport Error",
+            (Sct::Generic, 0x23) => "Command Prohibited by Command and Feature Lockdown",
+            (Sct::Generic, 0x24) => "Admin Command Media Not Ready",
             (Sct::Generic, 0x80) => "LBA Out of Range",
             (Sct::Generic, 0x81) => "Capacity Exceeded",
             (Sct::Generic, 0x82) => "Namespace Not Ready",
@@ -145,10 +160,40 @@ impl Status {
             (Sct::CommandSpecific, 0x08) => "Invalid Interrupt Vector",
             (Sct::CommandSpecific, 0x09) => "Invalid Log Page",
             (Sct::CommandSpecific, 0x0a) => "Invalid Format",
+            (Sct::CommandSpecific, 0x0b) => "Firmware Activation Requires Conventional Reset",
             (Sct::CommandSpecific, 0x0c) => "Invalid Queue Deletion",
             (Sct::CommandSpecific, 0x0d) => "Feature Identifier Not Saveable",
             (Sct::CommandSpecific, 0x0e) => "Feature Not Changeable",
             (Sct::CommandSpecific, 0x0f) => "Feature Not Namespace Specific",
+            (Sct::CommandSpecific, 0x10) => "Firmware Activation Requires NVM Subsystem Reset",
+            (Sct::CommandSpecific, 0x11) => "Firmware Activation Requires Controller Level Reset",
+            (Sct::CommandSpecific, 0x12) => "Firmware Activation Requires Maximum Time Violation",
+            (Sct::CommandSpecific, 0x13) => "Firmware Activation Prohibited",
+            (Sct::CommandSpecific, 0x14) => "Overlapping Range",
+            (Sct::CommandSpecific, 0x15) => "Namespace Insufficient Capacity",
+            (Sct::CommandSpecific, 0x16) => "Namespace Identifier Unavailable",
+            (Sct::CommandSpecific, 0x18) => "Namespace Already Attached",
+            (Sct::CommandSpecific, 0x19) => "Namespace Is Private",
+            (Sct::CommandSpecific, 0x1a) => "Namespace Not Attached",
+            (Sct::CommandSpecific, 0x1b) => "Thin Provisioning Not Supported",
+            (Sct::CommandSpecific, 0x1c) => "Controller List Invalid",
+            (Sct::CommandSpecific, 0x1d) => "Device Self-test In Progress",
+            (Sct::CommandSpecific, 0x1e) => "Boot Partition Write Prohibited",
+            (Sct::CommandSpecific, 0x1f) => "Invalid Controller Identifier",
+            (Sct::CommandSpecific, 0x20) => "Invalid Secondary Controller State",
+            (Sct::CommandSpecific, 0x21) => "Invalid Number of Controller Resources",
+            (Sct::CommandSpecific, 0x22) => "Invalid Resource Identifier",
+            (Sct::CommandSpecific, 0x23) => "Sanitize Prohibited While Persistent Memory Region is Enabled",
+            (Sct::CommandSpecific, 0x24) => "ANA Group Identifier Invalid",
+            (Sct::CommandSpecific, 0x25) => "ANA Attach Failed",
+            (Sct::CommandSpecific, 0x26) => "Insufficient Capacity",
+            (Sct::CommandSpecific, 0x27) => "Namespace Attachment Limit Exceeded",
+            (Sct::CommandSpecific, 0x28) => "Prohibition of Command Execution Not Supported",
+            (Sct::CommandSpecific, 0x29) => "I/O Command Set Not Supported",
+            (Sct::CommandSpecific, 0x2a) => "I/O Command Set Not Enabled",
+            (Sct::CommandSpecific, 0x2b) => "I/O Command Set Combination Rejected",
+            (Sct::CommandSpecific, 0x2c) => "Invalid I/O Command Set",
+            (Sct::CommandSpecific, 0x2d) => "Identifier Unavailable",
             (Sct::CommandSpecific, 0x80) => "Conflicting Attributes",
             (Sct::CommandSpecific, 0x81) => "Invalid Protection Information",
             (Sct::CommandSpecific, 0x82) => "Attempted Write to Read Only Range",
@@ -170,6 +215,7 @@ impl Status {
             (Sct::Media, 0x85) => "Compare Failure",
             (Sct::Media, 0x86) => "Access Denied",
             (Sct::Media, 0x87) => "Deallocated or Unwritten Logical Block",
+            (Sct::Media, 0x88) => "End-to-End Storage Tag Check Error",
             (Sct::Path, 0x00) => "Internal Path Error",
             (Sct::Path, 0x01) => "Asymmetric Access Persistent Loss",
             (Sct::Path, 0x02) => "Asymmetric Access Inaccessible",
@@ -262,5 +308,64 @@ mod tests {
             Status::new(Sct::CommandSpecific, 0xb9, true).name(),
             Some("Zone Is Full")
         );
+    }
+
+    #[test]
+    fn names_every_code_of_base_2_0_and_no_reserved_one() {
+        let name = |sct, sc| Status::new(sct, sc, false).name();
+        for (sct, sc, want) in [
+            (Sct::Generic, 0x18, "Host Identifier Inconsistent Format"),
+            (Sct::Generic, 0x1c, "Sanitize Failed"),
+            (Sct::Generic, 0x1f, "Command Not Supported for Queue in CMB"),
+            (
+                Sct::Generic,
+                0x23,
+                "Command Prohibited by Command and Feature Lockdown",
+            ),
+            (Sct::Generic, 0x24, "Admin Command Media Not Ready"),
+            (
+                Sct::CommandSpecific,
+                0x0b,
+                "Firmware Activation Requires Conventional Reset",
+            ),
+            (Sct::CommandSpecific, 0x16, "Namespace Identifier Unavailable"),
+            (
+                Sct::CommandSpecific,
+                0x28,
+                "Prohibition of Command Execution Not Supported",
+            ),
+            (Sct::CommandSpecific, 0x29, "I/O Command Set Not Supported"),
+            (Sct::CommandSpecific, 0x2a, "I/O Command Set Not Enabled"),
+            (Sct::CommandSpecific, 0x2b, "I/O Command Set Combination Rejected"),
+            (Sct::CommandSpecific, 0x2c, "Invalid I/O Command Set"),
+            (Sct::CommandSpecific, 0x2d, "Identifier Unavailable"),
+            (Sct::Media, 0x88, "End-to-End Storage Tag Check Error"),
+        ] {
+            assert_eq!(name(sct, sc), Some(want), "{sct:?} {sc:#04x}");
+        }
+        // Every code of the ranges Base 2.0 fills is named; the reserved ones are not.
+        let generic: Vec<u8> = (0x00..=0x24).filter(|&c| c != 0x17).chain(0x80..=0x84).collect();
+        let specific: Vec<u8> = (0x00..=0x2d)
+            .filter(|&c| c != 0x04 && c != 0x17)
+            .chain(0x80..=0x83)
+            .chain(0xb8..=0xbf)
+            .collect();
+        let media: Vec<u8> = (0x80..=0x88).collect();
+        let path: Vec<u8> = vec![0x00, 0x01, 0x02, 0x03, 0x60, 0x70, 0x71];
+        for (sct, named) in [
+            (Sct::Generic, generic),
+            (Sct::CommandSpecific, specific),
+            (Sct::Media, media),
+            (Sct::Path, path),
+        ] {
+            let mut seen = std::collections::HashSet::new();
+            for sc in 0..=u8::MAX {
+                let n = name(sct, sc);
+                assert_eq!(n.is_some(), named.contains(&sc), "{sct:?} {sc:#04x}: {n:?}");
+                if let Some(n) = n {
+                    assert!(seen.insert(n), "{sct:?}: {n} names two codes");
+                }
+            }
+        }
     }
 }
