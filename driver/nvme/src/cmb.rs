@@ -155,7 +155,7 @@ impl Controller {
         }
         let unit = 1u64 << (12 + 4 * ((sz.0 >> 8) & 0xf));
         let offset = loc.offset_units() * unit;
-        let whole = dev.map_bar(loc.bir())?;
+        let whole = crate::regs::map_bar(dev, loc.bir())?;
         let mmio = whole.window(offset as usize, size as usize).map_err(|e| {
             NvmeError::Unsupported(format!(
                 "CMB of {size:#x} bytes at {offset:#x} does not fit BAR{}: {e}",

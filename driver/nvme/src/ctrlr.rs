@@ -221,7 +221,7 @@ impl Controller {
             )));
         }
         device.enable_bus_master()?;
-        let bar = device.map_bar(0)?;
+        let bar = crate::regs::map_bar(&device, 0)?;
         Self::bring_up(bar, dma, opts, Some(device))
     }
 
@@ -402,9 +402,7 @@ impl Controller {
 
         let admin = guard.admin.take().expect("still there");
         let shutdown_limits = ShutdownLimits::new(cap, identify.rtd3e);
-        // SAFETY: `bar` moves into the `Shared` that owns the registration, which is dropped
-        // first in `Shared::drop`, so the mapping outlives it.
-        let registration = unsafe { Registration::new(bar.as_ptr(), shutdown_limits) };
+        let registration = Registration::new(&bar, shutdown_limits);
         Ok(Controller {
             shared: Arc::new_cyclic(|me| Shared {
                 bar,
@@ -484,9 +482,24 @@ impl Controller {
         self.shared.shadow.is_some()
     }
 
-    /// The VFIO device, when opened through VFIO.
-    pub fn device(&self) -> Option<&Device> {
+    /// The VFIO device, when opened through VFIO. Crate-private: the device could map BAR0
+    /// writable or reset the function under the driver.
+    pub(crate) fn device(&self) -> Option<&Device> {
         self.shared.device.as_ref()
+    }
+
+    /// The PCI address, when opened through VFIO.
+    pub fn bdf(&self) -> Option<Bdf> {
+        self.device().map(Device::bdf)
+    }
+
+    /// The interrupts the controller offers at VFIO index `index` (MSI-X, MSI, INTx), when
+    /// opened through VFIO (`None` otherwise).
+    pub fn irq_info(&self, index: vfpoll_pci::vfio::IrqIndex) -> Result<Option<vfpoll_pci::vfio::IrqInfo>> {
+        self.device()
+            .map(|d| d.irq_info(index))
+            .transpose()
+            .map_err(NvmeError::from)
     }
 
     /// The DMA context the controller allocates from.

@@ -15,11 +15,16 @@
 //!   the controller never moves more bytes than a buffer holds.
 //!
 //! Nothing safe can make a controller DMA to memory the driver did not describe: raw
-//! passthrough ([`Controller::admin_raw`], [`QueuePair::submit_raw`]) is `unsafe`, and
-//! registers are read-only outside the crate ([`Registers`]).
+//! passthrough ([`Controller::admin_raw`], [`QueuePair::submit_raw`]) is `unsafe`, a buffer
+//! type vouches for its bus addresses by implementing the `unsafe` trait [`IoBuffer`], and
+//! registers are read-only outside the crate ([`Registers`]; mapping a BAR writable is `unsafe`
+//! in `vfpoll-pci`, and the VFIO device stays inside the crate).
 //!
-//! The only `unsafe` code is in the private `qmem` (queue memory access) and `signal` (clean
-//! shutdown on SIGINT/SIGTERM: [`shutdown_on_signals`]) modules.
+//! The `unsafe` code is in the private `qmem` (queue memory access) and `signal` (clean
+//! shutdown on SIGINT/SIGTERM: [`shutdown_on_signals`]) modules, in `regs::map_bar` (the
+//! crate's one BAR mapping, private), and in [`buffer`]'s `unsafe impl IoBuffer` for the
+//! crate's buffer types (each says why its bus addresses are the buffer's own) and
+//! [`BusRange::new`].
 //!
 //! ```no_run
 //! use std::sync::Arc;
