@@ -4,9 +4,10 @@
 //! Offsets come from a `#[repr(C)]` block checked at compile time against the spec's offset map;
 //! multi-bit fields have named getters and builders, never inline shifts at the call site.
 //!
-//! [`map_bar`] is the crate's one mapping of a device BAR (BAR0, and the BAR that holds the
-//! controller memory buffer), and this module's only `unsafe`: a register write can start DMA
-//! to any bus address (ASQ, ACQ, CMBMSC), so the mapping never leaves the crate writable.
+//! `map_bar` (crate-private) is the crate's one mapping of a device BAR (BAR0, and the BAR
+//! that holds the controller memory buffer), and this module's only `unsafe`: a register write
+//! can start DMA to any bus address (ASQ, ACQ, CMBMSC), so the mapping never leaves the crate
+//! writable.
 
 use core::fmt;
 use core::mem::offset_of;
