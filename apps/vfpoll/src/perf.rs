@@ -23,6 +23,9 @@ use vfpoll_pci::Bdf;
 use crate::ctx::Ctx;
 use crate::units::parse_nonzero_bytes as parse_size;
 
+#[path = "perf_reset.rs"]
+mod reset;
+
 /// Options of `vfpoll perf`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -126,6 +129,12 @@ pub struct Args {
     /// How long hybrid mode spins before it sleeps, in microseconds.
     #[arg(long, value_name = "US", default_value_t = 50)]
     pub hybrid_spin_us: u64,
+    /// Reset every controller this often while the workers run (Controller::reset from
+    /// another thread: CC.EN 1 -> 0 -> 1, admin queue and features again, every queue pair
+    /// re-created in place). I/Os a reset interrupts are issued again, so --verify still holds.
+    /// Prints each reset's time and the longest gap between completions.
+    #[arg(long, value_name = "SECS", value_parser = parse_secs)]
+    pub reset_every: Option<Duration>,
     /// Print the results as JSON (fio-like field names) instead of text.
     #[arg(long)]
     pub json: bool,
@@ -377,6 +386,9 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
     }
     let mut out = std::io::stdout();
     let (cpu_before, wall) = (process_cpu()?, std::time::Instant::now());
+    let resetter = a
+        .reset_every
+        .map(|every| reset::ResetEvery::start(&devices.ctrls, every));
     let report = engine.run(Duration::from_secs(1), |p| {
         if live {
             let _ = write!(
@@ -394,12 +406,31 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
         used: process_cpu()?.saturating_sub(cpu_before),
         wall: wall.elapsed(),
     };
+    let resets = resetter.map(reset::ResetEvery::stop);
+    let max_gap = report
+        .workers
+        .iter()
+        .flat_map(|w| &w.queues)
+        .map(|q| q.max_gap)
+        .max()
+        .unwrap_or_default();
+    let reissued: u64 = report
+        .workers
+        .iter()
+        .flat_map(|w| &w.queues)
+        .map(|q| q.reissued)
+        .sum();
     if live {
         print!("\r\x1b[K");
     }
     if a.json {
         let mut v = to_json(&a, &job, &cores, &devices, &report);
         v["completion"] = json!(a.completion);
+        v["max_gap_ms"] = json!(max_gap.as_secs_f64() * 1e3);
+        v["reissued"] = json!(reissued);
+        if let Some(r) = &resets {
+            v["resets"] = r.json();
+        }
         v["cpu"] = json!({
             "process_s": cpu.used.as_secs_f64(),
             "wall_s": cpu.wall.as_secs_f64(),
@@ -425,8 +456,29 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
         if let Some(b) = &report.breakdown {
             print_breakdown(b);
         }
+        if let Some(r) = &resets {
+            let ms = |d: Duration| d.as_secs_f64() * 1e3;
+            match r.times() {
+                Some((min, mean, max)) => println!(
+                    "resets: {} ({} with a function reset), each took {:.2} / {:.2} / {:.2} ms (min / mean / max); longest gap between completions {:.2} ms; {reissued} I/Os issued again",
+                    r.done.len(),
+                    r.done.iter().filter(|d| d.2).count(),
+                    ms(min),
+                    ms(mean),
+                    ms(max),
+                    ms(max_gap)
+                ),
+                None => println!("resets: none done (the run ended first)"),
+            }
+        }
     }
-    Ok(if report.passed() {
+    let reset_failed = resets.as_ref().is_some_and(|r| !r.failed.is_empty());
+    if let Some(r) = &resets {
+        for (dev, e) in &r.failed {
+            eprintln!("vfpoll perf: FAILED: resetting {dev}: {e}");
+        }
+    }
+    Ok(if report.passed() && !reset_failed {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE

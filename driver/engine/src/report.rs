@@ -172,8 +172,14 @@ pub struct QueueReport {
     /// Polls that found no completion: a worker that mostly finds nothing waits on the device;
     /// one that rarely does is limited by its own CPU time.
     pub empty_polls: u64,
-    /// The queue pair's own counters (doorbells, completions, errors).
+    /// The queue pair's own counters (doorbells, completions, errors, resets).
     pub stats: QpairStats,
+    /// The longest time between two polls that found completions, from the first submission
+    /// to the last completion: how long I/O stood still (a controller reset, a stall).
+    pub max_gap: Duration,
+    /// I/Os issued again after a controller reset interrupted them
+    /// ([`vfpoll_nvme::NvmeError::Reset`]): each counts once, when it finally completes.
+    pub reissued: u64,
     /// Its zoned namespaces: how their zones were written.
     pub zoned: Vec<ZoneReport>,
 }

@@ -147,7 +147,7 @@ fn run<S: Slots, T: Stamps>(s: Setup) {
         worker: s.index,
         core: s.spec.core,
         elapsed,
-        queues: queues.iter().map(Queue::report).collect(),
+        queues: queues.iter().map(|q| q.report(&st.clock)).collect(),
         read: st.read,
         write: st.write,
         errors: st.errors,
@@ -225,6 +225,7 @@ fn hot_loop<S: Slots, T: Stamps>(
 ) -> Duration {
     let start = st.clock.ticks();
     for q in queues.iter_mut() {
+        q.last_done = start;
         q.refill(start, st);
         q.qp.flush_submissions();
         q.stamps.rang();
@@ -271,6 +272,8 @@ struct SlotMeta {
     write: bool,
     failed: bool,
     lost: bool,
+    /// A controller reset interrupted it: issue it again (same operation, LBA and data).
+    again: bool,
 }
 
 /// One namespace range on a queue pair.
@@ -362,6 +365,12 @@ struct Queue<S: Slots, T: Stamps> {
     /// Polls, and those that found no completion (how long the worker waited on the device).
     polls: u64,
     empty_polls: u64,
+    /// Clock ticks of the last poll that found completions (or of the first submission), and
+    /// the longest gap between two such polls.
+    last_done: u64,
+    max_gap: u64,
+    /// I/Os issued again after a controller reset.
+    reissued: u64,
     device: String,
     /// Interrupt mode (`CompletionMode::Irq`/`Hybrid`): an empty poll with commands in flight
     /// sleeps in `QueuePair::wait` instead of polling again.
@@ -518,6 +527,9 @@ fn build<S: Slots, T: Stamps>(s: &Setup) -> Result<Vec<Queue<S, T>>, EngineError
             ios: 0,
             polls: 0,
             empty_polls: 0,
+            last_done: 0,
+            max_gap: 0,
+            reissued: 0,
             device,
             sleepy: job.qpair.completion.interrupts(),
             stamps: T::new(&s.clock),
@@ -621,6 +633,24 @@ impl<S: Slots, T: Stamps> Queue<S, T> {
         if ns.left != u64::MAX {
             ns.left -= 1;
         }
+        self.issue(slot, k, write, lba, lane, now, st)
+    }
+
+    /// Issues one I/O (`write` or read of `lba` in namespace range `k`) from `slot`: fills or
+    /// poisons the buffer when verifying, submits; false when refused.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    fn issue(
+        &mut self,
+        slot: usize,
+        k: usize,
+        write: bool,
+        lba: u64,
+        lane: u16,
+        now: u64,
+        st: &mut State,
+    ) -> bool {
+        let ns = &self.ns[k];
         let nsid = ns.nsid;
         if let (false, Some(_)) = (write, st.verify_seed) {
             // Verify reads go into poisoned buffers: a read that moves nothing cannot pass
@@ -660,6 +690,7 @@ impl<S: Slots, T: Stamps> Queue<S, T> {
             write,
             failed: false,
             lost: false,
+            again: false,
         };
         self.stamps.submitting();
         let buf = self.slots.take(slot);
@@ -724,7 +755,10 @@ impl<S: Slots, T: Stamps> Queue<S, T> {
             stamps.called_back();
             let slot = d.tag as usize;
             let m = &mut meta[slot];
-            if let Err(e) = &d.result {
+            if let Err(NvmeError::Reset { .. }) = &d.result {
+                // Interrupted by a controller reset: issued again (`complete`), not an error.
+                m.again = true;
+            } else if let Err(e) = &d.result {
                 m.failed = true;
                 let ns = m.ns;
                 st.error(|| {
@@ -754,6 +788,11 @@ impl<S: Slots, T: Stamps> Queue<S, T> {
             }
         } else {
             let now = st.clock.ticks();
+            let gap = now.wrapping_sub(self.last_done);
+            self.last_done = now;
+            if gap > self.max_gap {
+                self.max_gap = gap;
+            }
             self.complete(now, st);
             if !self.zone_done.is_empty() {
                 self.zone_complete(st);
@@ -842,8 +881,14 @@ impl<S: Slots, T: Stamps> Queue<S, T> {
     fn complete(&mut self, now: u64, st: &mut State) {
         for i in 0..self.ready.len() {
             let slot = self.ready[i] as usize;
-            let m = self.meta[slot];
+            let mut m = self.meta[slot];
             self.inflight -= 1;
+            if m.again && !m.lost {
+                if self.again(slot, m, st) {
+                    continue;
+                }
+                m.failed = true;
+            }
             self.ios += 1;
             let lat = st.clock.ns(now.wrapping_sub(m.submitted));
             let op = if m.write { &mut st.write } else { &mut st.read };
@@ -866,6 +911,32 @@ impl<S: Slots, T: Stamps> Queue<S, T> {
             self.free.push(slot as u32);
         }
         self.ready.clear();
+    }
+
+    /// Issues the I/O in `slot` again after a controller reset interrupted it: the same
+    /// operation on the same blocks (a write with the same data), its latency still counted
+    /// from the first submission. A write to a zoned range is not repeated (its zone's write
+    /// pointer may have moved): it counts as failed.
+    /// Returns whether it was issued; if not, the error is counted and the caller completes
+    /// it as failed.
+    #[cold]
+    #[inline(never)]
+    fn again(&mut self, slot: usize, m: SlotMeta, st: &mut State) -> bool {
+        let zoned = self.ns[m.ns as usize].writer.is_some();
+        if !zoned && !self.broken && self.issue(slot, m.ns as usize, m.write, m.lba, m.lane, m.submitted, st)
+        {
+            self.reissued += 1;
+            return true;
+        }
+        let device = &self.device;
+        st.error(|| {
+            format!(
+                "{device}: {} of LBA {} interrupted by a controller reset",
+                op(m.write),
+                m.lba
+            )
+        });
+        false
     }
 
     /// A write to a zoned range completed: its lane goes on.
@@ -963,7 +1034,7 @@ impl<S: Slots, T: Stamps> Queue<S, T> {
         self.inflight != 0
     }
 
-    fn report(&self) -> QueueReport {
+    fn report(&self, clock: &Clock) -> QueueReport {
         QueueReport {
             device: self.device.clone(),
             qid: self.qp.qid(),
@@ -972,6 +1043,8 @@ impl<S: Slots, T: Stamps> Queue<S, T> {
             polls: self.polls,
             empty_polls: self.empty_polls,
             stats: self.qp.stats(),
+            max_gap: Duration::from_nanos(clock.ns(self.max_gap)),
+            reissued: self.reissued,
             zoned: self.ns.iter().filter_map(|n| n.zone_report.clone()).collect(),
         }
     }
