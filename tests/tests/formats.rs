@@ -472,6 +472,7 @@ fn host_check_formats_images() {
                     ty: PiType::Type1,
                     first: false,
                     format: PiFormat::Guard16,
+                    storage_tag_bits: 0,
                 }),
             };
             let mut blocks = Pattern::new(seed(), 99).bytes(2 * 520);

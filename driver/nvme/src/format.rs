@@ -56,6 +56,10 @@ pub struct Protection {
     pub first: bool,
     /// The guard size.
     pub format: PiFormat,
+    /// Bits of the PI given to a storage tag (STS of the extended LBA format; 0: none). With
+    /// a 16-bit guard they are taken from the 32-bit reference tag field (NVM Command Set 1.0
+    /// §5.3.1.2), so the reference tag is no longer the LBA's low 32 bits: refused for I/O.
+    pub storage_tag_bits: u8,
 }
 
 /// The format a namespace is formatted with.
@@ -158,6 +162,7 @@ impl NsFormat {
                     ty,
                     first: id.dps & 8 != 0,
                     format,
+                    storage_tag_bits: 0,
                 })
             }
             t => return Err(FormatError::BadPiType(t)),
@@ -170,6 +175,17 @@ impl NsFormat {
             extended: id.extended_lba && ms != 0,
             protection,
         })
+    }
+
+    /// The format in use, as [`NsFormat::parse`], from the extended LBA format `elbaf` of the
+    /// NVM command set's Identify Namespace (CNS 05h, CSI 00h; bits 6:0 STS, the storage tag
+    /// size, and 8:7 PIF), read for PI namespaces on controllers with extended LBA formats.
+    pub fn parse_elbaf(id: &IdentifyNamespace, elbaf: Option<u32>) -> Result<Self, FormatError> {
+        let mut f = Self::parse(id, elbaf.map(|e| ((e >> 7) & 3) as u8))?;
+        if let (Some(p), Some(e)) = (f.protection.as_mut(), elbaf) {
+            p.storage_tag_bits = (e & 0x7f) as u8;
+        }
+        Ok(f)
     }
 
     /// A format without metadata (tests, device models).
@@ -203,7 +219,11 @@ impl fmt::Display for NsFormat {
                 PiFormat::Guard64 => "64-bit",
             };
             let at = if p.first { "first" } else { "last" };
-            write!(f, ", PI {:?} ({guard} guard, {at} bytes)", p.ty)?;
+            write!(f, ", PI {:?} ({guard} guard, {at} bytes", p.ty)?;
+            if p.storage_tag_bits != 0 {
+                write!(f, ", {}-bit storage tag", p.storage_tag_bits)?;
+            }
+            write!(f, ")")?;
         }
         Ok(())
     }
@@ -271,6 +291,9 @@ pub struct Access {
 pub enum Refusal {
     /// PI with a 32- or 64-bit guard: vfpoll builds the 16-bit guard's commands only.
     PiFormat(PiFormat),
+    /// PI with a storage tag of this many bits (ELBAF.STS): vfpoll's reference tag is the whole
+    /// 32-bit field, and it sets no storage tag (CDW2/3 LBST, LBSTM).
+    StorageTag(u8),
     /// The Identify data describe no usable format.
     BadFormat(FormatError),
     /// The namespace belongs to an I/O command set vfpoll does not drive (CSI).
@@ -295,6 +318,10 @@ impl fmt::Display for Refusal {
                     PiFormat::Guard32 => "32-bit",
                     PiFormat::Guard64 => "64-bit",
                 }
+            ),
+            Refusal::StorageTag(bits) => write!(
+                f,
+                "protection information with a {bits}-bit storage tag (STS of its extended LBA format) is not supported: vfpoll uses the whole reference tag field for the LBA and sets no storage tag; format the namespace to an LBA format without a storage tag, or without PI (`vfpoll format --lbaf N --pi 1|none`)"
             ),
             Refusal::BadFormat(e) => write!(f, "its Identify Namespace data are inconsistent ({e}); the controller's firmware is at fault"),
             Refusal::CommandSet(csi) => write!(
@@ -340,6 +367,9 @@ impl Access {
             // The 32- and 64-bit guards carry a 48-bit reference tag split over CDW3 and
             // CDW14 and storage tags; vfpoll does not build those commands.
             return Err(Refusal::PiFormat(p.format));
+        }
+        if p.storage_tag_bits != 0 {
+            return Err(Refusal::StorageTag(p.storage_tag_bits));
         }
         let checks_ref = matches!(p.ty, PiType::Type1 | PiType::Type2);
         let (moves, prinfo, ref_tag) = match mode {
@@ -421,7 +451,13 @@ pub mod pi {
     /// Where the 8 PI bytes sit in a block's metadata.
     fn pi_offset(fmt: &NsFormat) -> Option<usize> {
         let p = fmt.protection?;
-        (p.format == PiFormat::Guard16).then(|| if p.first { 0 } else { fmt.metadata_size - 8 })
+        (p.format == PiFormat::Guard16 && p.storage_tag_bits == 0).then(|| {
+            if p.first {
+                0
+            } else {
+                fmt.metadata_size - 8
+            }
+        })
     }
 
     /// The PI of one block: the guard covers the data and, with PI in the last bytes, the
@@ -447,8 +483,8 @@ pub mod pi {
     /// [`super::PiMode::Host`]. `data` holds the blocks' data and `meta` their metadata: for an
     /// extended LBA both are the one buffer of `data + metadata` per block (pass it as `data`
     /// and an empty `meta`), otherwise the data buffer and the separate metadata buffer.
-    /// Returns `false` (and writes nothing) if the format has no 16-bit guard PI or the
-    /// buffers do not hold `blocks` blocks.
+    /// Returns `false` (and writes nothing) if the format has no 16-bit guard PI without a
+    /// storage tag or the buffers do not hold `blocks` blocks.
     pub fn generate(fmt: &NsFormat, slba: u64, blocks: u64, data: &mut [u8], meta: &mut [u8]) -> bool {
         walk(fmt, blocks, data, meta, |i, d, m_before, pi| {
             pi.copy_from_slice(&tuple(d, m_before, 0, reference(fmt, slba, i)));
@@ -569,7 +605,8 @@ mod tests {
             Some(Protection {
                 ty: PiType::Type1,
                 first: true,
-                format: PiFormat::Guard16
+                format: PiFormat::Guard16,
+                storage_tag_bits: 0,
             })
         );
         assert_eq!(
@@ -621,6 +658,7 @@ mod tests {
                 ty,
                 first: false,
                 format: PiFormat::Guard16,
+                storage_tag_bits: 0,
             }),
         }
     }
@@ -687,6 +725,46 @@ mod tests {
             Access::new(&f, PiMode::Controller),
             Err(Refusal::PiFormat(PiFormat::Guard64))
         );
+    }
+
+    #[test]
+    fn a_storage_tag_is_read_shown_and_refused_in_every_pi_mode() {
+        // ELBAF of format 1: STS 8, PIF 0 (16-bit guard).
+        let page = id(&[(9, 0), (9, 8)], 1, true, 1);
+        let f = NsFormat::parse_elbaf(&page, Some(8)).unwrap();
+        assert_eq!(
+            f.protection.map(|p| (p.format, p.storage_tag_bits)),
+            Some((PiFormat::Guard16, 8))
+        );
+        assert_eq!(
+            f.to_string(),
+            "LBA format 1: 512 B + 8 B metadata at the end of each block, PI Type1 (16-bit guard, last bytes, 8-bit storage tag)"
+        );
+        let host = PiMode::Host(PiCheck {
+            guard: true,
+            app_tag: true,
+            ref_tag: true,
+        });
+        for mode in [PiMode::Controller, PiMode::ControllerUnchecked, host] {
+            assert_eq!(Access::new(&f, mode), Err(Refusal::StorageTag(8)), "{mode:?}");
+        }
+        let why = Refusal::StorageTag(8).to_string();
+        assert!(
+            why.contains("8-bit storage tag") && why.contains("vfpoll format --lbaf N"),
+            "{why}"
+        );
+        // Host PI helpers do not write a reference tag the controller reads otherwise.
+        let mut blocks = vec![0u8; 520];
+        assert!(!pi::generate(&f, 0, 1, &mut blocks, &mut []));
+        // STS 0 and the PIF bits: as `parse` with that PIF.
+        let g = NsFormat::parse_elbaf(&page, Some(2 << 7)).unwrap_err();
+        assert_eq!(g, FormatError::PiLargerThanMetadata { pi: 16, ms: 8 });
+        let plain = NsFormat::parse_elbaf(&page, Some(0)).unwrap();
+        assert_eq!(plain, NsFormat::parse(&page, Some(0)).unwrap());
+        assert!(Access::new(&plain, PiMode::Controller).is_ok());
+        // Without PI the storage tag size means nothing and is not kept.
+        let no_pi = NsFormat::parse_elbaf(&id(&[(9, 8)], 0, true, 0), Some(8)).unwrap();
+        assert_eq!(no_pi.protection, None);
     }
 
     #[test]
@@ -857,7 +935,7 @@ mod tests {
                                 let (pi, ms) = (format.size(), ms as usize);
                                 return Err(FormatError::PiLargerThanMetadata { pi, ms });
                             }
-                            Some(Protection { ty, first: dps & 8 != 0, format })
+                            Some(Protection { ty, first: dps & 8 != 0, format, storage_tag_bits: 0 })
                         }
                     };
                     Ok(NsFormat {
@@ -889,6 +967,7 @@ mod tests {
                         ty: [PiType::Type1, PiType::Type2, PiType::Type3][t],
                         first,
                         format: PiFormat::Guard16,
+                        storage_tag_bits: 0,
                     }),
                 },
             )

@@ -37,16 +37,16 @@ pub struct Namespace {
 }
 
 impl Namespace {
-    /// A namespace from its Identify page, the PI format of its LBA format (if known) and
-    /// its command set.
-    pub fn new(nsid: u32, identify: IdentifyNamespace, pif: Option<u8>, command_set: u8) -> Self {
+    /// A namespace from its Identify page, the extended LBA format of its LBA format (if known:
+    /// PI format and storage tag size, see [`NsFormat::parse_elbaf`]) and its command set.
+    pub fn new(nsid: u32, identify: IdentifyNamespace, elbaf: Option<u32>, command_set: u8) -> Self {
         let f = identify.lba_format();
         Namespace {
             nsid,
             lba_size: f.data_size(),
             blocks: identify.nsze,
             metadata_size: f.ms,
-            format: NsFormat::parse(&identify, pif),
+            format: NsFormat::parse_elbaf(&identify, elbaf),
             command_set,
             zoned: None,
             identify,
@@ -252,18 +252,17 @@ pub(crate) fn read_namespace(
         )?;
         csi = crate::identify::csi_of_descriptors(&p).unwrap_or(zns::CSI_NVM);
     }
-    // The PI format (guard size) of a PI namespace is in the NVM command set's own Identify
-    // Namespace page (CNS 05h, CSI 00h), on controllers with extended LBA formats; without
-    // them the guard is 16 bits.
-    let mut pif = None;
+    // The PI format (guard size) and storage tag size of a PI namespace are in the NVM command
+    // set's own Identify Namespace page (CNS 05h, CSI 00h), on controllers with extended LBA
+    // formats; without them the guard is 16 bits and there is no storage tag.
+    let mut elbaf = None;
     if id.dps & 7 != 0 && identify.extended_lba_formats() {
         let p = exec(
             "Identify Namespace (NVM command set)",
             Command::identify_csi(cns::NAMESPACE_CSI, nsid, zns::CSI_NVM),
         )?;
         let at = 12 + 4 * id.format_index as usize;
-        let elbaf = u32::from_le_bytes(p[at..at + 4].try_into().expect("4 bytes"));
-        pif = Some(((elbaf >> 7) & 3) as u8);
+        elbaf = Some(u32::from_le_bytes(p[at..at + 4].try_into().expect("4 bytes")));
     }
     let mut zoned = None;
     if csi == zns::CSI_ZONED {
@@ -276,7 +275,7 @@ pub(crate) fn read_namespace(
             zasl_bytes: zasl,
         });
     }
-    let mut ns = Namespace::new(nsid, id, pif, csi);
+    let mut ns = Namespace::new(nsid, id, elbaf, csi);
     ns.zoned = zoned;
     Ok(Some(ns))
 }

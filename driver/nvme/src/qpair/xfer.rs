@@ -479,6 +479,7 @@ mod tests {
                                 ty,
                                 first: false,
                                 format: PiFormat::Guard16,
+                                storage_tag_bits: 0,
                             }),
                         });
                     }
@@ -718,6 +719,7 @@ mod tests {
                             ty,
                             first,
                             format: PiFormat::Guard16,
+                            storage_tag_bits: 0,
                         }),
                     };
                     (f, mode)
