@@ -109,6 +109,8 @@ pub(crate) struct Shared {
     pub(crate) function_reset: Mutex<Option<FunctionReset>>,
     /// This `Shared`, for the recovery thread.
     pub(crate) me: Weak<Shared>,
+    /// The device's removal: the watch, the request, the report (`removal.rs`).
+    pub(crate) removal: crate::removal::Removal,
     pub(crate) device: Option<Device>,
 }
 
@@ -222,7 +224,9 @@ impl Controller {
         }
         device.enable_bus_master()?;
         let bar = crate::regs::map_bar(&device, 0)?;
-        Self::bring_up(bar, dma, opts, Some(device))
+        let ctrl = Self::bring_up(bar, dma, opts, Some(device))?;
+        crate::removal::start_watch(&ctrl.shared);
+        Ok(ctrl)
     }
 
     /// Brings up the controller whose BAR0 is `bar` (a VFIO mapping, or a device model's).
@@ -429,6 +433,7 @@ impl Controller {
                 features: Mutex::new(Vec::new()),
                 function_reset: Mutex::new(None),
                 me: me.clone(),
+                removal: Default::default(),
                 device,
             }),
         })
@@ -799,6 +804,8 @@ impl Shared {
 
 impl Drop for Shared {
     fn drop(&mut self) {
+        // No removal handler runs from here on (it holds only a weak handle).
+        self.removal.stop_watch();
         // Out of the signal handler's reach before the shutdown starts.
         drop(
             self.registration
@@ -806,6 +813,11 @@ impl Drop for Shared {
                 .unwrap_or_else(|e| e.into_inner())
                 .take(),
         );
+        if self.removal.requested() {
+            // Released: nothing left to shut down, and it can no longer write to memory.
+            log::debug!("controller {} was removed: no shutdown", self.identify.serial);
+            return;
+        }
         match self.shutdown() {
             Ok(ShutdownKind::Normal) => log::debug!("controller {} shut down", self.identify.serial),
             Ok(ShutdownKind::Abrupt) => log::warn!(

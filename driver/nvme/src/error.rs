@@ -150,6 +150,14 @@ pub enum NvmeError {
     /// The queue pair or controller was shut down after an unrecoverable error.
     #[error("the queue pair is unusable after an earlier failure: {0}")]
     Failed(String),
+    /// The device was removed (the kernel asked for it back: hot unplug or unbind), or its
+    /// removal was requested with `Controller::remove`: requests in flight failed with this
+    /// (their buffers handed back), new ones are refused, and the device was released.
+    #[error("NVMe controller {} was removed (hot unplug or unbind): its I/O failed and the device was released; open it again once it is back", removed_name(.bdf))]
+    Removed {
+        /// The device (`None`: a controller not opened through VFIO).
+        bdf: Option<vfpoll_pci::Bdf>,
+    },
     /// The controller sent a completion that does not match any command in flight.
     #[error("queue {qid}: completion for command id {cid}, which is not in flight (a controller bug); the command it belongs to will time out")]
     BogusCompletion {
@@ -167,6 +175,10 @@ pub enum NvmeError {
     /// A bad option value.
     #[error("invalid option: {0}")]
     InvalidOption(String),
+}
+
+fn removed_name(bdf: &Option<vfpoll_pci::Bdf>) -> String {
+    bdf.map_or_else(|| "(no PCI device)".into(), |b| b.to_string())
 }
 
 /// `Result` with [`NvmeError`].

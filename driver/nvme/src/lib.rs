@@ -63,6 +63,7 @@ mod qmem;
 mod qpair;
 mod queue;
 pub mod regs;
+mod removal;
 mod reset;
 mod signal;
 pub mod status;
@@ -73,6 +74,7 @@ pub use ctrlr::{Controller, ControllerOptions, FormatOptions, Namespace, Registe
 pub use error::{NvmeError, Result};
 pub use format::{NsFormat, PiCheck, PiMode};
 pub use qpair::{CompletionMode, Done, QpairOptions, QpairStats, QueuePair, Rejected, MAX_QUEUE_ENTRIES};
+pub use removal::RemovalReport;
 pub use reset::{ResetPolicy, ResetReport};
 pub use signal::{
     shutdown_all, shutdown_on_signals, shutdown_on_signals_then, ShutdownLimits, ShutdownReport,

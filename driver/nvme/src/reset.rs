@@ -179,6 +179,11 @@ impl Shared {
         if r.failure().is_some() || r.epoch.load(Ordering::Acquire) != epoch {
             return;
         }
+        // Being removed (removal.rs): what the queue pairs see now (CSTS.CFS once Bus Master is
+        // off, all-ones) is the removal itself; a reset would only hold the device up.
+        if self.removal.requested() {
+            return;
+        }
         let Some(me) = self.me.upgrade() else { return };
         if r.recovering.swap(true, Ordering::AcqRel) {
             return;

@@ -534,7 +534,8 @@ impl<B: IoBuffer> QueuePair<B> {
 
     fn check_usable(&self) -> Result<()> {
         match &self.failed {
-            Some(why) => Err(NvmeError::Failed(why.clone())),
+            // NvmeError::Removed once the device was removed (removal.rs).
+            Some(why) => Err(self.ctrl.failed_error(why)),
             None => Ok(()),
         }
     }

@@ -330,7 +330,8 @@ impl<B: IoBuffer> QueuePair<B> {
                 self.live -= 1;
                 f(Done {
                     tag: req.tag,
-                    result: Err(NvmeError::Failed(why.clone())),
+                    // NvmeError::Removed once the device was removed (removal.rs).
+                    result: Err(self.ctrl.failed_error(&why)),
                     buf,
                     meta,
                 });
