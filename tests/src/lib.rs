@@ -280,3 +280,6 @@ pub const NVME_D: &str = "0000:00:09.0";
 // NVMe over TCP: modules, loopback, the kernel's target (nvmet-tcp) and initiator.
 pub mod nvmf;
 pub use nvmf::*;
+
+// QMP through the `out` share (device_del/device_add of hot-pluggable controller R).
+pub mod qmp;

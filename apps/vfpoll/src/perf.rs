@@ -386,6 +386,7 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
     }
     let mut out = std::io::stdout();
     let (cpu_before, wall) = (process_cpu()?, std::time::Instant::now());
+    let removals = RemovalWatch::start(&devices.ctrls);
     let resetter = a
         .reset_every
         .map(|every| reset::ResetEvery::start(&devices.ctrls, every));
@@ -406,6 +407,7 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
         used: process_cpu()?.saturating_sub(cpu_before),
         wall: wall.elapsed(),
     };
+    let removed = removals.stop();
     let resets = resetter.map(reset::ResetEvery::stop);
     let max_gap = report
         .workers
@@ -478,11 +480,64 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
             eprintln!("vfpoll perf: FAILED: resetting {dev}: {e}");
         }
     }
-    Ok(if report.passed() && !reset_failed {
+    if !removed.is_empty() {
+        eprintln!(
+            "vfpoll perf: FAILED: {} removed during the run (its I/O failed; the other devices ran to the end)",
+            removed.join(", ")
+        );
+    }
+    Ok(if report.passed() && removed.is_empty() && !reset_failed {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// Reports a controller's removal (the kernel asked for the device back, see `vfpoll-nvme`'s
+/// removal) on stderr as it happens, while the workers go on with the other controllers; a
+/// thread that looks every 10 ms, so the engine's progress ticks stay as they are.
+struct RemovalWatch {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Vec<String>>,
+}
+
+impl RemovalWatch {
+    fn start(ctrls: &[(Controller, String)]) -> Self {
+        let ctrls = ctrls.to_vec();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let s = Arc::clone(&stop);
+        let t0 = std::time::Instant::now();
+        let thread = std::thread::spawn(move || {
+            let mut removed: Vec<String> = Vec::new();
+            loop {
+                let last = s.load(std::sync::atomic::Ordering::Acquire);
+                for (c, dev) in &ctrls {
+                    if removed.contains(dev) {
+                        continue;
+                    }
+                    if let Some(r) = c.removed() {
+                        eprintln!(
+                            "vfpoll perf: {dev} was removed {:.2} s into the run (released {:.1} ms after the kernel's request); its I/O fails, the other devices go on",
+                            r.requested.saturating_duration_since(t0).as_secs_f64(),
+                            r.released_in.as_secs_f64() * 1e3
+                        );
+                        removed.push(dev.clone());
+                    }
+                }
+                if last {
+                    return removed;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        });
+        RemovalWatch { stop, thread }
+    }
+
+    /// The devices removed during the run.
+    fn stop(self) -> Vec<String> {
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        self.thread.join().unwrap_or_default()
+    }
 }
 
 /// The process CPU time a run took.

@@ -1,0 +1,243 @@
+//! Device removal in the test bed (issue 12, item 3). The boot has NVMe controller R behind a
+//! PCIe root port (xtask gives this binary's boots `Boot::hotplug`), unplugged and plugged back
+//! with QMP through the harness's agent ([`vfpoll_tests::qmp`]).
+//!
+//! `vfpoll perf --verify` runs over R and B; R is unplugged (`device_del`) mid-I/O. The guest
+//! must complete the removal within 2 s of the request (QEMU's `DEVICE_DELETED`, timed on the
+//! host), perf must report R's removal within that time and exit non-zero naming it, and B's
+//! I/O must run to the end and verify. Then R is plugged back (`device_add`): bound to vfio-pci,
+//! identified and verified again. Runs the `vfpoll` on the guest's PATH (the harness's debug
+//! build), or `VFPOLL_REMOVAL_BIN`.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use vfpoll_tests::qmp::{self, NVME_R, NVME_R_ID};
+use vfpoll_tests::*;
+
+/// Issue 12: the guest lets the device go within this of the removal request.
+const REMOVAL_BOUND: Duration = Duration::from_secs(2);
+/// Bytes of each namespace the verify run covers: long enough (two passes, 4 KiB I/Os) that the
+/// removal, 3 s in, comes while I/O runs.
+const VERIFY_BYTES: &str = "48M";
+/// When R is unplugged, after perf's start.
+const UNPLUG_AFTER: Duration = Duration::from_secs(3);
+/// The manifest the host check reads.
+const MANIFEST: &str = "recovery-removal.txt";
+
+fn vfpoll_bin() -> String {
+    std::env::var("VFPOLL_REMOVAL_BIN").unwrap_or_else(|_| "vfpoll".into())
+}
+
+/// `args`, plus `--noiommu` in no-IOMMU boots.
+fn with_mode<'a>(args: &[&'a str]) -> Vec<&'a str> {
+    let mut v = args.to_vec();
+    if mode_name() == "noiommu" {
+        v.push("--noiommu");
+    }
+    v
+}
+
+fn vfpoll(args: &[&str]) -> Output {
+    let all = with_mode(args);
+    let out = Command::new(vfpoll_bin())
+        .args(&all)
+        .output()
+        .expect("run vfpoll (target/debug is on the guest's PATH)");
+    println!(
+        "$ vfpoll {}\n{}{}",
+        all.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn pci_present(bdf: &str) -> bool {
+    Path::new("/sys/bus/pci/devices").join(bdf).exists()
+}
+
+/// Waits up to `limit` for `cond`; returns how long it took.
+fn wait_until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) -> Duration {
+    let t = Instant::now();
+    while !cond() {
+        assert!(t.elapsed() < limit, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    t.elapsed()
+}
+
+#[test]
+#[ignore = "test bed"]
+fn guest_removal_mid_io_then_readd() {
+    assert!(
+        pci_present(NVME_R),
+        "controller R ({NVME_R}) is missing: this boot has no hot-pluggable controller (xtask's HOTPLUG_BINS)"
+    );
+    bind_all(&[NVME_R, NVME_B]);
+    reserve_hugepages(64);
+    let seed = seed().to_string();
+
+    // 1. perf --verify over R and B; R unplugged mid-I/O.
+    let args = with_mode(&[
+        "perf",
+        "--verify",
+        "-d",
+        NVME_R,
+        "-d",
+        NVME_B,
+        "--size",
+        VERIFY_BYTES,
+        "--queue-depth",
+        "8",
+        "--seed",
+        &seed,
+        "--json",
+    ]);
+    println!("$ {} {}", vfpoll_bin(), args.join(" "));
+    let mut perf = Command::new(vfpoll_bin())
+        .args(&args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start vfpoll perf");
+    // stderr line by line, with its arrival time; stdout (the JSON) whole.
+    let (tx, rx) = mpsc::channel::<(Instant, String)>();
+    let err = perf.stderr.take().expect("piped");
+    let err_reader = std::thread::spawn(move || {
+        for line in BufReader::new(err).lines().map_while(|l| l.ok()) {
+            let _ = tx.send((Instant::now(), line));
+        }
+    });
+    let mut out = perf.stdout.take().expect("piped");
+    let out_reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    std::thread::sleep(UNPLUG_AFTER);
+    assert!(
+        perf.try_wait().expect("perf").is_none(),
+        "perf ended before the removal: make VERIFY_BYTES larger"
+    );
+    let del = qmp::device_del(NVME_R_ID, Duration::from_secs(30));
+    let del_sent = del.sent;
+    let reply = del.wait(Duration::from_secs(60));
+    println!("device_del: {}", reply.text.trim());
+    assert!(reply.error.is_none(), "device_del: {}", reply.text);
+    let event_ms = reply
+        .event_ms
+        .unwrap_or_else(|| panic!("no DEVICE_DELETED within 30 s of device_del: {}", reply.text));
+    assert!(
+        !pci_present(NVME_R),
+        "{NVME_R} is still in sysfs after DEVICE_DELETED"
+    );
+
+    let status = {
+        let t = Instant::now();
+        loop {
+            if let Some(s) = perf.try_wait().expect("perf") {
+                break s;
+            }
+            assert!(t.elapsed() < Duration::from_secs(600), "perf did not end");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    err_reader.join().unwrap();
+    let json_text = out_reader.join().unwrap();
+    let lines: Vec<(Instant, String)> = rx.try_iter().collect();
+    for (_, l) in &lines {
+        println!("perf stderr: {l}");
+    }
+    println!("perf stdout:\n{json_text}");
+    assert!(
+        !status.success(),
+        "perf passed although {NVME_R} was removed mid-run"
+    );
+    let (reported_at, _) = lines
+        .iter()
+        .find(|(_, l)| l.contains(&format!("vfpoll perf: {NVME_R} was removed")))
+        .unwrap_or_else(|| panic!("perf never reported the removal of {NVME_R}"));
+    let report_ms = reported_at.saturating_duration_since(del_sent).as_secs_f64() * 1e3;
+    assert!(
+        lines
+            .iter()
+            .any(|(_, l)| l.contains("FAILED") && l.contains(NVME_R) && l.contains("removed")),
+        "perf's last word names the removed controller"
+    );
+    println!("removal: DEVICE_DELETED {event_ms:.1} ms after device_del (host), perf reported it {report_ms:.1} ms after the request (guest)");
+    assert!(
+        event_ms < REMOVAL_BOUND.as_secs_f64() * 1e3,
+        "the guest took {event_ms:.1} ms to let {NVME_R} go (bound {REMOVAL_BOUND:?})"
+    );
+    assert!(
+        report_ms < REMOVAL_BOUND.as_secs_f64() * 1e3,
+        "perf reported the removal {report_ms:.1} ms after the request (bound {REMOVAL_BOUND:?})"
+    );
+
+    // B ran to the end and verified; every error is R's.
+    let v: serde_json::Value = serde_json::from_str(&json_text).expect("perf's JSON");
+    assert_eq!(v["verify"]["mismatches"], 0, "mismatches: {}", v["verify"]);
+    let samples = v["error_samples"].as_array().expect("error_samples");
+    assert!(!samples.is_empty(), "R's I/O in flight failed");
+    for s in samples {
+        let s = s.as_str().unwrap_or_default();
+        assert!(
+            s.starts_with(NVME_R) && s.contains("was removed"),
+            "an error that is not R's removal: {s}"
+        );
+    }
+    let units = 48u64 << 20 >> 12;
+    let b_ios: u64 = v["workers"]
+        .as_array()
+        .expect("workers")
+        .iter()
+        .flat_map(|w| w["queues"].as_array().cloned().unwrap_or_default())
+        .filter(|q| q["device"] == NVME_B)
+        .map(|q| {
+            assert_eq!(q["errors"], 0, "B's queue had errors: {q}");
+            q["ios"].as_u64().unwrap_or(0)
+        })
+        .sum();
+    assert_eq!(b_ios, 2 * units, "B's verify wrote and read every unit");
+
+    // 2. R plugged back in: the same BDF, bound, identified, verified.
+    qmp::device_add(qmp::nvme_r_device());
+    let took = wait_until(Duration::from_secs(30), "R back in sysfs", || pci_present(NVME_R));
+    println!("{NVME_R} back {took:?} after device_add");
+    bind_all(&[NVME_R]);
+    let id = vfpoll(&["identify", "-d", NVME_R]);
+    assert!(id.status.success(), "identify of the re-added controller failed");
+    assert!(String::from_utf8_lossy(&id.stdout).contains("vfpoll-r"));
+    let again = vfpoll(&["perf", "--verify", "-d", NVME_R, "--size", "4M", "--seed", &seed]);
+    assert!(again.status.success(), "I/O on the re-added controller failed");
+
+    write_manifest(
+        MANIFEST,
+        &[
+            ("event_ms".into(), format!("{event_ms:.1}")),
+            ("report_ms".into(), format!("{report_ms:.1}")),
+            ("binary".into(), vfpoll_bin()),
+        ],
+    );
+}
+
+#[test]
+#[ignore = "host check"]
+fn host_check_removal_within_bound_and_logged() {
+    let m = read_manifest(MANIFEST);
+    let event_ms: f64 = manifest_get(&m, "event_ms").parse().unwrap();
+    let report_ms: f64 = manifest_get(&m, "report_ms").parse().unwrap();
+    println!(
+        "{}: device_del -> DEVICE_DELETED {event_ms} ms, perf's report {report_ms} ms ({})",
+        run_mode(),
+        manifest_get(&m, "binary")
+    );
+    assert!(event_ms < REMOVAL_BOUND.as_secs_f64() * 1e3);
+    // The agent's log has the exchange, with QEMU's own event.
+    let log = std::fs::read_to_string(run_dir().join("qmp.log")).expect("qmp.log");
+    assert!(log.contains("DEVICE_DELETED") && log.contains(NVME_R_ID), "{log}");
+}
