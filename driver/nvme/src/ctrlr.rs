@@ -35,7 +35,8 @@ pub struct ControllerOptions {
     /// Page size of the DMA memory for queues and the admin buffer: hugepages in production,
     /// [`PageSize::Base4K`] for device models and tests.
     pub page_size: PageSize,
-    /// Admin queue entries (2..=4096).
+    /// Admin queue entries (3..=4096): a ring of N entries holds N - 1 commands, and one of
+    /// them may be the Asynchronous Event Request kept outstanding.
     pub admin_entries: u16,
     /// Deadline of one admin command.
     pub admin_timeout: Duration,
@@ -235,9 +236,9 @@ impl Controller {
     }
 
     fn bring_up(bar: Mmio, dma: DmaContext, opts: ControllerOptions, device: Option<Device>) -> Result<Self> {
-        if !(2..=4096).contains(&opts.admin_entries) {
+        if !(3..=4096).contains(&opts.admin_entries) {
             return Err(NvmeError::InvalidOption(format!(
-                "admin queue entries {} not in 2..=4096",
+                "admin queue entries {} not in 3..=4096 (a ring of N entries holds N - 1 commands, and one may be the Asynchronous Event Request kept outstanding)",
                 opts.admin_entries
             )));
         }
@@ -386,7 +387,9 @@ impl Controller {
         // outstanding, so a format or a namespace change elsewhere in the subsystem reaches
         // `process_events`.
         let mut aen_config = None;
-        if identify.namespace_attribute_notices() {
+        // Not with an admin queue of 2 entries (a controller's MQES can cut it to that): the
+        // request would hold its one usable slot, and no other command could be submitted.
+        if identify.namespace_attribute_notices() && admin.entries() > 2 {
             let cmd = Command::set_features(feature::ASYNC_EVENT_CONFIG, 1 << 8);
             match admin.exec(
                 "Set Features (Asynchronous Event Configuration)",
