@@ -79,7 +79,10 @@ fn guest_a_every_format_is_read_as_configured() {
     assert!(text.contains("PI Type1 (16-bit guard, first bytes)"), "{text}");
     assert!(text.contains("(zoned, LBA format"), "{text}");
     assert!(
-        text.contains("zones of 256 blocks (1.0 MiB), max open 4, max active 6, zone append limit 128.0 KiB"),
+        text.contains(
+            "zones of 256 blocks (1.0 MiB), capacity 192 blocks (768.0 KiB; zone 0's, fixed), \
+             max open 4, max active 6, zone append limit 128.0 KiB"
+        ),
         "{text}"
     );
     args.push("--json");
@@ -89,6 +92,9 @@ fn guest_a_every_format_is_read_as_configured() {
         "\"metadata\": \"separate\"",
         "\"guard_bits\": 64",
         "\"zone_size\": 256",
+        "\"zone_capacity\": 192",
+        "\"variable_capacity\": false",
+        "\"command_set_name\": \"Zoned Namespace\"",
     ] {
         assert!(json.contains(want), "{want} in {json}");
     }
@@ -233,6 +239,7 @@ fn take_for_read(pool: &mut DmaPool, bytes: usize) -> DmaBuf {
 #[ignore = "test bed"]
 fn guest_b_data_and_metadata_land_where_described() {
     let (f, dma) = open_f();
+    let _dma_back = DmaReturnCheck::new(&dma);
     let mut pool = dma.pool(2 << 20, 6, PageSize::Huge2M).unwrap();
     let mut qp = f.create_qpair::<DmaBuf>(&QpairOptions::default()).unwrap();
     for w in PLAN {
@@ -505,6 +512,7 @@ fn host_check_formats_images() {
 #[ignore = "test bed"]
 fn guest_c_zoned_namespace() {
     let (f, dma) = open_f();
+    let _dma_back = DmaReturnCheck::new(&dma);
     let mut pool = dma.pool(128 << 10, 4, PageSize::Huge2M).unwrap();
     let mut qp = f.create_qpair::<DmaBuf>(&QpairOptions::default()).unwrap();
     let report = |qp: &mut QueuePair<DmaBuf>, pool: &mut DmaPool, filter: ZoneFilter| {
@@ -592,6 +600,8 @@ fn guest_c_zoned_namespace() {
     assert!(e.to_string().contains("not zoned"), "{e}");
     let mut big = pool.alloc().unwrap();
     big.truncate(128 << 10);
+    pool.write(&big, 0, &Pattern::new(seed(), 62).bytes(128 << 10))
+        .unwrap();
     let r = qp.zone_append(ZONED, 4 * ZONE_BLOCKS, big, 0);
     // 128 KiB is exactly ZASL: accepted.
     r.map_err(|r| r.error).unwrap();
@@ -608,17 +618,32 @@ fn guest_c_zoned_namespace() {
 #[ignore]
 fn host_check_zoned_image() {
     assert_eq!(manifest_get(&read_manifest("zoned.txt"), "mode"), run_mode());
-    let got = read_file_range(&run_dir().join("nvme-f-ns6.img"), 0, 12 * 4096);
-    assert!(
-        got == Pattern::new(seed(), 61).bytes(12 * 4096),
-        "zone 0 in the image"
-    );
+    let path = run_dir().join("nvme-f-ns6.img");
+    let got = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    // Zone 0: 8 blocks written and 4 appended; zone 4: the 128 KiB append at its start; every
+    // other byte (the refused write at LBA 100, the refused append to full zone 1) untouched.
+    let mut want = vec![0u8; 16 << 20];
+    want[..12 * 4096].copy_from_slice(&Pattern::new(seed(), 61).bytes(12 * 4096));
+    let z4 = (4 * ZONE_BLOCKS * 4096) as usize;
+    want[z4..z4 + (128 << 10)].copy_from_slice(&Pattern::new(seed(), 62).bytes(128 << 10));
+    assert_eq!(got.len(), want.len(), "{}", path.display());
+    if let Some(first) = (0..got.len()).find(|&i| got[i] != want[i]) {
+        panic!(
+            "{}: byte {first:#x} (LBA {}, zone {}) is {:#04x}, expected {:#04x}",
+            path.display(),
+            first / 4096,
+            first / 4096 / ZONE_BLOCKS as usize,
+            got[first],
+            want[first]
+        );
+    }
 }
 
 #[test]
 #[ignore = "test bed"]
 fn guest_d_format_changes_the_geometry_queue_pairs_use() {
     let (f, dma) = open_f();
+    let _dma_back = DmaReturnCheck::new(&dma);
     let mut pool = dma.pool(4096, 4, PageSize::Huge2M).unwrap();
     let ns = f.namespace(7).unwrap();
     assert_eq!((ns.lba_size, ns.blocks), (512, 8192));

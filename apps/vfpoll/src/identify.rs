@@ -1,12 +1,16 @@
 //! `vfpoll identify`: what the controller says about itself and its namespaces.
 
+use std::collections::HashMap;
 use std::process::ExitCode;
+use std::time::{Duration, Instant};
 
 use clap::Args as ClapArgs;
 use serde_json::json;
+use vfpoll_dma::{DmaBuf, DmaContext, PageSize};
 use vfpoll_nvme::format::{PiFormat, PiType};
 use vfpoll_nvme::identify::{oacs, oncs};
-use vfpoll_nvme::{zns, Controller, Namespace};
+use vfpoll_nvme::zns::{self, ZoneFilter};
+use vfpoll_nvme::{Controller, Namespace, QpairOptions};
 
 use crate::ctx::Ctx;
 use crate::nvme_open::DeviceArgs;
@@ -23,13 +27,86 @@ pub struct Args {
 
 /// Runs `vfpoll identify`.
 pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
-    let (ctrl, _dma, _container) = a.dev.open()?;
+    let (ctrl, dma, _container) = a.dev.open()?;
+    let caps = zone_capacities(&ctrl, &dma, a.dev.page_size);
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&to_json(&a.dev, &ctrl))?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&to_json(&a.dev, &ctrl, &caps))?
+        );
     } else {
-        print!("{}", text(&a.dev, &ctrl));
+        print!("{}", text(&a.dev, &ctrl, &caps));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Zone 0's capacity (blocks) of each zoned namespace, or why it could not be read.
+type Capacities = HashMap<u32, Result<u64, String>>;
+
+/// Reads zone 0's descriptor of each zoned namespace (Report Zones, partial, through a queue
+/// pair of its own): the zone size is the spacing of zones, the capacity the blocks a zone takes
+/// in writes, which Identify does not give (ZNS 1.1 §3.4.1).
+fn zone_capacities(c: &Controller, dma: &DmaContext, page: PageSize) -> Capacities {
+    let zoned: Vec<(u32, usize)> = c
+        .namespaces()
+        .iter()
+        .filter_map(|n| n.zoned.map(|z| (n.nsid, z.identify.zone_ext_size)))
+        .collect();
+    if zoned.is_empty() {
+        return HashMap::new();
+    }
+    let setup = dma
+        .pool(4096, 1, page)
+        .map_err(|e| format!("no DMA buffer for a zone report: {e}"))
+        .and_then(|pool| {
+            let qp = c
+                .create_qpair::<DmaBuf>(&QpairOptions::default())
+                .map_err(|e| format!("no queue pair for a zone report: {e}"))?;
+            Ok((pool, qp))
+        });
+    let (mut pool, mut qp) = match setup {
+        Ok(s) => s,
+        Err(e) => {
+            return zoned
+                .into_iter()
+                .map(|(nsid, _)| (nsid, Err(e.clone())))
+                .collect()
+        }
+    };
+    let mut report = |nsid: u32, ext: usize| -> Result<u64, String> {
+        let b = pool.alloc().ok_or("the report buffer is still in use")?;
+        qp.report_zones(nsid, 0, ZoneFilter::All, true, b, 0)
+            .map_err(|r| {
+                let e = r.error.to_string();
+                pool.free(r.buf);
+                e
+            })?;
+        let start = Instant::now();
+        let mut done = None;
+        while done.is_none() {
+            qp.poll(1, |d| done = Some(d));
+            if done.is_none() && start.elapsed() > Duration::from_secs(10) {
+                // The buffer stays with the queue pair (a late completion may still fill it).
+                return Err("Report Zones did not complete within 10 s".into());
+            }
+        }
+        let d = done.expect("set");
+        let b = d.buf.expect("the report buffer comes back");
+        let mut page = vec![0u8; b.len()];
+        let read = pool.read(&b, 0, &mut page).map_err(|e| e.to_string());
+        pool.free(b);
+        d.result.map_err(|e| e.to_string())?;
+        read?;
+        let (_, zones) = zns::parse_report(&page, ext);
+        zones
+            .first()
+            .map(|z| z.capacity)
+            .ok_or_else(|| "the zone report lists no zone".to_string())
+    };
+    zoned
+        .into_iter()
+        .map(|(nsid, ext)| (nsid, report(nsid, ext)))
+        .collect()
 }
 
 fn flags(v: u16, names: &[(u16, &str)]) -> String {
@@ -60,7 +137,7 @@ fn size(bytes: u64) -> String {
     }
 }
 
-fn text(dev: &DeviceArgs, c: &Controller) -> String {
+fn text(dev: &DeviceArgs, c: &Controller, caps: &Capacities) -> String {
     let id = c.identify();
     let cap = c.cap();
     let mut s = String::new();
@@ -168,7 +245,8 @@ fn text(dev: &DeviceArgs, c: &Controller) -> String {
             describe_format(n)
         ));
         if let Some(z) = &n.zoned {
-            s.push_str(&format!("            {}\n", describe_zones(z, n.lba_size)));
+            let cap = caps.get(&n.nsid).cloned().unwrap_or(Err("not read".into()));
+            s.push_str(&format!("            {}\n", describe_zones(z, n.lba_size, cap)));
         }
     }
     s
@@ -179,7 +257,10 @@ fn describe_format(n: &Namespace) -> String {
     let set = match n.command_set {
         zns::CSI_NVM => "",
         zns::CSI_ZONED => "zoned, ",
-        _ => "unsupported command set, ",
+        other => &format!(
+            "command set {other:#04x} ({}): not supported for I/O, ",
+            command_set_name(other)
+        ),
     };
     let format = match &n.format {
         Ok(f) => f.to_string().replacen(
@@ -192,10 +273,34 @@ fn describe_format(n: &Namespace) -> String {
     format!("({set}{format})")
 }
 
-fn describe_zones(z: &zns::ZonedInfo, lba: usize) -> String {
+/// The name of I/O command set `csi` (NVMe Base 2.0 Figure 286, 2.1 for 03h/04h).
+fn command_set_name(csi: u8) -> &'static str {
+    match csi {
+        zns::CSI_NVM => "NVM",
+        0x01 => "Key Value",
+        zns::CSI_ZONED => "Zoned Namespace",
+        0x03 => "Subsystem Local Memory",
+        0x04 => "Computational Programs",
+        _ => "reserved or vendor specific",
+    }
+}
+
+fn describe_zones(z: &zns::ZonedInfo, lba: usize, cap: Result<u64, String>) -> String {
     let limit = |v: Option<u32>| v.map_or("no limit".to_string(), |v| v.to_string());
+    let capacity = match cap {
+        Ok(b) => format!(
+            "capacity {b} blocks ({}; zone 0's, {})",
+            size(b * lba as u64),
+            if z.identify.variable_capacity() {
+                "may change on a zone reset (ZOC.VZCAP)"
+            } else {
+                "fixed"
+            }
+        ),
+        Err(e) => format!("capacity unknown ({e})"),
+    };
     format!(
-        "zones of {} blocks ({}), max open {}, max active {}, zone append limit {}",
+        "zones of {} blocks ({}), {capacity}, max open {}, max active {}, zone append limit {}",
         z.identify.zone_size,
         size(z.identify.zone_size * lba as u64),
         limit(z.identify.max_open()),
@@ -222,7 +327,7 @@ fn format_json(n: &Namespace) -> serde_json::Value {
     }
 }
 
-fn to_json(dev: &DeviceArgs, c: &Controller) -> serde_json::Value {
+fn to_json(dev: &DeviceArgs, c: &Controller, caps: &Capacities) -> serde_json::Value {
     let id = c.identify();
     json!({
         "device": dev.device.to_string(),
@@ -252,9 +357,13 @@ fn to_json(dev: &DeviceArgs, c: &Controller) -> serde_json::Value {
             "bytes": n.bytes(),
             "metadata_size": n.metadata_size,
             "command_set": n.command_set,
+            "command_set_name": command_set_name(n.command_set),
             "format": format_json(n),
             "zoned": n.zoned.map(|z| json!({
                 "zone_size": z.identify.zone_size,
+                "zone_capacity": caps.get(&n.nsid).and_then(|c| c.as_ref().ok()),
+                "zone_capacity_error": caps.get(&n.nsid).and_then(|c| c.as_ref().err()),
+                "variable_capacity": z.identify.variable_capacity(),
                 "max_open": z.identify.max_open(),
                 "max_active": z.identify.max_active(),
                 "zone_append_limit": z.zasl_bytes,

@@ -85,6 +85,17 @@ impl IdentifyZonedNamespace {
     pub fn read_across_zones(&self) -> bool {
         self.ozcs & 1 != 0
     }
+
+    /// Variable Zone Capacity (ZOC bit 0; ZNS 1.1 Figure 49): a zone's capacity may change when
+    /// the zone is reset, so it is read from a zone report, never assumed.
+    pub fn variable_capacity(&self) -> bool {
+        self.zoc & 1 != 0
+    }
+
+    /// Zone Active Excursions (ZOC bit 1): the controller may finish an active zone on its own.
+    pub fn active_excursions(&self) -> bool {
+        self.zoc & 2 != 0
+    }
 }
 
 /// The zoned command set's Identify Controller (CNS 06h, CSI 02h): the Zone Append Size
@@ -288,6 +299,10 @@ mod tests {
         let z = IdentifyZonedNamespace::parse(&b, 1).unwrap();
         assert_eq!((z.zone_size, z.zone_ext_size, z.zoc), (4096, 128, 1));
         assert_eq!((z.max_active(), z.max_open()), (Some(14), None));
+        assert!(z.variable_capacity() && !z.active_excursions());
+        b[0] = 2;
+        let z = IdentifyZonedNamespace::parse(&b, 1).unwrap();
+        assert!(!z.variable_capacity() && z.active_excursions());
         assert!(IdentifyZonedNamespace::parse(&b, 63).is_none());
     }
 
