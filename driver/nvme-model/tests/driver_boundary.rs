@@ -3,6 +3,7 @@
 //! anything is copied or submitted; a small admin queue wraps on the SQ head the controller
 //! reports, with the Asynchronous Event Request holding a slot, and one too small to hold both
 //! it and a command is refused (or, cut to two entries by MQES, gets no event request).
+//! Set Features cannot switch off the Namespace Attribute Notices that keep formats current.
 //!
 //! Not here: clean EventIdx words for a reused queue id (the model, like QEMU, writes a new
 //! queue's EventIdx itself, so a stale word cannot be seen through it), and late DMA into a
@@ -94,4 +95,33 @@ fn admin_commands_go_through(r: &Rig, n: u32, what: &str) {
         "{what}: each command reached the controller once"
     );
     assert_eq!(after.errors, before.errors, "{what}: no command failed");
+}
+
+/// Set Features cannot switch off the Namespace Attribute Notices the driver keeps formats
+/// current with; other bits of Asynchronous Event Configuration can be set beside them.
+#[test]
+fn namespace_attribute_notices_cannot_be_switched_off() {
+    const AEC: u8 = 0x0b;
+    let r = rig(small_cfg(1024, 5));
+    let sets = |r: &Rig| r.model.stats().admin_commands(adm::SET_FEATURES);
+    let before = sets(&r);
+    for dw11 in [0, 0x1ff & !(1 << 8)] {
+        match r.ctrl.set_feature(AEC, dw11) {
+            Err(NvmeError::InvalidOption(why)) => {
+                assert!(why.contains("Namespace Attribute Notices"), "{why}")
+            }
+            other => panic!("AEC {dw11:#x}: {other:?}"),
+        }
+    }
+    assert_eq!(sets(&r), before, "refused before submission");
+    r.ctrl
+        .set_feature(AEC, 1 << 8 | 0x3)
+        .expect("the notices and more");
+    assert_eq!(sets(&r), before + 1);
+    // A controller without them in use (an admin queue cut to two entries) may set anything.
+    let r = rig(ModelConfig {
+        max_queue_entries: 2,
+        ..small_cfg(1024, 5)
+    });
+    r.ctrl.set_feature(AEC, 0).expect("no notices to keep");
 }

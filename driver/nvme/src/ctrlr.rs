@@ -576,13 +576,26 @@ impl Controller {
 
     /// Set Features: returns CDW0. Only features that move no data (see
     /// [`feature::without_data`]); the others need [`Controller::admin_raw`]. Number of Queues
-    /// is refused too: the driver sized its queues by it at bring-up.
+    /// is refused too: the driver sized its queues by it at bring-up; so is an Asynchronous
+    /// Event Configuration without the Namespace Attribute Notices the driver turned on.
     pub fn set_feature(&self, fid: u8, dw11: u32) -> Result<u32> {
         feature_checked(fid)?;
         if fid == feature::NUMBER_OF_QUEUES {
             return Err(NvmeError::InvalidOption(
                 "Number of Queues can only be set before the controller's first I/O queue (bring-up does it: ControllerOptions::io_queues)".into(),
             ));
+        }
+        // The driver keeps namespace geometry true through Namespace Attribute Notices
+        // (Asynchronous Event Configuration, feature 0Bh, bit 8): switching them off
+        // would leave queue pairs on a stale format after a change elsewhere in the subsystem.
+        if let Some(needed) = self
+            .shared
+            .aen_config
+            .filter(|&b| fid == feature::ASYNC_EVENT_CONFIG && dw11 & b != b)
+        {
+            return Err(NvmeError::InvalidOption(format!(
+                "Asynchronous Event Configuration {dw11:#x} would switch off the notices the driver relies on ({needed:#x}: Namespace Attribute Notices, which keep namespace formats current): set those bits too"
+            )));
         }
         let dw0 = self
             .shared
