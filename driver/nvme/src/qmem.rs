@@ -329,3 +329,44 @@ impl ShadowSlot {
         value.wrapping_sub(event).wrapping_sub(1) < value.wrapping_sub(old)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vfpoll_dma::{DmaContext, PageSize};
+
+    const PAGE: usize = 4096;
+
+    /// A queue id used again starts with zeroed shadow doorbell and EventIdx words (NVMe Base
+    /// 2.0 §5.8): the old queue's EventIdx would make the new queue's first doorbell moves look
+    /// announced already, and no MMIO doorbell would be written for them. (The device model,
+    /// like QEMU, writes a new queue's EventIdx itself, so this is tested here.)
+    #[test]
+    fn a_reused_queue_id_gets_clean_words_and_rings_its_first_doorbells() {
+        let dma = DmaContext::for_testing();
+        let region = dma.alloc_region(2 * PAGE, PageSize::Base4K).unwrap();
+        let pages = std::sync::Arc::new(ShadowPages::new(region, PAGE));
+        let old = pages.slot(1, 4, PAGE);
+        // The old queue's life: doorbells moved to 40, the controller's EventIdx with them.
+        for v in 1..=40u16 {
+            old.update(false, v);
+            old.update(true, v);
+            old.store(old.ei + old.sq, v as u32);
+            old.store(old.ei + old.cq, v as u32);
+        }
+        // A neighbour's words are not touched by the new slot.
+        let other = pages.slot(2, 4, PAGE);
+        other.store(other.ei + other.sq, 7);
+        drop(old);
+        let new = pages.slot(1, 4, PAGE);
+        for off in [new.sq, new.cq, new.ei + new.sq, new.ei + new.cq] {
+            assert_eq!(new.load(off), 0, "word at {off:#x}");
+        }
+        assert_eq!(other.load(other.ei + other.sq), 7);
+        assert!(new.update(false, 1), "the new queue's first SQ tail move rings");
+        assert!(new.update(true, 1), "its first CQ head move rings");
+        // What a stale EventIdx would have done: suppress the doorbell.
+        new.store(new.ei + new.sq, 40);
+        assert!(!new.update(false, 2));
+    }
+}
