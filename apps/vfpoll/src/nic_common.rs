@@ -9,7 +9,7 @@ use crate::units::parse_page_size;
 use anyhow::Context as _;
 use clap::Args as ClapArgs;
 use vfpoll_dma::PageSize;
-use vfpoll_nic::{Mempool, Port, PortOptions};
+use vfpoll_nic::{CompletionMode, Mempool, Port, PortOptions};
 use vfpoll_pci::vfio::{Container, IommuMode};
 use vfpoll_pci::Bdf;
 
@@ -40,8 +40,19 @@ pub struct NicArgs {
 }
 
 impl NicArgs {
-    /// Opens `bdfs` (checked to be supported NICs first), one pool for all, and brings them up.
+    /// Opens `bdfs` (checked to be supported NICs first), one pool for all, and brings them up
+    /// with polled receive queues.
     pub fn open(&self, bdfs: &[Bdf], promiscuous: bool) -> anyhow::Result<(Vec<Port>, Mempool)> {
+        self.open_with(bdfs, promiscuous, CompletionMode::Poll)
+    }
+
+    /// [`NicArgs::open`] with the receive queues in `completion` mode.
+    pub fn open_with(
+        &self,
+        bdfs: &[Bdf],
+        promiscuous: bool,
+        completion: CompletionMode,
+    ) -> anyhow::Result<(Vec<Port>, Mempool)> {
         if !(0.0..=3600.0).contains(&self.link_timeout) {
             anyhow::bail!(
                 "--link-timeout {} is not a number of seconds from 0 to 3600",
@@ -60,6 +71,7 @@ impl NicArgs {
             page_size: self.page_size,
             promiscuous,
             link_timeout: Duration::from_secs_f64(self.link_timeout),
+            completion,
         };
         let names: Vec<String> = bdfs.iter().map(Bdf::to_string).collect();
         Port::open_all(&container, bdfs, self.pool, &opts)
@@ -112,6 +124,12 @@ impl Stop {
             }
         }
         false
+    }
+
+    /// Time left before the --time limit (`None`: none; zero once it passed). Exact, unlike
+    /// [`Stop::now`]'s clock check every 1024 calls: for loops that sleep.
+    pub fn left(&self) -> Option<Duration> {
+        self.deadline.map(|d| d.saturating_duration_since(Instant::now()))
     }
 
     /// Whether a signal ended the run.

@@ -9,6 +9,8 @@
 //!   [`Port`];
 //! - [`e1000e`]: the Intel 82574L driver (QEMU's `e1000e`), from the 82574 datasheet;
 //! - [`virtio`]: the virtio-net driver (modern PCI transport, split virtqueues), from VIRTIO 1.2;
+//! - [`irq`]: interrupt mode ([`CompletionMode`]): a receive queue that sleeps in
+//!   [`RxQueue::wait`] (or epoll on [`RxQueue::event_fd`]) until frames arrive;
 //! - [`mac`], [`stats`], [`error`]: addresses, counters, errors.
 //!
 //! One thread per queue: queues are `Send` but not `Sync` and every operation takes
@@ -51,6 +53,7 @@
 
 pub mod e1000e;
 pub mod error;
+pub mod irq;
 pub mod mac;
 mod mem;
 pub mod pool;
@@ -59,6 +62,7 @@ pub mod stats;
 pub mod virtio;
 
 pub use error::{NicError, Result};
+pub use irq::{CompletionMode, IrqKind};
 pub use mac::MacAddr;
 pub use pool::{free_bulk, Mempool, Packet, DEFAULT_BUF_SIZE};
 pub use port::{probe, Link, NicControl, Port, PortInfo, PortOptions, RxQueue, TxQueue, SUPPORTED};

@@ -13,6 +13,7 @@
 //!   The tail register is written once per burst on both sides; completed transmissions are
 //!   reclaimed in batches at the start of each `tx_burst` (or by [`TxQueue::reclaim`]).
 
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,6 +22,7 @@ use vfpoll_pci::vfio::{Container, Device};
 use vfpoll_pci::{sysfs, Bdf, Host};
 
 use crate::error::{NicError, Result};
+use crate::irq::CompletionMode;
 use crate::mac::MacAddr;
 use crate::pool::{Mempool, Packet};
 use crate::stats::{PortStats, RxQueueStats, TxQueueStats};
@@ -45,6 +47,10 @@ pub struct PortOptions {
     pub promiscuous: bool,
     /// How long bring-up waits for the link before failing with [`NicError::LinkDown`].
     pub link_timeout: Duration,
+    /// How the receive queue learns of frames: [`CompletionMode::Poll`] (every interrupt
+    /// masked), or an interrupt vector so that [`RxQueue::wait`] sleeps (see [`crate::irq`]).
+    /// Transmit completions are always reclaimed by polling.
+    pub completion: CompletionMode,
 }
 
 impl Default for PortOptions {
@@ -55,6 +61,7 @@ impl Default for PortOptions {
             page_size: PageSize::Huge2M,
             promiscuous: false,
             link_timeout: Duration::from_secs(10),
+            completion: CompletionMode::Poll,
         }
     }
 }
@@ -142,6 +149,38 @@ pub trait RxQueue: Send {
     fn rx_burst(&mut self, out: &mut Vec<Packet>, max: usize) -> usize;
     /// Counters.
     fn stats(&self) -> RxQueueStats;
+    /// How the queue learns of frames ([`PortOptions::completion`]).
+    fn completion_mode(&self) -> CompletionMode {
+        CompletionMode::Poll
+    }
+    /// The eventfd that becomes readable when the queue interrupts (`None` in poll mode).
+    /// Register it with epoll/mio/tokio and call [`RxQueue::arm`] before each sleep.
+    fn event_fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
+    /// Prepares to sleep on [`RxQueue::event_fd`]: clears the eventfd, asks the device for an
+    /// interrupt at the next frame, then looks at the ring. Returns `true` when a frame is
+    /// already there (poll instead of sleeping). The device stays armed until the next
+    /// [`RxQueue::wait`] or [`RxQueue::disarm`]. See [`crate::irq`] for why no wakeup is lost.
+    /// Fails in poll mode.
+    fn arm(&mut self) -> Result<bool> {
+        Err(NicError::InvalidOption(
+            "this receive queue has no interrupt mode".into(),
+        ))
+    }
+    /// Tells the device not to interrupt (after [`RxQueue::arm`], once the caller polls
+    /// again). A no-op in poll mode.
+    fn disarm(&mut self) {}
+    /// Waits until a frame is in the ring or `timeout` passes (`None`: no limit): hybrid mode
+    /// spins first, then the queue is armed, sleeps on its eventfd and is disarmed. Returns
+    /// whether to poll (`true`: a frame is there, or an interrupt came for one polled already;
+    /// `false`: the timeout passed, or a signal ended the sleep). Fails in poll mode.
+    fn wait(&mut self, timeout: Option<Duration>) -> Result<bool> {
+        let _ = timeout;
+        Err(NicError::InvalidOption(
+            "this receive queue has no interrupt mode".into(),
+        ))
+    }
 }
 
 /// A transmit queue.
@@ -296,8 +335,39 @@ impl Port {
         &mut *self.tx
     }
 
+    /// See [`RxQueue::wait`].
+    pub fn wait(&mut self, timeout: Option<Duration>) -> Result<bool> {
+        self.rx.wait(timeout)
+    }
+
+    /// See [`RxQueue::completion_mode`].
+    pub fn completion_mode(&self) -> CompletionMode {
+        self.rx.completion_mode()
+    }
+
+    /// The receive queue's eventfd (see [`RxQueue::event_fd`]).
+    pub fn event_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.rx.event_fd()
+    }
+
     /// The parts, to put the queues on threads of their own.
     pub fn split(self) -> (Box<dyn NicControl>, Box<dyn RxQueue>, Box<dyn TxQueue>) {
         (self.ctrl, self.rx, self.tx)
+    }
+}
+
+/// The receive queue's interrupt eventfd (see [`RxQueue::event_fd`]).
+///
+/// # Panics
+/// On a port in [`CompletionMode::Poll`], which has none.
+impl AsRawFd for Port {
+    fn as_raw_fd(&self) -> RawFd {
+        match self.rx.event_fd() {
+            Some(fd) => fd.as_raw_fd(),
+            None => panic!(
+                "port {}: the receive queue polls (CompletionMode::Poll) and has no eventfd",
+                self.info().name
+            ),
+        }
     }
 }

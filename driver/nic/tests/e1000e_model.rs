@@ -27,6 +27,7 @@ fn opts(entries: u16) -> PortOptions {
         page_size: PageSize::Base4K,
         promiscuous: false,
         link_timeout: Duration::from_secs(2),
+        ..PortOptions::default()
     }
 }
 

@@ -26,9 +26,10 @@ use std::time::{Duration, Instant};
 
 use vfpoll_dma::DmaContext;
 use vfpoll_pci::mmio::Mmio;
-use vfpoll_pci::vfio::Device;
+use vfpoll_pci::vfio::{Device, EventFd};
 
 use crate::error::{NicError, Result};
+use crate::irq::{IrqKind, PortIrq};
 use crate::mac::MacAddr;
 use crate::pool::{Mempool, DEFAULT_BUF_SIZE};
 use crate::port::{Link, NicControl, Port, PortInfo, PortOptions};
@@ -56,6 +57,8 @@ pub(crate) struct Shared {
     ctl: Mutex<()>,
     /// Counters accumulated from the clear-on-read statistics registers.
     hw: Mutex<PortStats>,
+    /// The receive queue's interrupt (interrupt mode only); disabled before the device goes.
+    pub(crate) irq: Option<PortIrq>,
     /// The VFIO device, `None` for a device model; dropped last, after bus mastering is off.
     device: Option<Device>,
 }
@@ -114,6 +117,9 @@ impl Shared {
 
 impl Drop for Shared {
     fn drop(&mut self) {
+        if self.irq.is_some() && !self.gone() {
+            self.bar.write32(off::IMC, u32::MAX);
+        }
         if let Some(d) = &self.device {
             // The queues are gone (they hold this `Arc`), so nothing should be in flight; turn
             // bus mastering off so the device cannot reach memory that is about to be freed.
@@ -144,6 +150,27 @@ fn wait_for(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
     }
 }
 
+/// Interrupt set-up for interrupt mode (every cause stays masked in IMS until the receive
+/// queue arms, see [`crate::irq`]). MSI-X (§7.4.5, as Linux's `e1000_configure_msix`): IVAR
+/// routes RX queue 0 to vector 0 and leaves TX queue 0 and the other causes invalid; EIAC
+/// clears the RxQ0 cause from ICR when its message is sent, and IAM with CTRL_EXT.EIAME masks
+/// it (QEMU masks EIAC's causes whenever CTRL_EXT.IAME is clear), so one message per arm;
+/// PBA_support clears the vector's pending bit when IMS unmasks it. MSI uses the RXT0 cause
+/// and needs none of this.
+fn program_interrupts(bar: &Mmio, kind: IrqKind) {
+    use regs::intr;
+    bar.write32(off::IMC, u32::MAX);
+    if kind == IrqKind::Msix {
+        bar.write32(off::IVAR, intr::ivar_rx_only(0));
+        let ext = bar.read32(off::CTRL_EXT) & !intr::CTRL_EXT_IAME;
+        bar.write32(off::CTRL_EXT, ext | intr::CTRL_EXT_EIAME | intr::CTRL_EXT_PBA_CLR);
+        bar.write32(off::EIAC, intr::RXQ0);
+        bar.write32(off::IAM, intr::RXQ0);
+    }
+    // Causes from bring-up (link, transmit) must not fire at the first arm.
+    bar.write32(off::ICR, u32::MAX);
+}
+
 /// The control path of an 82574: link, receive filter, counters. The queues are
 /// [`E1000eRx`] and [`E1000eTx`].
 pub struct E1000e {
@@ -169,10 +196,17 @@ impl E1000e {
         pool: &Mempool,
         opts: &PortOptions,
     ) -> Result<(E1000e, E1000eRx, E1000eTx)> {
+        // The vector first: an 82574 without MSI-X uses MSI, and one without either cannot
+        // sleep, which is better said before the device is touched.
+        let irq = if opts.completion.interrupts() {
+            Some(PortIrq::enable(&device, true)?)
+        } else {
+            None
+        };
         device.enable_bus_master()?;
         let bar = crate::mem::map_bar(&device, 0)?;
         let name = device.bdf().to_string();
-        Self::bring_up(bar, name, Some(device), dma, pool, opts)
+        Self::bring_up(bar, name, Some(device), irq, dma, pool, opts)
     }
 
     /// Brings up the 82574 whose BAR0 is `bar` (a device model's), named `name` in messages.
@@ -183,7 +217,29 @@ impl E1000e {
         pool: &Mempool,
         opts: &PortOptions,
     ) -> Result<(E1000e, E1000eRx, E1000eTx)> {
-        Self::bring_up(bar, name.to_owned(), None, dma, pool, opts)
+        Self::bring_up(bar, name.to_owned(), None, None, dma, pool, opts)
+    }
+
+    /// [`E1000e::new`] for a device model that delivers the receive queue's interrupt
+    /// (`kind`: MSI-X vector 0, or MSI) by signalling `fd`; `opts.completion` must be
+    /// [`CompletionMode::Irq`](crate::CompletionMode::Irq) or `Hybrid`.
+    pub fn new_with_interrupt(
+        bar: Mmio,
+        name: &str,
+        dma: &DmaContext,
+        pool: &Mempool,
+        opts: &PortOptions,
+        fd: EventFd,
+        kind: IrqKind,
+    ) -> Result<(E1000e, E1000eRx, E1000eTx)> {
+        if !opts.completion.interrupts() {
+            return Err(NicError::InvalidOption(format!(
+                "{name}: an interrupt was given but PortOptions::completion is {}: use Irq or Hybrid",
+                opts.completion
+            )));
+        }
+        let irq = PortIrq::supplied(fd, kind);
+        Self::bring_up(bar, name.to_owned(), None, Some(irq), dma, pool, opts)
     }
 
     /// [`E1000e::open`] as a device-independent [`Port`].
@@ -196,6 +252,7 @@ impl E1000e {
         bar: Mmio,
         name: String,
         device: Option<Device>,
+        irq: Option<PortIrq>,
         dma: &DmaContext,
         pool: &Mempool,
         opts: &PortOptions,
@@ -231,7 +288,7 @@ impl E1000e {
             limit,
         };
 
-        // §4.6.1: no interrupts, ever (vfpoll polls).
+        // §4.6.1: no interrupts (interrupt mode unmasks RX queue 0's only while it sleeps).
         bar.write32(off::IMC, u32::MAX);
         // Stop reception and transmission and let DMA in progress finish (as Linux's e1000e
         // does before a reset).
@@ -283,6 +340,7 @@ impl E1000e {
             name,
             ctl: Mutex::new(()),
             hw: Mutex::new(PortStats::default()),
+            irq,
             device,
         });
         // §4.6.4: the statistics registers clear on read; start from zero.
@@ -304,8 +362,13 @@ impl E1000e {
             bar.write32(r, 0);
         }
 
+        if let Some(irq) = &shared.irq {
+            program_interrupts(bar, irq.kind);
+        }
+
         // §4.6.5 and §4.6.6: the rings.
         let mut rx = E1000eRx::new(&shared, dma, pool, opts.rx_entries as usize, opts.page_size)?;
+        rx.set_completion(opts.completion);
         let tx = E1000eTx::new(&shared, dma, opts.tx_entries as usize, opts.page_size)?;
         let mut dev = E1000e {
             info: PortInfo {

@@ -13,14 +13,29 @@ pub mod off {
     pub const EEC: usize = 0x0010;
     /// EEPROM Read (EERD): read NVM words through the controller.
     pub const EERD: usize = 0x0014;
+    /// Extended Device Control (CTRL_EXT, §10.2.2.3): interrupt auto-mask bits.
+    pub const CTRL_EXT: usize = 0x0018;
     /// MDI Control (MDIC): PHY register access.
     pub const MDIC: usize = 0x0020;
     /// Interrupt Cause Read (ICR), clears on read (§10.2.4).
     pub const ICR: usize = 0x00c0;
     /// Interrupt Throttling Rate (ITR).
     pub const ITR: usize = 0x00c4;
+    /// Interrupt Cause Set (ICS): sets causes as if the events happened.
+    pub const ICS: usize = 0x00c8;
+    /// Interrupt Mask Set/Read (IMS): a 1 enables the cause's interrupt (§10.2.4.3).
+    pub const IMS: usize = 0x00d0;
     /// Interrupt Mask Clear (IMC).
     pub const IMC: usize = 0x00d8;
+    /// Extended Interrupt Auto Clear (EIAC): MSI-X causes cleared from ICR when their message
+    /// is sent (§10.2.4.6).
+    pub const EIAC: usize = 0x00dc;
+    /// Interrupt Acknowledge Auto Mask (IAM): causes masked when their MSI-X message is sent
+    /// with CTRL_EXT.EIAME (§10.2.4.5).
+    pub const IAM: usize = 0x00e0;
+    /// Interrupt Vector Allocation Registers (IVAR): which MSI-X vector each cause uses
+    /// (§10.2.4.9).
+    pub const IVAR: usize = 0x00e4;
     /// Receive Control (RCTL).
     pub const RCTL: usize = 0x0100;
     /// Transmit Control (TCTL).
@@ -249,6 +264,38 @@ pub const TXDCTL_VALUE: u32 = (1 << 24) | (1 << 16) | (1 << 22);
 /// TARC0 bit 10: the transmit queue is enabled (QEMU's e1000e transmits nothing without it).
 pub const TARC_ENABLE: u32 = 1 << 10;
 
+/// Interrupt causes (ICR/ICS/IMS/IMC bits, §10.2.4.1) and their MSI-X routing.
+pub mod intr {
+    /// Receiver Timer Interrupt: a frame was written back (the cause without MSI-X).
+    pub const RXT0: u32 = 1 << 7;
+    /// Receive queue 0 (MSI-X mode).
+    pub const RXQ0: u32 = 1 << 20;
+    /// Transmit queue 0 (MSI-X mode).
+    pub const TXQ0: u32 = 1 << 22;
+    /// Other causes, link status among them (MSI-X mode).
+    pub const OTHER: u32 = 1 << 24;
+    /// IVAR: the entry is valid (bit 3 of each 4-bit field).
+    pub const IVAR_VALID: u32 = 1 << 3;
+    /// IVAR field of RX queue 0 (bits 3:0), TX queue 0 (11:8), other causes (19:16).
+    pub const IVAR_RXQ0_SHIFT: u32 = 0;
+    /// See [`IVAR_RXQ0_SHIFT`].
+    pub const IVAR_TXQ0_SHIFT: u32 = 8;
+    /// See [`IVAR_RXQ0_SHIFT`].
+    pub const IVAR_OTHER_SHIFT: u32 = 16;
+    /// CTRL_EXT.EIAME: an MSI-X message masks (IMS) the causes set in IAM that it carries.
+    pub const CTRL_EXT_EIAME: u32 = 1 << 24;
+    /// CTRL_EXT.IAME: interrupt acknowledge auto-mask on ICR reads (legacy/MSI; left clear).
+    pub const CTRL_EXT_IAME: u32 = 1 << 27;
+    /// CTRL_EXT.PBA_support: MSI-X pending bits are cleared through IMS writes.
+    pub const CTRL_EXT_PBA_CLR: u32 = 1 << 31;
+
+    /// IVAR routing RX queue 0 to MSI-X `vector` and nothing else (TX queue 0 and the other
+    /// causes invalid: they never interrupt).
+    pub fn ivar_rx_only(vector: u32) -> u32 {
+        (IVAR_VALID | (vector & 0x7)) << IVAR_RXQ0_SHIFT
+    }
+}
+
 /// MDIC fields: PHY register access (the 82574's PHY is at address 1).
 pub mod mdic {
     /// Data, bits 15:0.
@@ -304,5 +351,14 @@ mod tests {
         assert!(Status::from_bits_retain(0x80083).contains(Status::LU | Status::GIO_MASTER_EN));
         // The receive control vfpoll programs: EN | BAM | SECRC, BSIZE 00 (2048 bytes).
         assert_eq!((Rctl::EN | Rctl::BAM | Rctl::SECRC).bits(), 0x0400_8002);
+    }
+
+    #[test]
+    fn interrupt_routing() {
+        // Linux's e1000_configure_msix writes IVAR = 0x8 | vector per field, RxQ0 lowest.
+        assert_eq!(intr::ivar_rx_only(0), 0x8);
+        assert_eq!(intr::ivar_rx_only(2), 0xa);
+        assert_eq!(intr::RXQ0 | intr::TXQ0 | intr::OTHER, 0x0150_0000);
+        assert_eq!(intr::CTRL_EXT_EIAME | intr::CTRL_EXT_PBA_CLR, 0x8100_0000);
     }
 }

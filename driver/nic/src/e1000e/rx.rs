@@ -12,6 +12,7 @@
 
 use std::cell::Cell;
 use std::marker::PhantomData;
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,9 +20,10 @@ use vfpoll_dma::{DmaContext, PageSize};
 use vfpoll_pci::mmio::Mmio;
 
 use super::desc::{RxErrors, RxStatus, RxWriteBack};
-use super::regs::{off, Rctl};
+use super::regs::{intr, off, Rctl};
 use super::Shared;
 use crate::error::{NicError, Result};
+use crate::irq::{self, CompletionMode, IrqKind, Sleeper};
 use crate::mem::{rmb, wmb, RingMem, DESC_SIZE};
 use crate::pool::{Mempool, Packet, PoolShared};
 use crate::port::RxQueue;
@@ -45,6 +47,10 @@ pub struct E1000eRx {
     stats: RxQueueStats,
     rdt: Mmio,
     shared: Arc<Shared>,
+    /// Interrupt mode: how, and the cause to unmask (RXQ0 with MSI-X, RXT0 with MSI); 0 when
+    /// polling. Not read by `rx_burst`.
+    mode: CompletionMode,
+    cause: u32,
     _not_sync: PhantomData<Cell<()>>,
 }
 
@@ -108,8 +114,21 @@ impl E1000eRx {
             stats: RxQueueStats::default(),
             rdt: bar.window(off::RDT, 4).expect("RDT inside BAR0"),
             shared: Arc::clone(shared),
+            mode: CompletionMode::Poll,
+            cause: 0,
             _not_sync: PhantomData,
         })
+    }
+
+    /// Sets interrupt mode up (the device's routing is programmed by the caller).
+    pub(super) fn set_completion(&mut self, mode: CompletionMode) {
+        if let (true, Some(i)) = (mode.interrupts(), &self.shared.irq) {
+            self.mode = mode;
+            self.cause = match i.kind {
+                IrqKind::Msix => intr::RXQ0,
+                IrqKind::Msi => intr::RXT0,
+            };
+        }
     }
 
     /// Gives the device every slot but one (the tail one behind slot 0). Call after RCTL.EN.
@@ -187,6 +206,70 @@ impl RxQueue for E1000eRx {
 
     fn stats(&self) -> RxQueueStats {
         self.stats
+    }
+
+    fn completion_mode(&self) -> CompletionMode {
+        self.mode
+    }
+
+    fn event_fd(&self) -> Option<BorrowedFd<'_>> {
+        irq::borrowed(self)
+    }
+
+    fn arm(&mut self) -> Result<bool> {
+        irq::arm_on(self)
+    }
+
+    fn disarm(&mut self) {
+        if self.cause != 0 {
+            self.disarm_device();
+        }
+    }
+
+    fn wait(&mut self, timeout: Option<Duration>) -> Result<bool> {
+        irq::wait_on(self, timeout)
+    }
+}
+
+impl Sleeper for E1000eRx {
+    fn irq(&self) -> Option<(&vfpoll_pci::vfio::EventFd, CompletionMode)> {
+        match (&self.shared.irq, self.cause) {
+            (Some(i), c) if c != 0 => Some((&i.fd, self.mode)),
+            _ => None,
+        }
+    }
+
+    fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    fn ready(&self) -> bool {
+        RxWriteBack(self.ring.read_hi(self.next)).done()
+    }
+
+    /// Clears the cause (ICR is write-1-to-clear, §10.2.4.1), then unmasks it: a cause left
+    /// from frames already polled would otherwise interrupt at once.
+    fn arm_device(&mut self) {
+        let bar = &self.shared.bar;
+        bar.write32(off::ICR, self.cause);
+        bar.write32(off::IMS, self.cause);
+    }
+
+    fn disarm_device(&mut self) {
+        self.shared.bar.write32(off::IMC, self.cause);
+    }
+}
+
+/// The interrupt eventfd (see [`RxQueue::event_fd`]).
+///
+/// # Panics
+/// In poll mode, which has none.
+impl AsRawFd for E1000eRx {
+    fn as_raw_fd(&self) -> RawFd {
+        match irq::borrowed(self) {
+            Some(fd) => fd.as_raw_fd(),
+            None => panic!("{}: the receive queue polls and has no eventfd", self.shared.name),
+        }
     }
 }
 

@@ -1,7 +1,9 @@
 //! virtio-net over the modern VIRTIO PCI transport (PCI 1af4:1041, or the transitional 1af4:1000
 //! when it has the modern capabilities; QEMU's `-device virtio-net-pci`), written from VIRTIO
 //! 1.2 (1.1 section numbers where they differ). One receive and one transmit queue, split
-//! virtqueues, polling only: no MSI-X vector is assigned and no interrupt is asked for.
+//! virtqueues. Polled by default: no MSI-X vector is assigned and no interrupt is asked for. In
+//! interrupt mode ([`PortOptions::completion`]) `receiveq1` gets MSI-X vector 0 and asks for
+//! used-buffer notifications only while [`crate::RxQueue::wait`] sleeps (see [`crate::irq`]).
 //!
 //! Layers: [`pci`] (capabilities and the common configuration layout, §4.1), `queue` (split
 //! virtqueues and the two network queues, §2.7 / §5.1.6), this module (bring-up and control).
@@ -34,9 +36,10 @@ use std::time::{Duration, Instant};
 
 use vfpoll_dma::DmaContext;
 use vfpoll_pci::mmio::Mmio;
-use vfpoll_pci::vfio::Device;
+use vfpoll_pci::vfio::{Device, EventFd};
 
 use crate::error::{NicError, Result};
+use crate::irq::{IrqKind, PortIrq};
 use crate::mac::MacAddr;
 use crate::pool::Mempool;
 use crate::port::{Link, NicControl, Port, PortInfo, PortOptions};
@@ -85,6 +88,8 @@ mod netcfg {
 /// The queue indices (§5.1.2).
 const RX_QUEUE: u16 = 0;
 const TX_QUEUE: u16 = 1;
+/// The receive queue's MSI-X vector in interrupt mode.
+const RX_VECTOR: u16 = 0;
 
 /// What the control path and the queues of one device share.
 pub(crate) struct Shared {
@@ -95,6 +100,8 @@ pub(crate) struct Shared {
     /// Set once a reset has stopped the device (see the module docs).
     stopped: AtomicBool,
     stop_lock: Mutex<()>,
+    /// The receive queue's interrupt (interrupt mode only); disabled after the reset at close.
+    pub(crate) irq: Option<PortIrq>,
     /// The VFIO device, `None` for a device model; dropped last, after bus mastering is off.
     device: Option<Device>,
 }
@@ -258,10 +265,17 @@ impl VirtioNet {
         pool: &Mempool,
         opts: &PortOptions,
     ) -> Result<(VirtioNet, VirtioRx, VirtioTx)> {
+        // Per-queue vectors are MSI-X only (a virtio device without it interrupts through
+        // the ISR and INTx, which this driver does not use).
+        let irq = if opts.completion.interrupts() {
+            Some(PortIrq::enable(&device, false)?)
+        } else {
+            None
+        };
         device.enable_bus_master()?;
         let t = Transport::map(&device)?;
         let name = device.bdf().to_string();
-        Self::bring_up(t, name, Some(device), dma, pool, opts)
+        Self::bring_up(t, name, Some(device), irq, dma, pool, opts)
     }
 
     /// Brings up the device whose structures are `t` (a device model's), named `name`.
@@ -272,7 +286,28 @@ impl VirtioNet {
         pool: &Mempool,
         opts: &PortOptions,
     ) -> Result<(VirtioNet, VirtioRx, VirtioTx)> {
-        Self::bring_up(t, name.to_owned(), None, dma, pool, opts)
+        Self::bring_up(t, name.to_owned(), None, None, dma, pool, opts)
+    }
+
+    /// [`VirtioNet::new`] for a device model that signals `fd` for MSI-X vector 0 (the
+    /// receive queue's); `opts.completion` must be
+    /// [`CompletionMode::Irq`](crate::CompletionMode::Irq) or `Hybrid`.
+    pub fn new_with_interrupt(
+        t: Transport,
+        name: &str,
+        dma: &DmaContext,
+        pool: &Mempool,
+        opts: &PortOptions,
+        fd: EventFd,
+    ) -> Result<(VirtioNet, VirtioRx, VirtioTx)> {
+        if !opts.completion.interrupts() {
+            return Err(NicError::InvalidOption(format!(
+                "{name}: an interrupt was given but PortOptions::completion is {}: use Irq or Hybrid",
+                opts.completion
+            )));
+        }
+        let irq = PortIrq::supplied(fd, IrqKind::Msix);
+        Self::bring_up(t, name.to_owned(), None, Some(irq), dma, pool, opts)
     }
 
     /// [`VirtioNet::open`] as a device-independent [`Port`].
@@ -285,6 +320,7 @@ impl VirtioNet {
         t: Transport,
         name: String,
         device: Option<Device>,
+        irq: Option<PortIrq>,
         dma: &DmaContext,
         pool: &Mempool,
         opts: &PortOptions,
@@ -372,10 +408,23 @@ impl VirtioNet {
             features,
             stopped: AtomicBool::new(false),
             stop_lock: Mutex::new(()),
+            irq,
             device,
         });
         let (rx_size, rx_notify) = select_queue(&t, RX_QUEUE, opts.rx_entries).map_err(fail)?;
+        if shared.irq.is_some() {
+            // §4.1.5.1.2: the device answers NO_VECTOR when it cannot use the vector.
+            c.write16(common::QUEUE_MSIX_VECTOR, RX_VECTOR);
+            let v = c.read16(common::QUEUE_MSIX_VECTOR);
+            if v != RX_VECTOR {
+                c.write8(common::DEVICE_STATUS, st | status::FAILED);
+                return Err(fail(format!(
+                    "the device refused MSI-X vector {RX_VECTOR} for the receive queue (queue_msix_vector reads {v:#06x}): open it with CompletionMode::Poll"
+                )));
+            }
+        }
         let mut rx = VirtioRx::new(&shared, dma, pool, rx_size, opts.page_size, rx_notify)?;
+        rx.set_completion(opts.completion);
         enable_queue(c, rx.ring().areas());
         let (tx_size, tx_notify) = select_queue(&t, TX_QUEUE, opts.tx_entries).map_err(fail)?;
         let tx = VirtioTx::new(&shared, dma, tx_size, opts.page_size, tx_notify)?;

@@ -12,12 +12,14 @@
 //! Only the second one is rewritten per packet (the buffer address, and the length on
 //! transmit), so a queue of `size` descriptors carries `size / 2` packets.
 //!
-//! Polled: the available ring's flags say VRING_AVAIL_F_NO_INTERRUPT (§2.7.10), and a burst
+//! Polled: the available ring's flags say VRING_AVAIL_F_NO_INTERRUPT (§2.7.10; cleared only
+//! while a receive queue in interrupt mode sleeps, see [`crate::irq`]), and a burst
 //! publishes its entries with one store of `avail.idx`, then notifies the device (one write to
 //! the notification area, §4.1.4.4) unless the used ring's flags say VRING_USED_F_NO_NOTIFY.
 
 use std::cell::Cell;
 use std::marker::PhantomData;
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -27,6 +29,7 @@ use vfpoll_pci::BusAddr;
 
 use super::Shared;
 use crate::error::{NicError, Result};
+use crate::irq::{self, CompletionMode, Sleeper};
 use crate::mem::{mb, rmb, wmb, RingMem, DESC_SIZE};
 use crate::pool::{free_iter, Packet, PoolShared};
 use crate::port::{RxQueue, TxQueue};
@@ -182,6 +185,8 @@ pub struct VirtioRx {
     stats: RxQueueStats,
     notify: Mmio,
     shared: Arc<Shared>,
+    /// Interrupt mode (not read by `rx_burst`).
+    mode: CompletionMode,
     _not_sync: PhantomData<Cell<()>>,
 }
 
@@ -243,12 +248,20 @@ impl VirtioRx {
             stats: RxQueueStats::default(),
             notify,
             shared: Arc::clone(shared),
+            mode: CompletionMode::Poll,
             _not_sync: PhantomData,
         })
     }
 
     pub(super) fn ring(&self) -> &Vring {
         &self.ring
+    }
+
+    /// Sets interrupt mode up (the queue's vector is programmed by the caller).
+    pub(super) fn set_completion(&mut self, mode: CompletionMode) {
+        if mode.interrupts() && self.shared.irq.is_some() {
+            self.mode = mode;
+        }
     }
 
     /// Notifies the device of the buffers published at set-up (after DRIVER_OK, §3.1.1).
@@ -331,6 +344,70 @@ impl RxQueue for VirtioRx {
 
     fn stats(&self) -> RxQueueStats {
         self.stats
+    }
+
+    fn completion_mode(&self) -> CompletionMode {
+        self.mode
+    }
+
+    fn event_fd(&self) -> Option<BorrowedFd<'_>> {
+        irq::borrowed(self)
+    }
+
+    fn arm(&mut self) -> Result<bool> {
+        irq::arm_on(self)
+    }
+
+    fn disarm(&mut self) {
+        if self.mode.interrupts() {
+            self.disarm_device();
+        }
+    }
+
+    fn wait(&mut self, timeout: Option<Duration>) -> Result<bool> {
+        irq::wait_on(self, timeout)
+    }
+}
+
+impl Sleeper for VirtioRx {
+    fn irq(&self) -> Option<(&vfpoll_pci::vfio::EventFd, CompletionMode)> {
+        match &self.shared.irq {
+            Some(i) if self.mode.interrupts() => Some((&i.fd, self.mode)),
+            _ => None,
+        }
+    }
+
+    fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    fn ready(&self) -> bool {
+        self.ring.used_idx() != self.last_used
+    }
+
+    /// Asks for used-buffer notifications (§2.7.10), then a full barrier: the flag store is
+    /// ordered before the used-index load in `ready` (the device does the mirror image:
+    /// used-index store, barrier, flag load, §2.7.13.3).
+    fn arm_device(&mut self) {
+        self.ring.set_avail_flags(0);
+        mb();
+    }
+
+    fn disarm_device(&mut self) {
+        self.ring.set_avail_flags(AVAIL_F_NO_INTERRUPT);
+    }
+}
+
+/// The interrupt eventfd (see [`RxQueue::event_fd`]).
+///
+/// # Panics
+/// In poll mode, which has none.
+impl AsRawFd for VirtioRx {
+    fn as_raw_fd(&self) -> RawFd {
+        match irq::borrowed(self) {
+            Some(fd) => fd.as_raw_fd(),
+            None => panic!("{}: the receive queue polls and has no eventfd", self.shared.name),
+        }
     }
 }
 

@@ -18,7 +18,12 @@
 //!
 //! Also modelled: STATUS.LU under test control, MDIC PHY control with restart
 //! auto-negotiation (the link drops for [`AUTONEG_TIME`]), RAL0/RAH0 from the reset, EEC.Auto_RD.
-//! Not modelled: statistics registers (read 0), interrupts, filters (every frame is received).
+//! Interrupts (after [`NicModel::set_interrupts`]): IMS/IMC/ICR writes are taken as the
+//! device takes them (set, clear, write-1-to-clear; the model swaps each word back to 0), a
+//! received frame sets the receive cause (RXQ0 in MSI-X mode, routed through IVAR; RXT0 with
+//! MSI), and a cause that becomes both set and unmasked signals the vector's eventfd, after
+//! which MSI-X applies EIAC (auto-clear) and, with CTRL_EXT.EIAME, IAM (auto-mask).
+//! Not modelled: statistics registers (read 0), filters (every frame is received).
 //!
 //! All `unsafe` here is DMA through translated pointers: raw, volatile or copy accesses, never
 //! references. The driver keeps the memory mapped while the rings are live (the contract real
@@ -28,16 +33,17 @@
 
 use std::collections::VecDeque;
 use std::ptr;
-use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use vfpoll_dma::{DmaContext, FakeMapper};
-use vfpoll_nic::e1000e::regs::{off, Ctrl, Rctl, Status, Tctl, EEC_AUTO_RD};
+use vfpoll_nic::e1000e::regs::{intr, off, Ctrl, Rctl, Status, Tctl, EEC_AUTO_RD};
 use vfpoll_nic::e1000e::{tx_fields, RxErrors, RxStatus, RxWriteBack, TxCmd, TX_DD};
 use vfpoll_nic::MacAddr;
 use vfpoll_pci::mmio::{self, Mmio};
+use vfpoll_pci::vfio::EventFd;
 use vfpoll_pci::BusAddr;
 
 /// How long the link stays down after a restart of auto-negotiation (unless held down by
@@ -75,6 +81,8 @@ pub struct Counters {
     /// Passes of the model's loop (registers, then both rings) completed.
     pub passes: AtomicU64,
     pub resets: AtomicU64,
+    /// Interrupt messages sent (eventfd signals).
+    pub interrupts: AtomicU64,
 }
 
 struct Shared {
@@ -100,6 +108,12 @@ struct Shared {
     template: Mutex<Vec<u8>>,
     c: Counters,
     mac: MacAddr,
+    /// Interrupt eventfds (one per vector) and whether they are MSI-X vectors, for the thread
+    /// to take; see [`NicModel::set_interrupts`].
+    irq: Mutex<Option<(Vec<EventFd>, bool)>>,
+    irq_given: AtomicBool,
+    /// The interrupt mask the device holds (IMS), for tests.
+    ims: AtomicU64,
 }
 
 pub struct NicModel {
@@ -144,6 +158,9 @@ impl NicModel {
             template: Mutex::new(Vec::new()),
             c: Counters::default(),
             mac,
+            irq: Mutex::new(None),
+            irq_given: AtomicBool::new(false),
+            ims: AtomicU64::new(0),
         });
         // Power-on state: what a reset loads, link up.
         let (ral, rah) = mac.to_ral_rah();
@@ -161,6 +178,9 @@ impl NicModel {
             xlat: Vec::new(),
             template: Vec::new(),
             template_version: 0,
+            irq: None,
+            ims: 0,
+            icr: 0,
         };
         let thread = std::thread::Builder::new()
             .name("nic-model".into())
@@ -176,6 +196,21 @@ impl NicModel {
 
     pub fn bar(&self) -> Mmio {
         self.bar.clone()
+    }
+
+    /// Delivers interrupts through `fds` (vector `v` signals `fds[v]`): MSI-X vectors when
+    /// `msix`, else MSI (`fds[0]`). Returns once the thread has them.
+    pub fn set_interrupts(&self, fds: Vec<EventFd>, msix: bool) {
+        *self.shared.irq.lock().unwrap() = Some((fds, msix));
+        self.shared.irq_given.store(true, Ordering::Release);
+        self.settle();
+    }
+
+    /// The interrupt mask the device holds now (IMS as the device sees it), after a settled
+    /// pass.
+    pub fn ims(&self) -> u32 {
+        self.settle();
+        self.shared.ims.load(Ordering::Acquire) as u32
     }
 
     pub fn counters(&self) -> &Counters {
@@ -313,6 +348,11 @@ struct Device {
     xlat: Vec<(u64, u64, *mut u8)>,
     template: Vec<u8>,
     template_version: u64,
+    /// Eventfds per vector and whether they are MSI-X's.
+    irq: Option<(Vec<EventFd>, bool)>,
+    /// Interrupt mask and causes as the device holds them.
+    ims: u32,
+    icr: u32,
 }
 
 // SAFETY: the raw pointers in `xlat` point into mappings of the driver's process (this
@@ -328,10 +368,13 @@ impl Device {
         let mut idle = 0u64;
         while !self.sh.stop.load(Ordering::Acquire) {
             let mut work = self.registers();
+            let mut received = false;
             if !self.sh.paused.load(Ordering::Acquire) {
                 work |= self.transmit();
-                work |= self.receive();
+                received = self.receive();
+                work |= received;
             }
+            work |= self.interrupts(received);
             let en =
                 self.bar.read32(off::RCTL) & Rctl::EN.bits() | self.bar.read32(off::TCTL) & Tctl::EN.bits();
             if en == 0 {
@@ -423,6 +466,85 @@ impl Device {
             work = true;
         }
         work
+    }
+
+    /// Takes the word at `off` and leaves 0 there: a register write the device acts on once.
+    fn take_reg(&self, off: usize) -> u32 {
+        let p = self.bar.as_ptr().wrapping_add(off).cast::<u32>();
+        // SAFETY: `off` is a 4-aligned register offset inside the model's BAR (an anonymous
+        // mapping that lives as long as `self.bar`), so `p` is valid and aligned for a u32;
+        // the driver stores to it with volatile 32-bit writes, the model swaps it atomically
+        // so that no write is lost between a read and the clearing store.
+        let a = unsafe { AtomicU32::from_ptr(p) };
+        a.swap(0, Ordering::AcqRel)
+    }
+
+    /// Interrupt registers and causes (see the module docs); true when anything was done.
+    fn interrupts(&mut self, received: bool) -> bool {
+        if self.irq.is_none() {
+            if !self.sh.irq_given.load(Ordering::Acquire) {
+                return false;
+            }
+            self.irq = self.sh.irq.lock().unwrap().take();
+        }
+        let msix = self.irq.as_ref().is_some_and(|i| i.1);
+        let cause = if msix { intr::RXQ0 } else { intr::RXT0 };
+        let (mut imc, mut icr_w, ims_w) = (
+            self.take_reg(off::IMC),
+            self.take_reg(off::ICR),
+            self.take_reg(off::IMS),
+        );
+        if ims_w != 0 {
+            // The driver may have written IMC or ICR after they were taken above and before
+            // IMS (a disarm, then the next arm): the words cannot tell the order, so apply
+            // them before IMS. Should the order have been the reverse, the cost is a spurious
+            // interrupt, never a lost one.
+            imc |= self.take_reg(off::IMC);
+            icr_w |= self.take_reg(off::ICR);
+        }
+        self.ims &= !imc;
+        self.icr &= !icr_w;
+        let mut work = imc | icr_w | ims_w != 0;
+        if ims_w != 0 {
+            let old = self.ims & self.icr;
+            self.ims |= ims_w;
+            self.raise(self.ims & self.icr & !old, msix);
+        }
+        if received {
+            let old = self.ims & self.icr;
+            self.icr |= cause;
+            self.raise(self.ims & self.icr & !old, msix);
+            work = true;
+        }
+        self.sh.ims.store(self.ims as u64, Ordering::Release);
+        work
+    }
+
+    /// Sends the message for newly raised causes `c`, then MSI-X's auto-clear and auto-mask.
+    fn raise(&mut self, c: u32, msix: bool) {
+        let b = &self.bar;
+        let Some((fds, _)) = &self.irq else { return };
+        if msix {
+            if c & intr::RXQ0 == 0 {
+                return;
+            }
+            let ivar = b.read32(off::IVAR) >> intr::IVAR_RXQ0_SHIFT;
+            if ivar & intr::IVAR_VALID == 0 {
+                return;
+            }
+            if let Some(fd) = fds.get((ivar & 7) as usize) {
+                // Counted first: the woken test may look at once.
+                self.sh.c.interrupts.fetch_add(1, Ordering::AcqRel);
+                fd.signal().expect("signal the eventfd");
+            }
+            self.icr &= !(b.read32(off::EIAC) & intr::RXQ0);
+            if b.read32(off::CTRL_EXT) & intr::CTRL_EXT_EIAME != 0 {
+                self.ims &= !(b.read32(off::IAM) & intr::RXQ0);
+            }
+        } else if c != 0 {
+            self.sh.c.interrupts.fetch_add(1, Ordering::AcqRel);
+            fds[0].signal().expect("signal the eventfd");
+        }
     }
 
     fn ring(&self, bal: usize) -> (u64, u32) {
