@@ -1,13 +1,19 @@
 //! `vfpoll responder`: answer ARP requests and ICMP echo requests for one IPv4 address, count
 //! what arrives. The replies are the received buffers rewritten in place (zero-copy).
+//!
+//! With `--completion irq` (or `hybrid`) the receive queue interrupts and the responder sleeps
+//! in `Port::wait` whenever the ring is empty, so an idle responder costs no CPU; the process
+//! CPU time is printed at the end either way.
 
 use std::io::Write as _;
 use std::net::Ipv4Addr;
 use std::process::ExitCode;
 use std::str::FromStr;
+use std::time::{Duration, Instant};
 
+use anyhow::Context as _;
 use clap::Args as ClapArgs;
-use vfpoll_nic::{free_bulk, MacAddr};
+use vfpoll_nic::{free_bulk, CompletionMode, MacAddr};
 use vfpoll_pci::Bdf;
 
 use crate::ctx::Ctx;
@@ -72,8 +78,35 @@ pub struct Args {
     /// Stop after SECS seconds (default: run until --count, or SIGINT/SIGTERM).
     #[arg(long, value_name = "SECS")]
     pub time: Option<f64>,
+    /// How the responder learns of frames: poll (spin on the receive ring), irq (sleep until
+    /// the receive queue's interrupt: MSI-X, or MSI on an 82574 without it), or hybrid (spin
+    /// for --hybrid-spin-us after the last frame, then sleep).
+    #[arg(long, value_name = "MODE", default_value = "poll", value_parser = ["poll", "irq", "hybrid"])]
+    pub completion: String,
+    /// How long hybrid mode spins before it sleeps, in microseconds.
+    #[arg(long, value_name = "US", default_value_t = 50)]
+    pub hybrid_spin_us: u64,
     #[command(flatten)]
     pub nic: NicArgs,
+}
+
+/// The --completion mode.
+fn completion_mode(a: &Args) -> CompletionMode {
+    match a.completion.as_str() {
+        "irq" => CompletionMode::Irq,
+        "hybrid" => CompletionMode::Hybrid {
+            spin: Duration::from_micros(a.hybrid_spin_us),
+        },
+        _ => CompletionMode::Poll,
+    }
+}
+
+/// User and system CPU time of the whole process so far.
+fn process_cpu() -> anyhow::Result<Duration> {
+    use nix::sys::resource::{getrusage, UsageWho};
+    let u = getrusage(UsageWho::RUSAGE_SELF).context("getrusage")?;
+    let d = |t: nix::sys::time::TimeVal| Duration::new(t.tv_sec() as u64, t.tv_usec() as u32 * 1000);
+    Ok(d(u.user_time()) + d(u.system_time()))
 }
 
 /// What came in.
@@ -217,16 +250,19 @@ pub fn respond(f: &mut [u8], mac: MacAddr, net: Ipv4Net, c: &mut Counters) -> bo
 /// Runs `vfpoll responder`.
 pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
     let mut stop = Stop::new(a.time)?;
-    let (mut ports, _pool) = a.nic.open(&[a.device], false)?;
+    let mode = completion_mode(&a);
+    let (mut ports, _pool) = a.nic.open_with(&[a.device], false, mode)?;
     let port = &mut ports[0];
     let mac = port.mac();
     let burst = a.nic.burst as usize;
     println!(
-        "responder: {} ({mac}) answering ARP and ICMP echo for {}",
-        a.device, a.ip
+        "responder: {} ({mac}) answering ARP and ICMP echo for {} (completion {})",
+        a.device, a.ip, a.completion
     );
     let _ = std::io::stdout().flush();
+    let (cpu0, t0) = (process_cpu()?, Instant::now());
     let mut c = Counters::default();
+    let mut sleeps = 0u64;
     let (mut rx, mut tx, mut drop) = (
         Vec::with_capacity(burst),
         Vec::with_capacity(burst),
@@ -239,6 +275,17 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
         if port.rx_burst(&mut rx, burst) == 0 {
             if port.tx().in_flight() != 0 {
                 port.tx().reclaim();
+            }
+            if mode.interrupts() {
+                // Sleep until a frame, the --time limit, or a signal (which ends the sleep;
+                // stop.now() then sees it). At most a second, so a missed limit costs little.
+                let left = stop.left().unwrap_or(Duration::from_secs(1));
+                if left.is_zero() {
+                    break;
+                }
+                port.wait(Some(left.min(Duration::from_secs(1))))
+                    .context("waiting for the receive queue's interrupt")?;
+                sleeps += 1;
             }
             continue;
         }
@@ -272,6 +319,13 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
         c.other,
         c.tx_dropped,
         if stop.by_signal() { " (stopped by signal)" } else { "" }
+    );
+    let (cpu, secs) = (process_cpu()? - cpu0, t0.elapsed().as_secs_f64());
+    println!(
+        "cpu: {:.3} s of process CPU in {secs:.2} s ({:.1}% of one core), completion {}, {sleeps} waits",
+        cpu.as_secs_f64(),
+        100.0 * cpu.as_secs_f64() / secs.max(1e-9),
+        a.completion
     );
     print_port(port);
     Ok(ExitCode::SUCCESS)
