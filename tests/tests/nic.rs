@@ -13,7 +13,9 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use vfpoll_nic::e1000e::E1000e;
-use vfpoll_nic::{free_bulk, MacAddr, Mempool, NicControl, NicError, Packet, Port, PortOptions};
+use vfpoll_nic::{
+    free_bulk, CompletionMode, MacAddr, Mempool, NicControl, NicError, Packet, Port, PortOptions,
+};
 use vfpoll_pci::bind::{self, BindOptions};
 use vfpoll_pci::vfio::Container;
 use vfpoll_pci::{sysfs, Host};
@@ -191,7 +193,10 @@ fn rx_ours_to(port: &mut Port, to: MacAddr, n: usize, out: &mut Vec<Vec<u8>>) {
     let start = Instant::now();
     let mut got = 0;
     while got < n {
-        port.rx_burst(&mut pkts, 32);
+        if port.rx_burst(&mut pkts, 32) == 0 && port.completion_mode().interrupts() {
+            port.wait(Some(Duration::from_secs(1)))
+                .expect("wait for the receive interrupt");
+        }
         for p in &pkts {
             if is_ours(p.data()) && p.data()[..6] == to.0 {
                 out.push(p.to_vec());
@@ -411,10 +416,13 @@ fn terminate(child: Child) -> Output {
 /// `count` pings 10 ms apart from the kernel's `ifname` (as fast as TCG allows; the neighbour
 /// cache flushed first, so the kernel asks for the port's MAC), then stops it with SIGTERM.
 /// Returns ping's output and the responder's.
-fn ping_responder(dev: &str, ifname: &str, count: u32) -> (String, Output) {
+fn ping_responder(dev: &str, ifname: &str, count: u32, extra: &[&str]) -> (String, Output) {
     bind_all(&[dev]);
     reserve_hugepages(64);
-    let mut child = vfpoll(&["responder", "--device", dev, "--ip", &format!("{VFPOLL_IP}/16")])
+    let ip = format!("{VFPOLL_IP}/16");
+    let mut args = vec!["responder", "--device", dev, "--ip", &ip];
+    args.extend_from_slice(extra);
+    let mut child = vfpoll(&args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -470,7 +478,7 @@ fn ping_responder(dev: &str, ifname: &str, count: u32) -> (String, Output) {
 #[ignore = "test bed"]
 fn guest_nic_responder_answers_ping() {
     let (ifname, _) = kernel_side();
-    let (p, resp) = ping_responder(NIC_0, &ifname, 100);
+    let (p, resp) = ping_responder(NIC_0, &ifname, 100, &[]);
     let r = text(&resp);
     assert!(p.contains("100 packets transmitted, 100 packets received"), "{p}");
     assert!(resp.status.success(), "responder exits cleanly on SIGTERM: {r}");
@@ -681,7 +689,7 @@ fn guest_nic_virtio_frames_both_ways_counted_in_order() {
 #[ignore = "test bed"]
 fn guest_nic_virtio_responder_answers_ping() {
     let (ifname, _) = kernel_side();
-    let (p, resp) = ping_responder(VIRTIO_NET, &ifname, 20);
+    let (p, resp) = ping_responder(VIRTIO_NET, &ifname, 20, &[]);
     let r = text(&resp);
     assert!(p.contains("20 packets transmitted, 20 packets received"), "{p}");
     assert!(resp.status.success(), "responder exits cleanly on SIGTERM: {r}");
@@ -691,4 +699,269 @@ fn guest_nic_virtio_responder_answers_ping() {
     let _ = Command::new("ip")
         .args(["neigh", "flush", "dev", &ifname])
         .output();
+}
+
+// ---- interrupt mode (issue 13, part 4) ------------------------------------------------------
+
+/// User + system CPU time of this process.
+fn process_cpu() -> Duration {
+    let mut u = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage writes one rusage into the valid, exclusively borrowed buffer.
+    let r = unsafe { libc::getrusage(libc::RUSAGE_SELF, u.as_mut_ptr()) };
+    assert_eq!(r, 0, "getrusage");
+    // SAFETY: getrusage succeeded and filled it (and zeroed memory is a valid rusage anyway).
+    let u = unsafe { u.assume_init() };
+    let d = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    d(u.ru_utime) + d(u.ru_stime)
+}
+
+fn irq_opts() -> PortOptions {
+    PortOptions {
+        completion: CompletionMode::Irq,
+        ..PortOptions::default()
+    }
+}
+
+/// Drains the receive ring; returns how many frames were ours (addressed to `me`).
+fn drain_ours(port: &mut Port, me: MacAddr) -> usize {
+    let mut pkts: Vec<Packet> = Vec::with_capacity(32);
+    let mut ours = 0;
+    while port.rx_burst(&mut pkts, 32) != 0 {
+        ours += pkts
+            .iter()
+            .filter(|p| is_ours(p.data()) && p.data()[..6] == me.0)
+            .count();
+        free_bulk(&mut pkts);
+    }
+    ours
+}
+
+/// Interrupt mode on `dev`: frames both ways with the kernel (the receive side sleeping in
+/// `Port::wait` whenever its ring is empty), a sleeping queue woken by one frame the kernel
+/// sends 300 ms later (well before the 5-s timeout: only the interrupt ends the sleep that
+/// early), and an idle queue sleeping for 3 s at under 1 % of a core.
+fn irq_port_exchanges_and_sleeps(dev: &str) {
+    let (ifname, kmac) = kernel_side();
+    let (mut port, pool) = vfpoll_port_on(dev, &irq_opts());
+    assert_eq!(port.completion_mode(), CompletionMode::Irq);
+    use std::os::fd::AsRawFd;
+    assert!(port.as_raw_fd() >= 0);
+    exchange_with_kernel(&mut port, &pool, &ifname, kmac, 256);
+    let me = port.mac();
+
+    // Woken by a frame.
+    drain_ours(&mut port, me);
+    let t = Instant::now();
+    let (woke, ours) = std::thread::scope(|s| {
+        let ifname = &ifname;
+        s.spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            RawSocket::open(ifname).send(&frame(me, kmac, 7, 60));
+        });
+        let mut ours = 0;
+        let mut woke = 0;
+        while ours == 0 && t.elapsed() < Duration::from_secs(5) {
+            if port
+                .wait(Some(
+                    Duration::from_secs(5) - t.elapsed().min(Duration::from_secs(5)),
+                ))
+                .unwrap()
+            {
+                woke += 1;
+            }
+            ours += drain_ours(&mut port, me);
+        }
+        (woke, ours)
+    });
+    let took = t.elapsed();
+    println!(
+        "{dev} ({}): woken {woke} time(s), our frame after {took:?}",
+        mode_name()
+    );
+    assert_eq!(ours, 1, "the frame arrived");
+    assert!(woke >= 1 && took < Duration::from_secs(4), "{took:?}");
+
+    // Idle: 3 s asleep (waking only for whatever else the hub carries) cost under 1 %.
+    let (cpu, t) = (process_cpu(), Instant::now());
+    let (mut wakes, mut frames) = (0, 0usize);
+    while t.elapsed() < Duration::from_secs(3) {
+        let left = Duration::from_secs(3).saturating_sub(t.elapsed());
+        if port.wait(Some(left)).unwrap() {
+            wakes += 1;
+            let mut pkts: Vec<Packet> = Vec::with_capacity(32);
+            while port.rx_burst(&mut pkts, 32) != 0 {
+                frames += pkts.len();
+                free_bulk(&mut pkts);
+            }
+        }
+    }
+    let (used, slept) = (process_cpu() - cpu, t.elapsed());
+    let pct = 100.0 * used.as_secs_f64() / slept.as_secs_f64();
+    println!(
+        "{dev} ({}): idle interrupt-mode receive queue: {used:?} of CPU in {slept:?} = {pct:.3}% of a core ({wakes} wakeups, {frames} other frames)",
+        mode_name()
+    );
+    assert!(pct < 1.0, "{pct:.3}% of a core while idle");
+    drop(port);
+    assert_pool_whole(&pool, "after an interrupt-mode port");
+}
+
+#[test]
+#[ignore = "test bed"]
+fn guest_nic_irq_e1000e_exchanges_and_sleeps() {
+    irq_port_exchanges_and_sleeps(NIC_0);
+}
+
+#[test]
+#[ignore = "test bed"]
+fn guest_nic_irq_virtio_exchanges_and_sleeps() {
+    irq_port_exchanges_and_sleeps(VIRTIO_NET);
+}
+
+/// The `% of one core` figure of the responder's `cpu:` line.
+fn cpu_percent(out: &str) -> f64 {
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("cpu: "))
+        .unwrap_or_else(|| panic!("no cpu: line in:\n{out}"));
+    let at = line.find("% of one core").expect("% of one core");
+    let start = line[..at].rfind('(').expect("(") + 1;
+    line[start..at].parse().unwrap_or_else(|_| panic!("{line}"))
+}
+
+#[test]
+#[ignore = "test bed"]
+fn guest_nic_irq_responder_answers_ping_and_sleeps() {
+    let (ifname, _) = kernel_side();
+    for dev in [NIC_0, VIRTIO_NET] {
+        let (p, resp) = ping_responder(dev, &ifname, 20, &["--completion", "irq"]);
+        let r = text(&resp);
+        assert!(
+            p.contains("20 packets transmitted, 20 packets received"),
+            "{dev}: {p}"
+        );
+        assert!(resp.status.success(), "{r}");
+        assert!(r.contains("completion irq"), "{r}");
+        assert_eq!(number_after(&r, "ICMP echo requests "), 20, "{r}");
+        assert_eq!(number_after(&r, "replies dropped "), 0, "{r}");
+        assert!(number_after(&r, "irq, ") >= 1, "it slept: {r}");
+        let _ = Command::new("ip")
+            .args(["neigh", "flush", "dev", &ifname])
+            .output();
+        // Idle for 3 s: it sleeps.
+        let o = vfpoll(&[
+            "responder",
+            "--device",
+            dev,
+            "--ip",
+            &format!("{VFPOLL_IP}/16"),
+            "--completion",
+            "irq",
+            "--time",
+            "3",
+        ])
+        .output()
+        .unwrap();
+        let t = text(&o);
+        println!("{t}");
+        assert!(o.status.success(), "{t}");
+        let pct = cpu_percent(&t);
+        assert!(
+            pct < 1.0,
+            "{dev}: idle irq-mode responder at {pct}% of a core: {t}"
+        );
+    }
+}
+
+/// An ICMP echo request from the kernel side (`kmac`, [`KERNEL_IP`]) to `dst` at [`VFPOLL_IP`].
+fn echo_request(dst: MacAddr, kmac: MacAddr, seq: u16) -> Vec<u8> {
+    fn csum(d: &[u8]) -> u16 {
+        let mut s: u32 = d
+            .chunks(2)
+            .map(|c| u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]) as u32)
+            .sum();
+        while s >> 16 != 0 {
+            s = (s & 0xffff) + (s >> 16);
+        }
+        !(s as u16)
+    }
+    let ip = |s: &str| -> [u8; 4] { s.parse::<std::net::Ipv4Addr>().unwrap().octets() };
+    let mut f = dst.0.to_vec();
+    f.extend_from_slice(&kmac.0);
+    f.extend_from_slice(&[0x08, 0x00]);
+    let mut h = vec![0x45, 0, 0, 84, 0, 0, 0x40, 0, 64, 1, 0, 0];
+    h.extend_from_slice(&ip(KERNEL_IP));
+    h.extend_from_slice(&ip(VFPOLL_IP));
+    let c = csum(&h);
+    h[10..12].copy_from_slice(&c.to_be_bytes());
+    f.extend_from_slice(&h);
+    let mut icmp = vec![8, 0, 0, 0, 0x12, 0x34];
+    icmp.extend_from_slice(&seq.to_be_bytes());
+    icmp.extend((0..56u8).map(|i| i ^ seq as u8));
+    let c = csum(&icmp);
+    icmp[2..4].copy_from_slice(&c.to_be_bytes());
+    f.extend_from_slice(&icmp);
+    f
+}
+
+/// The `vfpoll` to measure: the release build beside the debug one on the guest's PATH when
+/// there is one (figures), else the first on the PATH.
+fn vfpoll_for_figures() -> String {
+    let path = std::env::var("PATH").unwrap_or_default();
+    path.split(':')
+        .filter(|d| d.ends_with("target/release"))
+        .map(|d| format!("{d}/vfpoll"))
+        .find(|p| std::path::Path::new(p).exists())
+        .unwrap_or_else(|| "vfpoll".into())
+}
+
+/// Figures for BENCHMARKS.md: process CPU of `vfpoll responder` idle (4 s) and under an echo
+/// request flood (4 s of AF_PACKET sends from the kernel side, as fast as the guest goes), in
+/// poll and irq mode, on both NICs. Checks only that every mode answered; prints the table.
+#[test]
+#[ignore = "test bed"]
+fn guest_nic_irq_responder_cpu_figures() {
+    let (ifname, kmac) = kernel_side();
+    let bin = vfpoll_for_figures();
+    println!("binary: {bin} ({})", mode_name());
+    for dev in [NIC_0, VIRTIO_NET] {
+        let mac = if dev == NIC_0 { NIC_0_MAC } else { VIRTIO_MAC };
+        for completion in ["poll", "irq"] {
+            for flood in [false, true] {
+                bind_all(&[dev]);
+                reserve_hugepages(64);
+                let mut c = Command::new(&bin);
+                c.args(["responder", "--device", dev, "--ip", &format!("{VFPOLL_IP}/16")])
+                    .args(["--completion", completion, "--time", "5"]);
+                if mode() == vfpoll_pci::vfio::IommuMode::NoIommu {
+                    c.arg("--noiommu");
+                }
+                let child = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+                // Bring-up, then 4 s of flood (or quiet) inside the 5-s run.
+                std::thread::sleep(Duration::from_millis(700));
+                let mut sent = 0u32;
+                if flood {
+                    let sock = RawSocket::open(&ifname);
+                    let t = Instant::now();
+                    while t.elapsed() < Duration::from_secs(4) {
+                        sock.send(&echo_request(mac, kmac, sent as u16));
+                        sent += 1;
+                    }
+                }
+                let o = child.wait_with_output().unwrap();
+                let t = text(&o);
+                assert!(o.status.success(), "{t}");
+                let pct = cpu_percent(&t);
+                let echo = number_after(&t, "ICMP echo requests ");
+                println!(
+                    "figure: {dev} {} completion {completion} {}: {pct:.1}% of a core, {echo} echo requests answered of {sent} sent",
+                    mode_name(),
+                    if flood { "flood" } else { "idle" }
+                );
+                if flood {
+                    assert!(echo > 0, "{t}");
+                }
+            }
+        }
+    }
 }
