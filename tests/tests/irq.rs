@@ -86,6 +86,7 @@ fn guest_an_idle_interrupt_mode_queue_pair_sleeps() {
     let c = Container::open(mode()).expect("container");
     let (ctrl, dma) =
         Controller::open_first(&c, bdf(NVME_A), ControllerOptions::default()).expect("controller A");
+    let _dma_back = DmaReturnCheck::new(&dma);
     let msix = ctrl.irq_info(IrqIndex::MSIX).unwrap().expect("through VFIO");
     println!("MSI-X ({}): {msix:?}", mode_name());
     assert!(msix.count > 1 && msix.eventfd(), "{msix:?}");
