@@ -622,6 +622,100 @@ impl Drop for VirtioTx {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Mutex;
+
+    use crate::irq::{IrqKind, PortIrq};
+    use vfpoll_pci::vfio::EventFd;
+
+    /// A receive queue over plain memory (no device): the test plays the device, writing used
+    /// entries and signalling the eventfd.
+    fn irq_rx(mode: CompletionMode) -> (VirtioRx, EventFd, crate::Mempool) {
+        let dma = DmaContext::new(Arc::new(vfpoll_dma::FakeMapper::new()));
+        let pool = crate::Mempool::new(&dma, 64, PageSize::Base4K).unwrap();
+        let fd = EventFd::new().unwrap();
+        let anon = || vfpoll_pci::mmio::anonymous(4096).unwrap();
+        let shared = Arc::new(Shared {
+            name: "fake".into(),
+            common: anon(),
+            devcfg: None,
+            features: 0,
+            stopped: AtomicBool::new(false),
+            stop_lock: Mutex::new(()),
+            irq: Some(PortIrq::supplied(fd.try_clone().unwrap(), IrqKind::Msix)),
+            device: None,
+        });
+        let mut rx = VirtioRx::new(&shared, &dma, &pool, 16, PageSize::Base4K, anon()).unwrap();
+        rx.set_completion(mode);
+        (rx, fd, pool)
+    }
+
+    fn avail_flags(rx: &VirtioRx) -> u16 {
+        rx.ring.mem.load16(rx.ring.lay.avail)
+    }
+
+    /// The device's side: chain 0 used with a 60-byte frame, then the used index.
+    fn device_uses_slot_0(rx: &mut VirtioRx) {
+        let used = rx.ring.lay.used;
+        let len = (NET_HDR_LEN + 60) as u16;
+        for (o, v) in [(4, 0), (6, 0), (8, len), (10, 0)] {
+            rx.ring.mem.store16(used + o, v);
+        }
+        wmb();
+        rx.ring.mem.store16(used + 2, 1);
+    }
+
+    #[test]
+    fn interrupt_mode_asks_for_notifications_only_while_asleep() {
+        let (mut rx, fd, _pool) = irq_rx(CompletionMode::Irq);
+        assert_eq!(rx.completion_mode(), CompletionMode::Irq);
+        assert_eq!(
+            avail_flags(&rx),
+            AVAIL_F_NO_INTERRUPT,
+            "polling: no notifications"
+        );
+        // Idle: the wait times out, and the flag is back on return.
+        assert!(!rx.wait(Some(Duration::from_millis(20))).unwrap());
+        assert_eq!(avail_flags(&rx), AVAIL_F_NO_INTERRUPT);
+        // Armed by hand: flag clear, nothing there yet.
+        assert!(!rx.arm().unwrap());
+        assert_eq!(avail_flags(&rx), 0, "armed: used-buffer notifications wanted");
+        // The device uses a buffer and notifies: the eventfd wakes the next wait at once.
+        device_uses_slot_0(&mut rx);
+        fd.signal().unwrap();
+        assert!(rx.wait(Some(Duration::from_secs(5))).unwrap());
+        assert_eq!(avail_flags(&rx), AVAIL_F_NO_INTERRUPT, "disarmed on return");
+        let mut out = Vec::with_capacity(4);
+        assert_eq!(rx.rx_burst(&mut out, 4), 1);
+        assert_eq!(out[0].len(), 60);
+        crate::free_bulk(&mut out);
+        // Nothing left: a short wait times out even though the stale signal was taken.
+        assert!(!rx.wait(Some(Duration::from_millis(20))).unwrap());
+    }
+
+    #[test]
+    fn a_used_entry_before_arming_means_no_sleep() {
+        let (mut rx, _fd, _pool) = irq_rx(CompletionMode::Irq);
+        device_uses_slot_0(&mut rx);
+        let t = Instant::now();
+        assert!(
+            rx.wait(Some(Duration::from_secs(5))).unwrap(),
+            "no interrupt needed"
+        );
+        assert!(t.elapsed() < Duration::from_secs(1));
+        let mut out = Vec::with_capacity(4);
+        assert_eq!(rx.rx_burst(&mut out, 4), 1);
+        crate::free_bulk(&mut out);
+    }
+
+    #[test]
+    fn poll_mode_keeps_notifications_off_and_refuses_to_wait() {
+        let (mut rx, _fd, _pool) = irq_rx(CompletionMode::Poll);
+        assert!(rx.event_fd().is_none());
+        assert!(rx.wait(Some(Duration::from_millis(1))).is_err());
+        rx.disarm();
+        assert_eq!(avail_flags(&rx), AVAIL_F_NO_INTERRUPT);
+    }
 
     #[test]
     fn layout_follows_the_alignment_rules() {
