@@ -28,7 +28,9 @@ qmp() {
 }
 
 $V bind $R >/dev/null && $V bind $B >/dev/null || exit 1
-for r in 1 2 3 4 5; do
+# QEMU's ACPI hotplug trace (in QEMU's stderr) and the guest kernel's log, for a round that fails.
+qmp trace '{"execute":"trace-event-set-state","arguments":{"name":"acpi_pci_*","enable":true}}' >/dev/null
+for r in $(seq "${VFPOLL_ROUNDS:-5}"); do
   $V perf -d $R -d $B $M --workload randread --queue-depth 32 --time 20 \
     > /out/removal-r$r.out 2> /out/removal-r$r.err &
   pid=$!
@@ -39,6 +41,7 @@ for r in 1 2 3 4 5; do
   rc=$?
   rel=$(sed -n 's/.*released \([0-9.]*\) ms after the kernel.*/\1/p' /out/removal-r$r.err)
   echo "round $r: device_del -> DEVICE_DELETED ${ms:-none} ms (host); request -> release ${rel:-none} ms (driver); perf exit $rc" | tee -a /out/removal.txt
+  if [ -z "$ms" ]; then dmesg | tail -60 > /out/dmesg-r$r.txt; echo "$ans" > /out/qmp-r$r.txt; exit 1; fi
   qmp add$r '{"execute":"device_add","arguments":{"driver":"nvme","id":"nvmer","bus":"rp1","serial":"vfpoll-r","drive":"nvmer1"}}' >/dev/null
   for _ in $(seq 3000); do [ -e /sys/bus/pci/devices/$R ] && break; sleep 0.01; done
   for _ in $(seq 300); do [ -e /sys/bus/pci/devices/$R/driver ] && break; sleep 0.01; done

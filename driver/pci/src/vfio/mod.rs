@@ -257,6 +257,10 @@ struct Group {
 struct ContainerState {
     /// Attached groups by id. Groups stay attached until the container is dropped.
     groups: HashMap<u32, Arc<Group>>,
+    /// Groups of released devices ([`Device::release`]): still attached (closed with the
+    /// container), but no longer found by id, so a device that comes back in a group of the
+    /// same number gets a fresh one.
+    retired: Vec<Arc<Group>>,
     /// Set once the first group is attached and the IOMMU model chosen.
     info: Option<IommuInfo>,
 }
@@ -314,6 +318,7 @@ impl Container {
             mode,
             state: Mutex::new(ContainerState {
                 groups: HashMap::new(),
+                retired: Vec::new(),
                 info: None,
             }),
         }))
@@ -369,18 +374,18 @@ impl Container {
         Device::new(Arc::clone(self), group, fd, bdf)
     }
 
-    /// Detaches group `id` once no device uses it, unless it is the container's last group
-    /// (detaching that would tear down the IOMMU domain, and every DMA mapping the process
-    /// still tracks with it). Returns whether it was detached.
-    fn forget_group(&self, id: u32) -> bool {
+    /// Retires group `id` once no device uses it: it stays attached (its file open) until the
+    /// container is dropped, but a later [`Container::device`] in a group of the same number
+    /// opens that afresh. Not detached at once: the kernel is removing the device at that very
+    /// moment (detaching would have it change the device's IOMMU context under the removal),
+    /// and a group that is the container's last cannot be detached without tearing down the
+    /// IOMMU domain and every DMA mapping the process still tracks with it. One rule for both.
+    fn retire_group(&self, id: u32) {
         let mut st = self.lock();
-        let unused = st.groups.get(&id).is_some_and(|g| Arc::strong_count(g) == 1);
-        if unused && st.groups.len() > 1 {
-            st.groups.remove(&id);
-            log::debug!("detached IOMMU group {id}");
-            true
-        } else {
-            false
+        if st.groups.get(&id).is_some_and(|g| Arc::strong_count(g) == 1) {
+            let g = st.groups.remove(&id).expect("present");
+            st.retired.push(g);
+            log::debug!("retired IOMMU group {id}");
         }
     }
 
@@ -809,8 +814,9 @@ impl Device {
     /// answer), every BAR mapping made through [`Device::map_bar`] is revoked in place
     /// ([`BarMapping::revoke`]: from now on accesses through them read all-ones and write
     /// nowhere, so threads still using them cannot crash), the device file is closed (the kernel
-    /// then disables the device and completes its removal), and the IOMMU group is detached
-    /// when no other device uses it and it is not the container's last. Every later call on the
+    /// then disables the device and completes its removal), and the IOMMU group is retired
+    /// (kept attached until the container goes, but a device that comes back opens a fresh
+    /// one). Every later call on the
     /// device fails with [`VfioError::Released`]. Returns the mappings revoked; idempotent.
     pub fn release(&self) -> Result<usize, VfioError> {
         if self.fd.closed() {
@@ -840,7 +846,7 @@ impl Device {
         }
         self.fd.close();
         drop(self.group.lock().unwrap_or_else(|e| e.into_inner()).take());
-        self.container.forget_group(self.group_id);
+        self.container.retire_group(self.group_id);
         log::info!("{}: released ({revoked} BAR mapping(s) revoked)", self.bdf);
         Ok(revoked)
     }

@@ -457,7 +457,7 @@ fn a_removal_request_reaches_the_watch_and_release_lets_the_device_go() {
     assert!(matches!(remap, Err(VfioError::Released { .. })));
     assert!(nvme.enable_irqs(IrqIndex::REQ, 1).is_err());
     // Bus Master was cleared before the file was closed (no more DMA), and the group was
-    // detached (another group keeps the container's IOMMU).
+    // retired (still attached, no longer found by number).
     let cmd =
         b.k.with(|st| u16::from_le_bytes([st.devices[NVME].config[4], st.devices[NVME].config[5]]));
     assert_eq!(cmd & pci_cfg::COMMAND_MASTER, 0);
@@ -473,7 +473,7 @@ fn a_removal_request_reaches_the_watch_and_release_lets_the_device_go() {
 }
 
 #[test]
-fn the_last_group_stays_attached_and_a_dropped_watch_stops() {
+fn a_retired_group_keeps_the_iommu_and_a_dropped_watch_stops() {
     let b = bed(false);
     b.k.with(|st| st.devices.get_mut(NVME).unwrap().irq_counts[3] = 0);
     let c = open(&b, IommuMode::Type1).unwrap();
@@ -490,7 +490,12 @@ fn the_last_group_stays_attached_and_a_dropped_watch_stops() {
         "dropping the watch disables the request interrupt"
     );
     d.release().unwrap();
-    assert_eq!(c.groups(), vec![3], "the container's last group keeps its IOMMU");
+    assert!(c.groups().is_empty(), "retired");
+    assert_eq!(
+        b.k.with(|st| st.iommu_set),
+        Some(uapi::TYPE1V2_IOMMU),
+        "the retired group keeps the container's IOMMU"
+    );
     // No request index at all: watching is refused with the reason.
     b.k.with(|st| st.devices.get_mut(SHM).unwrap().irq_counts[4] = 0);
     let shm = c.device(SHM.parse().unwrap()).unwrap();
