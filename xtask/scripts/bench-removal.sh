@@ -41,7 +41,15 @@ for r in $(seq "${VFPOLL_ROUNDS:-5}"); do
   rc=$?
   rel=$(sed -n 's/.*released \([0-9.]*\) ms after the kernel.*/\1/p' /out/removal-r$r.err)
   echo "round $r: device_del -> DEVICE_DELETED ${ms:-none} ms (host); request -> release ${rel:-none} ms (driver); perf exit $rc" | tee -a /out/removal.txt
-  if [ -z "$ms" ]; then dmesg | tail -60 > /out/dmesg-r$r.txt; echo "$ans" > /out/qmp-r$r.txt; exit 1; fi
+  if [ -z "$ms" ]; then
+    dmesg | tail -60 > /out/dmesg-r$r.txt
+    { echo "$ans"
+      qmp qom$r '{"execute":"qom-list","arguments":{"path":"/machine/peripheral"}}'
+      qmp late$r '{"execute":"query-status"}' 'wait DEVICE_DELETED 60000'
+    } > /out/qmp-r$r.txt
+    echo "round $r: no DEVICE_DELETED; QEMU's view in /out/qmp-r$r.txt" | tee -a /out/removal.txt
+    exit 1
+  fi
   qmp add$r '{"execute":"device_add","arguments":{"driver":"nvme","id":"nvmer","bus":"rp1","serial":"vfpoll-r","drive":"nvmer1"}}' >/dev/null
   for _ in $(seq 3000); do [ -e /sys/bus/pci/devices/$R ] && break; sleep 0.01; done
   for _ in $(seq 300); do [ -e /sys/bus/pci/devices/$R/driver ] && break; sleep 0.01; done
