@@ -310,8 +310,13 @@ impl Conn {
         self.tx.iter().map(|t| t.total() - t.sent).sum()
     }
 
-    /// Reads and handles what the socket has. Returns whether anything happened.
-    pub(crate) fn receive(&mut self, cx: &mut Ctx<'_>) -> bool {
+    /// Reads and handles what the socket has when it may have data (`readable`: epoll says so,
+    /// or the caller does not know) or bytes are staged; otherwise it only starts commands that
+    /// were waiting for a buffer, without a system call. Returns whether anything happened.
+    pub(crate) fn receive(&mut self, cx: &mut Ctx<'_>, readable: bool) -> bool {
+        if !readable && self.stage.available().is_empty() {
+            return self.start_waiting(cx);
+        }
         let mut progress = self.start_waiting(cx);
         let mut pdus = 0;
         // Bounded memory: stop reading while the host does not take what is queued for it.

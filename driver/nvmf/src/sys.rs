@@ -120,20 +120,22 @@ impl Epoll {
     /// Watches `fd` for input (data, or the peer closing) for as long as there is some.
     /// Closing `fd` ends the watch.
     pub(crate) fn add(&self, fd: RawFd) -> io::Result<()> {
-        self.ctl_add(fd, libc::EPOLLIN as u32 | libc::EPOLLRDHUP as u32)
+        self.add_keyed(fd, fd as u64)
+    }
+
+    /// Like [`Epoll::add`]; [`Epoll::ready`] reports `fd` as `key`.
+    pub(crate) fn add_keyed(&self, fd: RawFd, key: u64) -> io::Result<()> {
+        self.ctl_add(fd, libc::EPOLLIN as u32 | libc::EPOLLRDHUP as u32, key)
     }
 
     /// Watches `fd` for new input only (edge-triggered): an eventfd whose count nobody reads
     /// wakes the waiter once per signal, not at every wait.
     pub(crate) fn add_edge(&self, fd: RawFd) -> io::Result<()> {
-        self.ctl_add(fd, libc::EPOLLIN as u32 | libc::EPOLLET as u32)
+        self.ctl_add(fd, libc::EPOLLIN as u32 | libc::EPOLLET as u32, fd as u64)
     }
 
-    fn ctl_add(&self, fd: RawFd, events: u32) -> io::Result<()> {
-        let mut ev = libc::epoll_event {
-            events,
-            u64: fd as u64,
-        };
+    fn ctl_add(&self, fd: RawFd, events: u32, key: u64) -> io::Result<()> {
+        let mut ev = libc::epoll_event { events, u64: key };
         // SAFETY: `ev` is a valid epoll_event for the duration of the call; both descriptors
         // are open (the kernel checks them and fails the call otherwise).
         let r = unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) };
@@ -157,6 +159,20 @@ impl Epoll {
             )
         };
         usize::try_from(r).unwrap_or(0)
+    }
+
+    /// The keys of the watched descriptors that have input now, without waiting (one system
+    /// call however many are watched); `None` when the call failed (the caller then looks at
+    /// every descriptor itself).
+    pub(crate) fn ready(&self, keys: &mut Vec<u64>) -> Option<()> {
+        keys.clear();
+        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 64];
+        // SAFETY: `evs` has room for the 64 events the kernel may write.
+        let r = unsafe { libc::epoll_wait(self.fd.as_raw_fd(), evs.as_mut_ptr(), evs.len() as i32, 0) };
+        // More than 64 ready: the others (level-triggered) are reported by the next call.
+        let n = usize::try_from(r).ok()?;
+        keys.extend(evs[..n].iter().map(|e| e.u64));
+        Some(())
     }
 }
 

@@ -24,6 +24,9 @@ use crate::fabrics::{ConnInfo, QueueRef, SubsystemId};
 use crate::pdu::TargetLimits;
 use crate::sys::{Epoll, Waker};
 
+/// Marks a connection's epoll key (its ID) apart from the descriptors of eventfds.
+const CONN_KEY: u64 = 1 << 63;
+
 /// How long a stopping worker waits for its backends' commands in flight.
 const DRAIN: Duration = Duration::from_secs(5);
 
@@ -293,7 +296,7 @@ impl Worker {
             Msg::Conn(id, s, info) => {
                 let c = Conn::new(id, s, info, &self.limits, self.shared.stats.clone());
                 if let Some(ep) = &self.epoll {
-                    if let Err(e) = ep.add(c.fd()) {
+                    if let Err(e) = ep.add_keyed(c.fd(), CONN_KEY | id) {
                         log::warn!("worker {}: epoll: {e}; napping instead", self.index);
                         self.epoll = None;
                     }
@@ -392,6 +395,7 @@ impl Worker {
         let mut close: Vec<QueueRef> = Vec::new();
         let mut ended: Vec<QueueRef> = Vec::new();
         let mut done: Vec<Completion> = Vec::new();
+        let mut ready: Vec<u64> = Vec::with_capacity(64);
         let mut idle = false;
         let mut last_work = Instant::now();
         while !shared.stop.load(Ordering::Acquire) {
@@ -441,8 +445,15 @@ impl Worker {
                         }
                     }
                 }
-                for conn in conns.values_mut() {
-                    progress |= conn.receive(&mut cx);
+                // One epoll_wait says which sockets have input: a round costs one system call
+                // however many connections are quiet (without epoll, a read on each).
+                let all = match &self.epoll {
+                    Some(ep) => ep.ready(&mut ready).is_none(),
+                    None => true,
+                };
+                for (id, conn) in conns.iter_mut() {
+                    let readable = all || ready.contains(&(CONN_KEY | id));
+                    progress |= conn.receive(&mut cx, readable);
                     progress |= conn.flush(cx.pool);
                 }
             }
