@@ -5,10 +5,10 @@
 //! [`CompletionMode::Hybrid`] gets one interrupt vector for its receive queue, bound through
 //! VFIO (`VFIO_DEVICE_SET_IRQS`) to an eventfd: MSI-X where the device has it, MSI where that is
 //! all it has (the 82574 without its MSI-X capability). What the device is told:
-//! - 82574 (`e1000e`), MSI-X: IVAR routes RX queue 0 to vector 0 (datasheet §10.2.4.9), EIAC
+//! - 82574 (`e1000e`), MSI-X: IVAR routes RX queue 0 to vector 0 (datasheet §10.2.4, IVAR), EIAC
 //!   auto-clears the RxQ0 cause and IAM/CTRL_EXT.EIAME auto-mask it when the message is sent
-//!   (§7.4.5 and §10.2.2.5), so one burst of frames sends one message; MSI: the RXT0 cause
-//!   (§7.4.2). The transmit queue and the other causes stay masked.
+//!   (§7.4, interrupts, and §10.2.4), so one burst of frames sends one message; MSI: the RXT0 cause
+//!   (§7.4). The transmit queue and the other causes stay masked.
 //! - virtio-net: `queue_msix_vector` = 0 for `receiveq1` (read back: a device that cannot use
 //!   it says NO_VECTOR, VIRTIO 1.2 §4.1.5.1.2), NO_VECTOR for the transmit queue and the
 //!   configuration; the used-buffer notification is asked for by clearing
@@ -107,7 +107,8 @@ impl IrqKind {
 #[derive(Debug)]
 pub(crate) struct PortIrq {
     pub(crate) kind: IrqKind,
-    /// Vector 0's eventfd (a duplicate: the queue may outlive nothing, but it is cheap).
+    /// Vector 0's eventfd: a descriptor of its own, so that a supplied eventfd and one bound
+    /// through VFIO look alike to the queue.
     pub(crate) fd: EventFd,
     /// The VFIO vectors; `None` when supplied (device models).
     _irqs: Option<Irqs>,

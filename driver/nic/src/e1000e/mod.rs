@@ -151,7 +151,7 @@ fn wait_for(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
 }
 
 /// Interrupt set-up for interrupt mode (every cause stays masked in IMS until the receive
-/// queue arms, see [`crate::irq`]). MSI-X (§7.4.5, as Linux's `e1000_configure_msix`): IVAR
+/// queue arms, see [`crate::irq`]). MSI-X (§7.4, as Linux's `e1000_configure_msix`): IVAR
 /// routes RX queue 0 to vector 0 and leaves TX queue 0 and the other causes invalid; EIAC
 /// clears the RxQ0 cause from ICR when its message is sent, and IAM with CTRL_EXT.EIAME masks
 /// it (QEMU masks EIAC's causes whenever CTRL_EXT.IAME is clear), so one message per arm;

@@ -13,7 +13,7 @@ pub mod off {
     pub const EEC: usize = 0x0010;
     /// EEPROM Read (EERD): read NVM words through the controller.
     pub const EERD: usize = 0x0014;
-    /// Extended Device Control (CTRL_EXT, §10.2.2.3): interrupt auto-mask bits.
+    /// Extended Device Control (CTRL_EXT, §10.2.2): interrupt auto-mask bits.
     pub const CTRL_EXT: usize = 0x0018;
     /// MDI Control (MDIC): PHY register access.
     pub const MDIC: usize = 0x0020;
@@ -23,18 +23,18 @@ pub mod off {
     pub const ITR: usize = 0x00c4;
     /// Interrupt Cause Set (ICS): sets causes as if the events happened.
     pub const ICS: usize = 0x00c8;
-    /// Interrupt Mask Set/Read (IMS): a 1 enables the cause's interrupt (§10.2.4.3).
+    /// Interrupt Mask Set/Read (IMS): a 1 enables the cause's interrupt (§10.2.4).
     pub const IMS: usize = 0x00d0;
     /// Interrupt Mask Clear (IMC).
     pub const IMC: usize = 0x00d8;
     /// Extended Interrupt Auto Clear (EIAC): MSI-X causes cleared from ICR when their message
-    /// is sent (§10.2.4.6).
+    /// is sent (§10.2.4).
     pub const EIAC: usize = 0x00dc;
     /// Interrupt Acknowledge Auto Mask (IAM): causes masked when their MSI-X message is sent
-    /// with CTRL_EXT.EIAME (§10.2.4.5).
+    /// with CTRL_EXT.EIAME (§10.2.4).
     pub const IAM: usize = 0x00e0;
     /// Interrupt Vector Allocation Registers (IVAR): which MSI-X vector each cause uses
-    /// (§10.2.4.9).
+    /// (§10.2.4).
     pub const IVAR: usize = 0x00e4;
     /// Receive Control (RCTL).
     pub const RCTL: usize = 0x0100;
@@ -264,7 +264,7 @@ pub const TXDCTL_VALUE: u32 = (1 << 24) | (1 << 16) | (1 << 22);
 /// TARC0 bit 10: the transmit queue is enabled (QEMU's e1000e transmits nothing without it).
 pub const TARC_ENABLE: u32 = 1 << 10;
 
-/// Interrupt causes (ICR/ICS/IMS/IMC bits, §10.2.4.1) and their MSI-X routing.
+/// Interrupt causes (ICR/ICS/IMS/IMC bits, §10.2.4) and their MSI-X routing.
 pub mod intr {
     /// Receiver Timer Interrupt: a frame was written back (the cause without MSI-X).
     pub const RXT0: u32 = 1 << 7;

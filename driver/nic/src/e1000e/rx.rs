@@ -247,7 +247,7 @@ impl Sleeper for E1000eRx {
         RxWriteBack(self.ring.read_hi(self.next)).done()
     }
 
-    /// Clears the cause (ICR is write-1-to-clear, §10.2.4.1), then unmasks it: a cause left
+    /// Clears the cause (ICR is write-1-to-clear, §10.2.4), then unmasks it: a cause left
     /// from frames already polled would otherwise interrupt at once.
     fn arm_device(&mut self) {
         let bar = &self.shared.bar;
