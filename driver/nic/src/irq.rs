@@ -27,7 +27,7 @@
 //!    means no sleep (`arm` returns true).
 //!
 //! A frame written after step 2 interrupts (the device sets the cause, or reads the flag after
-//! its used-index store, §2.7.13.3) and the interrupt lands in the counter, which stays non-zero
+//! its used-index store, §2.7.10) and the interrupt lands in the counter, which stays non-zero
 //! until the next `arm`: the sleep that follows returns at once. A frame written before step 2
 //! is seen in step 3. `wait` disarms on return (IMC; NO_INTERRUPT set again), so a queue that
 //! is being polled between waits costs the device no interrupts.

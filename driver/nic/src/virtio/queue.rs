@@ -387,7 +387,7 @@ impl Sleeper for VirtioRx {
 
     /// Asks for used-buffer notifications (§2.7.10), then a full barrier: the flag store is
     /// ordered before the used-index load in `ready` (the device does the mirror image:
-    /// used-index store, barrier, flag load, §2.7.13.3).
+    /// used-index store, barrier, flag load, §2.7.10).
     fn arm_device(&mut self) {
         self.ring.set_avail_flags(0);
         mb();
