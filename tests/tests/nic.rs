@@ -871,6 +871,21 @@ fn guest_nic_irq_responder_answers_ping_and_sleeps() {
             "{dev}: idle irq-mode responder at {pct}% of a core: {t}"
         );
     }
+    // Hybrid: spins 200 µs after each frame, then sleeps; answers all the same.
+    let (p, resp) = ping_responder(
+        NIC_0,
+        &ifname,
+        20,
+        &["--completion", "hybrid", "--hybrid-spin-us", "200"],
+    );
+    let r = text(&resp);
+    assert!(p.contains("20 packets transmitted, 20 packets received"), "{p}");
+    assert!(r.contains("completion hybrid"), "{r}");
+    assert_eq!(number_after(&r, "ICMP echo requests "), 20, "{r}");
+    assert!(number_after(&r, "hybrid, ") >= 1, "it slept: {r}");
+    let _ = Command::new("ip")
+        .args(["neigh", "flush", "dev", &ifname])
+        .output();
 }
 
 /// An ICMP echo request from the kernel side (`kmac`, [`KERNEL_IP`]) to `dst` at [`VFPOLL_IP`].
