@@ -4,6 +4,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::setup::{kernel_by_name, GuestKernel, DEFAULT_KERNEL, KERNELS};
 use crate::util::{err, Result};
 use crate::vm::Mode;
 
@@ -30,9 +31,11 @@ Install the host packages and build the test-bed assets
 Usage: cargo xtask setup
 
 Installs the missing apt packages (qemu-system-x86 busybox-static fio nvme-cli e2fsprogs gcc
-g++ make bc python3 xz-utils libelf1 libssl3), fetches the Debian guest kernel that linux-image-amd64 depends
-on (apt-get download + dpkg -x, nothing installed), rebuilds vfio.ko with no-IOMMU support and
-builds both initramfs images. Everything lands under target/testbed/, keyed by kernel version;
+g++ make bc python3 xz-utils libelf1 libssl3 zstd), fetches the two Debian 12 guest kernels,
+6.1 (what linux-image-amd64 depends on, the default) and 6.12 (linux-image-6.12-amd64, from
+bookworm-security; bookworm-backports' is added to apt's sources where apt knows none)
+(apt-get download + dpkg -x, nothing installed), rebuilds each one's vfio.ko with no-IOMMU
+support and builds both initramfs images of each. Everything lands under target/testbed/, keyed by kernel version;
 a second run only checks. Prints one line per step with its duration.";
 
 const VM_HELP: &str = "\
@@ -48,6 +51,7 @@ lines are in <run-dir>/iommu-faults.txt).
 
 Options:
       --noiommu          No vIOMMU; vfio.ko with enable_unsafe_noiommu_mode=1
+      --kernel <NAME>    Guest kernel: 6.1 or 6.12 [default: 6.1]
       --timeout <SECS>   Kill the guest after SECS seconds [default: 600]
       --mem <SIZE>       Guest memory, as QEMU's -m takes it [default: 2G]
       --smp <N>          Guest CPUs [default: 2]
@@ -85,6 +89,8 @@ Options:
       --filter <SUBSTR>    Only tests whose name (or binary name) contains SUBSTR; also passed
                            to `cargo test --workspace`
       --mode <MODE>        iommu, noiommu or both [default: both]
+      --kernel <NAME>      Guest kernels: 6.1 (every binary), 6.12 (the foundation and nvme
+                           binaries only, as rows of their own), or all [default: 6.1]
       --timeout <SECS>     Per guest boot [default: 900]
   -v, --verbose            Show the guest init's lines and kernel warnings
   -h, --help               Print this help";
@@ -153,6 +159,8 @@ pub struct VmArgs {
     pub command: Vec<OsString>,
     /// `--hotplug`.
     pub hotplug: bool,
+    /// `--kernel`.
+    pub kernel: GuestKernel,
 }
 
 /// Options of `cargo xtask test`.
@@ -168,6 +176,8 @@ pub struct TestArgs {
     pub timeout: Duration,
     /// Show init lines and kernel warnings.
     pub verbose: bool,
+    /// Guest kernels to boot, the default first.
+    pub kernels: Vec<GuestKernel>,
 }
 
 /// Parses the arguments after `cargo xtask`.
@@ -244,6 +254,7 @@ fn parse_vm(mut p: Parser) -> Result<Task> {
         verbose: false,
         command: Vec::new(),
         hotplug: false,
+        kernel: DEFAULT_KERNEL,
     };
     while let Some(arg) = p.args.next() {
         let s = arg.to_string_lossy().into_owned();
@@ -265,6 +276,7 @@ fn parse_vm(mut p: Parser) -> Result<Task> {
             "--smp" => a.smp = number(name, &p.value(name, inline)?)?,
             "--hugepages" => a.hugepages = number(name, &p.value(name, inline)?)?,
             "--run-dir" => a.run_dir = Some(p.value(name, inline)?.into()),
+            "--kernel" => a.kernel = kernel_by_name(&p.value(name, inline)?)?,
             "--modules" => {
                 let v = p.value(name, inline)?;
                 a.modules = Some(v.split(',').filter(|m| !m.is_empty()).map(String::from).collect());
@@ -296,6 +308,7 @@ fn parse_test(mut p: Parser) -> Result<Task> {
         modes: vec![Mode::Iommu, Mode::NoIommu],
         timeout: Duration::from_secs(900),
         verbose: false,
+        kernels: vec![DEFAULT_KERNEL],
     };
     while let Some(s) = p.next_str()? {
         let (name, inline) = split_eq(&s);
@@ -305,6 +318,12 @@ fn parse_test(mut p: Parser) -> Result<Task> {
             "-v" | "--verbose" => a.verbose = true,
             "--filter" => a.filter = Some(p.value(name, inline)?),
             "--timeout" => a.timeout = secs(&p.value(name, inline)?)?,
+            "--kernel" => {
+                a.kernels = match p.value(name, inline)?.as_str() {
+                    "all" => KERNELS.to_vec(),
+                    v => vec![kernel_by_name(v)?],
+                }
+            }
             "--mode" => {
                 a.modes = match p.value(name, inline)?.as_str() {
                     "iommu" => vec![Mode::Iommu],

@@ -46,6 +46,7 @@ pub fn main(ws: &Workspace, mode: Mode, verbose: bool) -> Result<u8> {
         verbose,
         command: ["sh", "-c", &script].iter().map(OsString::from).collect(),
         hotplug: false,
+        kernel: crate::setup::DEFAULT_KERNEL,
     };
     vm::main(ws, &args)
 }

@@ -8,6 +8,15 @@
 //!
 //! Each asset is built once per kernel version; the initramfs images are rebuilt when anything
 //! that goes into them changes (the `guest/init` script, the module list, busybox, `vfio.ko`).
+//!
+//! Two guest kernels ([`KERNELS`]): Debian 12's 6.1 ([`DEFAULT_KERNEL`], what every command
+//! boots unless told otherwise) and its 6.12 (`linux-image-6.12-amd64`, the 6.12 LTS Debian 12
+//! carries in `bookworm-security`; where apt does not know it, `bookworm-backports`' kernel is
+//! taken). 6.12 differs where the test bed cares: its bzImage is zstd-compressed, its modules are
+//! `.ko.xz` (unpacked to plain `.ko` here, so busybox's depmod and modprobe and the `vfio.ko`
+//! swap work as with 6.1), and it is built with `CONFIG_VFIO_NOIOMMU` and `CONFIG_IOMMUFD`
+//! unset, so its `vfio.ko` is rebuilt as 6.1's is (the object list read from its own
+//! `drivers/vfio/Makefile` and `.config`: 6.12 adds `group.o` and `virqfd.o` to `vfio.ko`).
 
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -41,6 +50,7 @@ const PACKAGES: &[&str] = &[
     "libelf1",
     "libssl3",
     "dpkg-dev",
+    "zstd", // the 6.12 guest kernel's bzImage payload
 ];
 
 /// Modules copied into the initramfs, with everything they depend on, so that `--modules` may
@@ -91,9 +101,55 @@ const DRIVE_OPTIONS: &[&str] = &[
     "cache=writeback,aio=threads",
 ];
 
+/// A guest kernel the test bed can boot (`cargo xtask vm --kernel NAME`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GuestKernel {
+    /// The name `--kernel` takes, e.g. `6.12`.
+    pub name: &'static str,
+    /// The Debian meta-package whose `Depends: linux-image-<release>` names the kernel.
+    meta: &'static str,
+    /// File under `target/testbed` holding the release of the last setup.
+    current: &'static str,
+    /// File under `target/testbed` caching apt's answer for `meta`.
+    version_cache: &'static str,
+    /// Where apt knows no `meta`: add `bookworm-backports` and take its `linux-image-amd64`.
+    backports: bool,
+}
+
+/// Debian 12's own kernel, 6.1: the default for every command.
+pub const DEFAULT_KERNEL: GuestKernel = GuestKernel {
+    name: "6.1",
+    meta: "linux-image-amd64",
+    current: "current-kernel",
+    version_cache: "kernel-version",
+    backports: false,
+};
+
+/// Debian 12's 6.12 LTS kernel.
+pub const KERNEL_6_12: GuestKernel = GuestKernel {
+    name: "6.12",
+    meta: "linux-image-6.12-amd64",
+    current: "current-kernel-6.12",
+    version_cache: "kernel-version-6.12",
+    backports: true,
+};
+
+/// Every guest kernel `setup` prepares, the default first.
+pub const KERNELS: &[GuestKernel] = &[DEFAULT_KERNEL, KERNEL_6_12];
+
+/// The kernel `--kernel NAME` names.
+pub fn kernel_by_name(name: &str) -> Result<GuestKernel> {
+    KERNELS.iter().copied().find(|k| k.name == name).ok_or_else(|| {
+        let names: Vec<&str> = KERNELS.iter().map(|k| k.name).collect();
+        err!("unknown guest kernel {name:?}: use one of {}", names.join(", "))
+    })
+}
+
 /// What a boot needs, all present on disk.
 #[derive(Debug, Clone)]
 pub struct Assets {
+    /// Which guest kernel.
+    pub kernel: GuestKernel,
     /// Guest kernel release, e.g. `6.1.0-56-amd64`.
     pub kver: String,
     /// Uncompressed kernel (ELF with a PVH entry point).
@@ -166,37 +222,46 @@ impl KernelDir {
     }
 }
 
-/// `cargo xtask setup`: everything, one line per step.
+/// `cargo xtask setup`: everything, for every kernel of [`KERNELS`], one line per step; returns
+/// the default kernel's assets.
 pub fn setup(ws: &Workspace) -> Result<Assets> {
-    let _lock = Lock::acquire(&mkdir(ws.testbed())?.join("setup.lock"))?;
-    setup_locked(ws)
+    let default = setup_kernel(ws, DEFAULT_KERNEL)?;
+    for &k in &KERNELS[1..] {
+        setup_kernel(ws, k)?;
+    }
+    Ok(default)
 }
 
-fn setup_locked(ws: &Workspace) -> Result<Assets> {
+/// Host packages and the assets of guest kernel `k`.
+pub fn setup_kernel(ws: &Workspace, k: GuestKernel) -> Result<Assets> {
+    let _lock = Lock::acquire(&mkdir(ws.testbed())?.join("setup.lock"))?;
+    setup_locked(ws, k)
+}
+
+fn setup_locked(ws: &Workspace, k: GuestKernel) -> Result<Assets> {
     let mut apt = Apt::default();
-    step("setup", "apt packages", || apt.ensure_packages(PACKAGES))?;
-    let kd = step("setup", "kernel version", || {
-        let kver = apt.kernel_version(&mkdir(ws.testbed())?.join("kernel-version"))?;
+    let p = &format!("setup {}", k.name);
+    step(p, "apt packages", || apt.ensure_packages(PACKAGES))?;
+    let kd = step(p, "kernel version", || {
+        let kver = apt.kernel_version(&mkdir(ws.testbed())?.join(k.version_cache), k)?;
         Ok((KernelDir::new(ws, &kver), Note::Text(kver)))
     })?;
     mkdir(&kd.dir)?;
-    step("setup", "guest kernel", || fetch_kernel(&mut apt, ws, &kd))?;
-    step("setup", "vmlinux (PVH)", || extract_vmlinux(&kd))?;
-    step("setup", "vfio.ko (no-IOMMU)", || {
-        build_vfio_noiommu(&mut apt, ws, &kd)
-    })?;
-    step("setup", "modules (no-IOMMU)", || noiommu_modules(&kd))?;
-    let modules = step("setup", "initramfs (iommu)", || initramfs(&kd, "iommu", None))?;
-    step("setup", "initramfs (noiommu)", || {
+    step(p, "guest kernel", || fetch_kernel(&mut apt, ws, &kd))?;
+    step(p, "vmlinux (PVH)", || extract_vmlinux(&kd))?;
+    step(p, "vfio.ko (no-IOMMU)", || build_vfio_noiommu(&mut apt, ws, &kd))?;
+    step(p, "modules (no-IOMMU)", || noiommu_modules(&kd))?;
+    let modules = step(p, "initramfs (iommu)", || initramfs(&kd, "iommu", None))?;
+    step(p, "initramfs (noiommu)", || {
         initramfs(&kd, "noiommu", Some(&kd.vfio_ko()))
     })?;
-    let drive_options = step("setup", "qemu drive options", || {
+    let drive_options = step(p, "qemu drive options", || {
         let o = probe_drive_options(ws)?;
         Ok((o.clone(), Note::Text(o)))
     })?;
-    write(&ws.testbed().join("current-kernel"), &kd.kver)?;
-    step("setup", "fio source", || fio_source_with(&mut apt, ws))?;
-    Ok(assets(&kd, modules, drive_options))
+    write(&ws.testbed().join(k.current), &kd.kver)?;
+    step(p, "fio source", || fio_source_with(&mut apt, ws))?;
+    Ok(assets(k, &kd, modules, drive_options))
 }
 
 /// The source of the installed fio, unpacked and configured under `target/fio-src`: the headers
@@ -258,12 +323,17 @@ fn fio_source_with(apt: &mut Apt, ws: &Workspace) -> Result<(PathBuf, Note)> {
     Ok((dir, Note::Text(format!("fio {version}"))))
 }
 
-/// The assets of the last `setup`, brought up to date when that is cheap (initramfs images);
-/// runs the whole [`setup`] when anything else is missing.
+/// The default kernel's assets of the last `setup`, brought up to date when that is cheap
+/// (initramfs images); runs the whole setup of that kernel when anything else is missing.
 pub fn ensure(ws: &Workspace) -> Result<Assets> {
+    ensure_kernel(ws, DEFAULT_KERNEL)
+}
+
+/// [`ensure`] for guest kernel `k`.
+pub fn ensure_kernel(ws: &Workspace, k: GuestKernel) -> Result<Assets> {
     let tb = mkdir(ws.testbed())?;
     let _lock = Lock::acquire(&tb.join("setup.lock"))?;
-    let kver = read_opt(&tb.join("current-kernel")).map(|s| s.trim().to_string());
+    let kver = read_opt(&tb.join(k.current)).map(|s| s.trim().to_string());
     let drive = read_opt(&tb.join("drive-options")).map(|s| s.trim().to_string());
     let host_ok = Path::new(BUSYBOX).exists() && which(QEMU);
     match (kver, drive) {
@@ -271,28 +341,36 @@ pub fn ensure(ws: &Workspace) -> Result<Assets> {
             let kd = KernelDir::new(ws, &kver);
             let modules = ensure_initramfs(&kd, "iommu", None)?;
             ensure_initramfs(&kd, "noiommu", Some(&kd.vfio_ko()))?;
-            Ok(assets(&kd, modules, drive))
+            Ok(assets(k, &kd, modules, drive))
         }
         _ => {
-            eprintln!("vm: test-bed assets missing, running `cargo xtask setup`");
-            setup_locked(ws)
+            eprintln!(
+                "vm: test-bed assets of kernel {} missing, running `cargo xtask setup` for it",
+                k.name
+            );
+            setup_locked(ws, k)
         }
     }
 }
 
-/// The assets as they are, without building anything (for `--print-cmd`).
-pub fn current(ws: &Workspace) -> Result<Assets> {
+/// The assets of guest kernel `k` as they are, without building anything (for `--print-cmd`).
+pub fn current(ws: &Workspace, k: GuestKernel) -> Result<Assets> {
     let tb = ws.testbed();
-    let kver = read_opt(&tb.join("current-kernel"))
-        .ok_or_else(|| err!("no test-bed assets yet: run `cargo xtask setup`"))?;
+    let kver = read_opt(&tb.join(k.current)).ok_or_else(|| {
+        err!(
+            "no test-bed assets of kernel {} yet: run `cargo xtask setup`",
+            k.name
+        )
+    })?;
     let kd = KernelDir::new(ws, kver.trim());
     let drive = read_opt(&tb.join("drive-options")).unwrap_or_default();
     let modules = module_closure(&kd)?.0;
-    Ok(assets(&kd, modules, drive.trim().to_string()))
+    Ok(assets(k, &kd, modules, drive.trim().to_string()))
 }
 
-fn assets(kd: &KernelDir, modules: Vec<String>, drive_options: String) -> Assets {
+fn assets(k: GuestKernel, kd: &KernelDir, modules: Vec<String>, drive_options: String) -> Assets {
     Assets {
+        kernel: k,
         kver: kd.kver.clone(),
         vmlinux: kd.vmlinux(),
         initramfs_iommu: kd.initramfs("iommu"),
@@ -378,12 +456,7 @@ impl Apt {
         if knows()? {
             return Ok(());
         }
-        let os = fs::read_to_string("/etc/os-release").context("/etc/os-release")?;
-        let codename = os
-            .lines()
-            .find_map(|l| l.strip_prefix("VERSION_CODENAME="))
-            .map(|c| c.trim_matches('"').to_string())
-            .ok_or_else(|| err!("/etc/os-release names no VERSION_CODENAME (a Debian host is required)"))?;
+        let codename = codename()?;
         let keyring = "/usr/share/keyrings/debian-archive-keyring.gpg";
         let sources = format!(
             "# Added by `cargo xtask setup` for fio's source (vfpoll's fio engine).\n\
@@ -406,9 +479,9 @@ impl Apt {
         Ok(())
     }
 
-    /// The kernel release `linux-image-amd64` depends on, e.g. `6.1.0-56-amd64`; remembered in
-    /// `cache` for as long as apt's package lists stay the same (asking apt takes ~1 s).
-    fn kernel_version(&mut self, cache: &Path) -> Result<String> {
+    /// The kernel release `k.meta` depends on, e.g. `6.1.0-56-amd64`; remembered in `cache`
+    /// for as long as apt's package lists stay the same (asking apt takes ~1 s).
+    fn kernel_version(&mut self, cache: &Path, k: GuestKernel) -> Result<String> {
         let lists = || {
             fs::metadata("/var/lib/apt/lists")
                 .map(|m| format!("{}.{}", m.mtime(), m.mtime_nsec()))
@@ -420,29 +493,89 @@ impl Apt {
                 return Ok(v.to_string());
             }
         }
-        let kver = self.ask_kernel_version()?;
+        let kver = self.ask_kernel_version(k)?;
         write(cache, format!("{} {kver}\n", lists()))?;
         Ok(kver)
     }
 
-    fn ask_kernel_version(&mut self) -> Result<String> {
+    fn ask_kernel_version(&mut self, k: GuestKernel) -> Result<String> {
         loop {
-            let out = Command::new("apt-cache")
-                .args(["depends", "linux-image-amd64"])
-                .output()
-                .context("cannot run apt-cache")?;
-            let text = String::from_utf8_lossy(&out.stdout);
+            // The candidate version's dependency.
+            let text = stdout_of(Command::new("apt-cache").args(["depends", k.meta])).unwrap_or_default();
             let kver = text.lines().find_map(|l| {
                 l.trim()
                     .strip_prefix("Depends: linux-image-")
                     .map(|v| v.trim().to_string())
             });
-            match kver {
-                Some(v) => return Ok(v),
-                None if self.update()? => continue,
-                None => return Err(err!("apt-cache knows no linux-image-amd64\n{text}")),
+            if let Some(v) = kver {
+                return Ok(v);
             }
+            if self.update()? {
+                continue;
+            }
+            if !k.backports {
+                return Err(err!("apt-cache knows no {}\n{text}", k.meta));
+            }
+            // No such meta-package in this release's suites: bookworm-backports' kernel.
+            self.ensure_backports()?;
+            let text = self.show("linux-image-amd64")?;
+            return image_dependency(&text, |v| v.contains("bpo")).ok_or_else(|| {
+                err!(
+                    "apt knows neither {} nor a backports linux-image-amd64 (~bpo), even with \
+                     bookworm-backports in its sources",
+                    k.meta
+                )
+            });
         }
+    }
+
+    /// `apt-cache show pkg` (empty when apt knows no `pkg`).
+    fn show(&mut self, pkg: &str) -> Result<String> {
+        let out = Command::new("apt-cache")
+            .args(["show", pkg])
+            .stderr(Stdio::null())
+            .output()
+            .context("cannot run apt-cache")?;
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Adds `bookworm-backports` (the host's codename) to apt's sources when it has none, and
+    /// refreshes the lists.
+    fn ensure_backports(&mut self) -> Result<()> {
+        let codename = codename()?;
+        let suite = format!("{codename}-backports");
+        let policy = stdout_of(Command::new("apt-cache").arg("policy"))?;
+        if policy.contains(&format!("{suite}/main")) {
+            return Ok(());
+        }
+        let keyring = "/usr/share/keyrings/debian-archive-keyring.gpg";
+        let path = Path::new("/etc/apt/sources.list.d/vfpoll-backports.sources");
+        eprintln!("setup: adding {suite} to {}", path.display());
+        write(
+            path,
+            format!(
+                "# Added by `cargo xtask setup` for the 6.12 guest kernel (nothing is installed from it).\n\
+                 Types: deb\nURIs: http://deb.debian.org/debian\nSuites: {suite}\n\
+                 Components: main\nSigned-By: {keyring}\n"
+            ),
+        )?;
+        self.updated = false;
+        self.update()?;
+        Ok(())
+    }
+
+    /// The `Depends: linux-X` of package `pkg`'s newest version whose name starts with
+    /// `prefix` (`linux-kbuild-`, `linux-headers-`), from `apt-cache depends`.
+    fn dependency(&mut self, pkg: &str, prefix: &str) -> Result<String> {
+        let text = stdout_of(Command::new("apt-cache").args(["depends", pkg]))?;
+        text.lines()
+            .find_map(|l| {
+                let d = l.trim().trim_start_matches('|').trim();
+                d.strip_prefix("Depends: ")
+                    .filter(|d| d.starts_with(prefix))
+                    .map(|d| d.trim().to_string())
+            })
+            .ok_or_else(|| err!("{pkg} depends on no {prefix}* package\n{text}"))
     }
 
     /// `apt-get download` into `dir`; returns the `.deb` files, in the order of `pkgs`.
@@ -471,6 +604,52 @@ impl Apt {
     }
 }
 
+/// The host's Debian codename (`bookworm`).
+fn codename() -> Result<String> {
+    let os = fs::read_to_string("/etc/os-release").context("/etc/os-release")?;
+    os.lines()
+        .find_map(|l| l.strip_prefix("VERSION_CODENAME="))
+        .map(|c| c.trim_matches('"').to_string())
+        .ok_or_else(|| err!("/etc/os-release names no VERSION_CODENAME (a Debian host is required)"))
+}
+
+/// From `apt-cache show` of a kernel meta-package: the release its newest version whose
+/// `Version` passes `version_ok` depends on (`Depends: linux-image-6.12.117+deb12-amd64` ->
+/// `6.12.117+deb12-amd64`).
+fn image_dependency(show: &str, version_ok: impl Fn(&str) -> bool) -> Option<String> {
+    let mut best: Option<(String, String)> = None;
+    for block in show.split("\n\n") {
+        let field = |name: &str| {
+            block
+                .lines()
+                .find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_string()))
+        };
+        let (Some(version), Some(depends)) = (field("Version:"), field("Depends:")) else {
+            continue;
+        };
+        if !version_ok(&version) {
+            continue;
+        }
+        let Some(kver) = depends.split(',').find_map(|d| {
+            let d = d.split('|').next().unwrap_or(d).trim();
+            let name = d.split_whitespace().next().unwrap_or(d);
+            name.strip_prefix("linux-image-").map(str::to_string)
+        }) else {
+            continue;
+        };
+        let newer = best.as_ref().is_none_or(|(v, _)| {
+            Command::new("dpkg")
+                .args(["--compare-versions", &version, "gt", v])
+                .status()
+                .is_ok_and(|s| s.success())
+        });
+        if newer {
+            best = Some((version, kver));
+        }
+    }
+    best.map(|(_, k)| k)
+}
+
 fn find_deb(dir: &Path, name: &str) -> Result<PathBuf> {
     let prefix = format!("{name}_");
     for e in fs::read_dir(dir)? {
@@ -488,8 +667,9 @@ fn dpkg_x(deb: &Path, into: &Path) -> Result<()> {
     Ok(())
 }
 
-/// `linux-image-<kver>` unpacked into `kroot/`, with `modules.dep` from busybox's depmod
-/// (Debian generates it at install time; the host may not even have kmod).
+/// `linux-image-<kver>` unpacked into `kroot/`, compressed modules (6.12's `.ko.xz`) unpacked to
+/// plain `.ko`, with `modules.dep` from busybox's depmod (Debian generates it at install time;
+/// the host may not even have kmod).
 fn fetch_kernel(apt: &mut Apt, ws: &Workspace, kd: &KernelDir) -> Result<((), Note)> {
     if kd.kroot_done().exists() {
         return Ok(((), Note::Cached));
@@ -500,6 +680,7 @@ fn fetch_kernel(apt: &mut Apt, ws: &Workspace, kd: &KernelDir) -> Result<((), No
     let version = stdout_of(Command::new("dpkg-deb").args(["-f"]).arg(deb).arg("Version"))?;
     let _ = fs::remove_dir_all(kd.kroot());
     dpkg_x(deb, &kd.kroot())?;
+    let unpacked = decompress_modules(&kd.module_dir())?;
     run_quiet(
         Command::new(BUSYBOX)
             .args(["depmod", "-b"])
@@ -509,23 +690,65 @@ fn fetch_kernel(apt: &mut Apt, ws: &Workspace, kd: &KernelDir) -> Result<((), No
     write(&kd.package_version(), version.trim())?;
     write(&kd.kroot_done(), "")?;
     fs::remove_dir_all(&debs)?;
-    Ok((
-        (),
-        Note::Text(format!("linux-image-{} {}", kd.kver, version.trim())),
-    ))
+    let note = match unpacked {
+        0 => format!("linux-image-{} {}", kd.kver, version.trim()),
+        n => format!("linux-image-{} {}, {n} modules unpacked", kd.kver, version.trim()),
+    };
+    Ok(((), Note::Text(note)))
+}
+
+/// Replaces every `*.ko.xz` under `dir` by the plain `*.ko` (`xz -d`, many files per call);
+/// returns how many. The kernel loads either, but busybox's depmod, the initramfs builder and
+/// the no-IOMMU tree expect `.ko` files, as 6.1 ships them.
+fn decompress_modules(dir: &Path) -> Result<usize> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).context(d.display())? {
+            let e = e?;
+            let p = e.path();
+            if e.file_type()?.is_dir() {
+                stack.push(p);
+            } else if p.to_string_lossy().ends_with(".ko.xz") {
+                found.push(p);
+            } else if p.to_string_lossy().ends_with(".ko.zst") || p.to_string_lossy().ends_with(".ko.gz") {
+                return Err(err!(
+                    "{}: only .ko and .ko.xz modules are handled (extend decompress_modules)",
+                    p.display()
+                ));
+            }
+        }
+    }
+    for chunk in found.chunks(256) {
+        run_quiet(Command::new("xz").args(["-d", "-q", "-T1"]).args(chunk))?;
+    }
+    Ok(found.len())
 }
 
 /// The uncompressed kernel: QEMU boots it through its PVH entry point, which skips the
-/// real-mode setup and the in-guest XZ decompression (about 5 s of every boot under TCG).
+/// real-mode setup and the in-guest decompression (about 5 s of every boot under TCG).
+///
+/// The payload is found through the boot protocol's setup header (`setup_sects` at 0x1f1,
+/// `payload_offset`/`payload_length` at 0x248/0x24c, counted from the protected-mode code at
+/// `(setup_sects + 1) * 512`): XZ for 6.1, zstd for 6.12, whose payload ends in the 4-byte
+/// uncompressed size the zstd tool would take for a broken frame.
 fn extract_vmlinux(kd: &KernelDir) -> Result<((), Note)> {
     if kd.vmlinux().exists() {
         return Ok(((), Note::Cached));
     }
-    let script = "import sys, lzma\n\
+    let script = "import sys, lzma, struct, subprocess\n\
                   d = open(sys.argv[1], 'rb').read()\n\
-                  i = d.find(b'\\xfd7zXZ\\x00')\n\
-                  assert i >= 0, 'no XZ stream in the bzImage'\n\
-                  open(sys.argv[2], 'wb').write(lzma.LZMADecompressor().decompress(d[i:]))\n";
+                  sects = d[0x1f1] or 4\n\
+                  off, n = struct.unpack_from('<II', d, 0x248)\n\
+                  p = d[(sects + 1) * 512 + off:][:n]\n\
+                  if p.startswith(b'\\xfd7zXZ\\x00'):\n\
+                  \x20   out = lzma.LZMADecompressor().decompress(p)\n\
+                  elif p.startswith(b'\\x28\\xb5\\x2f\\xfd'):\n\
+                  \x20   out = subprocess.run(['zstd', '-d', '-q', '-c'], input=p[:-4], \
+                  stdout=subprocess.PIPE, check=True).stdout\n\
+                  else:\n\
+                  \x20   sys.exit('bzImage payload is neither XZ nor zstd: %r' % p[:6])\n\
+                  open(sys.argv[2], 'wb').write(out)\n";
     let tmp = kd.dir.join("vmlinux.tmp");
     run_quiet(
         Command::new(PYTHON)
@@ -541,8 +764,10 @@ fn extract_vmlinux(kd: &KernelDir) -> Result<((), Note)> {
     Ok(((), Note::None))
 }
 
-/// Rebuilds `vfio.ko` with `CONFIG_VFIO_NOIOMMU`: in 6.1 the whole no-IOMMU mode lives in
-/// `drivers/vfio/{vfio_main,container}.c`, so `vfio-pci.ko` and `vfio_iommu_type1.ko` stay Debian's.
+/// Rebuilds `vfio.ko` with `CONFIG_VFIO_NOIOMMU`: the whole no-IOMMU mode lives in `vfio.ko`
+/// (6.1: `vfio_main.c`, `container.c`; 6.12 also `group.c`), so `vfio-pci.ko` and
+/// `vfio_iommu_type1.ko` stay Debian's. The objects are those `drivers/vfio/Makefile` puts into
+/// `vfio.ko` under the kernel's own `.config`.
 fn build_vfio_noiommu(apt: &mut Apt, ws: &Workspace, kd: &KernelDir) -> Result<((), Note)> {
     if kd.vfio_ko().exists() {
         return Ok(((), Note::Cached));
@@ -551,14 +776,17 @@ fn build_vfio_noiommu(apt: &mut Apt, ws: &Workspace, kd: &KernelDir) -> Result<(
     let version =
         read_opt(&kd.package_version()).ok_or_else(|| err!("missing {}", kd.package_version().display()))?;
     let version = version.trim();
-    // 6.1.0-56-amd64 -> series 6.1, common headers 6.1.0-56
+    // 6.1.0-56-amd64 -> series 6.1; the common headers (linux-headers-6.1.0-56-common) and
+    // kbuild (linux-kbuild-6.1, or linux-kbuild-6.12.117+deb12 for 6.12) as the headers name them.
     let series = kver.split('.').take(2).collect::<Vec<_>>().join(".");
-    let common = kver.strip_suffix("-amd64").unwrap_or(kver);
+    let headers_pkg = format!("linux-headers-{kver}");
+    let common = apt.dependency(&headers_pkg, "linux-headers-")?;
+    let kbuild = apt.dependency(&headers_pkg, "linux-kbuild-")?;
     let pkgs = [
         format!("linux-source-{series}={version}"),
-        format!("linux-headers-{kver}={version}"),
-        format!("linux-headers-{common}-common={version}"),
-        format!("linux-kbuild-{series}={version}"),
+        format!("{headers_pkg}={version}"),
+        format!("{common}={version}"),
+        format!("{kbuild}={version}"),
     ];
     let debs_dir = ws.testbed().join("debs");
     let _ = fs::remove_dir_all(&debs_dir);
@@ -591,14 +819,34 @@ fn build_vfio_noiommu(apt: &mut Apt, ws: &Workspace, kd: &KernelDir) -> Result<(
     fs::remove_file(&tarball)?;
     let src = kdev.join(format!("linux-source-{series}/drivers/vfio"));
     let build = mkdir(kdev.join("vfio-noiommu"))?;
-    for f in ["vfio_main.c", "iova_bitmap.c", "container.c", "vfio.h"] {
-        fs::copy(src.join(f), build.join(f)).context(src.join(f).display())?;
+    for e in fs::read_dir(&src).context(src.display())? {
+        let p = e?.path();
+        if p.is_file() && p.extension().is_some_and(|x| x == "c" || x == "h") {
+            fs::copy(&p, build.join(p.file_name().unwrap_or_default())).context(p.display())?;
+        }
+    }
+    let makefile = src.join("Makefile");
+    let config_path = kd.kroot().join(format!("boot/config-{kver}"));
+    let config = fs::read_to_string(&config_path).context(config_path.display())?;
+    let objects = vfio_objects(
+        &fs::read_to_string(&makefile).context(makefile.display())?,
+        &config,
+    );
+    if !objects.iter().any(|o| o == "container.o") {
+        return Err(err!(
+            "{}: vfio.ko would have no container.o (CONFIG_VFIO_CONTAINER), which holds the \
+             no-IOMMU container; objects: {objects:?}",
+            makefile.display()
+        ));
     }
     write(
         &build.join("Kbuild"),
-        "ccflags-y += -DCONFIG_VFIO_NOIOMMU=1\n\
-         obj-m += vfio.o\n\
-         vfio-y += vfio_main.o iova_bitmap.o container.o\n",
+        format!(
+            "ccflags-y += -DCONFIG_VFIO_NOIOMMU=1\n\
+             obj-m += vfio.o\n\
+             vfio-y += {}\n",
+            objects.join(" ")
+        ),
     )?;
     run_quiet(
         Command::new("make")
@@ -606,6 +854,9 @@ fn build_vfio_noiommu(apt: &mut Apt, ws: &Workspace, kd: &KernelDir) -> Result<(
             .arg(&headers)
             .arg(format!("M={}", build.display()))
             .arg(format!("-j{}", num_cpus()))
+            // 6.12 would add BTF with pahole (not on the host); the module loads without it,
+            // and its debug info is stripped below anyway.
+            .arg("CONFIG_DEBUG_INFO_BTF_MODULES=")
             .arg("modules"),
     )?;
     let ko = fs::read(build.join("vfio.ko"))?;
@@ -622,7 +873,39 @@ fn build_vfio_noiommu(apt: &mut Apt, ws: &Workspace, kd: &KernelDir) -> Result<(
             .arg(build.join("vfio.ko")),
     )?;
     fs::copy(build.join("vfio.ko"), kd.vfio_ko())?;
-    Ok(((), Note::Text(format!("from linux-source-{series} {version}"))))
+    Ok((
+        (),
+        Note::Text(format!(
+            "from linux-source-{series} {version}: {}",
+            objects.join(" ")
+        )),
+    ))
+}
+
+/// The objects `drivers/vfio/Makefile` (`makefile`) links into `vfio.ko` under `.config`
+/// (`config`): `vfio-y += a.o b.o` always, `vfio-$(CONFIG_X) += c.o` where `CONFIG_X=y`.
+fn vfio_objects(makefile: &str, config: &str) -> Vec<String> {
+    let enabled = |opt: &str| config.lines().any(|l| l.trim() == format!("{opt}=y"));
+    let joined = makefile.replace("\\\n", " ");
+    let mut objects = Vec::new();
+    for line in joined.lines() {
+        let Some((lhs, rhs)) = line.split_once("+=").or_else(|| line.split_once(":=")) else {
+            continue;
+        };
+        let lhs = lhs.trim();
+        let take = match lhs.strip_prefix("vfio-") {
+            Some("y") => true,
+            Some(cond) => cond
+                .strip_prefix("$(")
+                .and_then(|c| c.strip_suffix(')'))
+                .is_some_and(enabled),
+            None => false,
+        };
+        if take {
+            objects.extend(rhs.split_whitespace().map(str::to_string));
+        }
+    }
+    objects
 }
 
 /// `kroot-noiommu/lib/modules/<kver>`: hard links to every module of `kroot` but `vfio.ko`,
@@ -707,22 +990,36 @@ fn module_closure(kd: &KernelDir) -> Result<(Vec<String>, Vec<String>)> {
         let rest: Vec<&str> = rest.split_whitespace().collect();
         by_name.insert(module_name(name), (file, rest));
     }
-    let mut files = std::collections::BTreeSet::new();
-    for m in MODULES {
-        let (file, rest) = by_name
-            .get(&module_name(m))
-            .ok_or_else(|| err!("module {m} is not in {}", dep_path.display()))?;
-        files.insert(file.to_string());
-        files.extend(rest.iter().map(|s| s.to_string()));
-    }
-    let mut names: Vec<String> = files
-        .iter()
+    // Built into the kernel (6.12 builds virtio_pci in): nothing to copy, and modprobe, which
+    // reads modules.builtin, has nothing to load.
+    let builtin_path = kd.module_dir().join("modules.builtin");
+    let builtin: std::collections::HashSet<String> = read_opt(&builtin_path)
+        .unwrap_or_default()
+        .lines()
         .map(|f| {
             let stem = f.rsplit('/').next().unwrap_or(f);
             module_name(stem.split(".ko").next().unwrap_or(stem))
         })
         .collect();
+    let mut files = std::collections::BTreeSet::new();
+    let mut names = Vec::new();
+    for m in MODULES {
+        if builtin.contains(&module_name(m)) {
+            names.push(module_name(m));
+            continue;
+        }
+        let (file, rest) = by_name
+            .get(&module_name(m))
+            .ok_or_else(|| err!("module {m} is neither in {} nor built in", dep_path.display()))?;
+        files.insert(file.to_string());
+        files.extend(rest.iter().map(|s| s.to_string()));
+    }
+    names.extend(files.iter().map(|f| {
+        let stem = f.rsplit('/').next().unwrap_or(f);
+        module_name(stem.split(".ko").next().unwrap_or(stem))
+    }));
     names.sort();
+    names.dedup();
     Ok((names, files.into_iter().collect()))
 }
 
@@ -868,4 +1165,42 @@ fn probe_drive_options(ws: &Workspace) -> Result<String> {
     let found = found.ok_or_else(|| err!("QEMU accepts none of {DRIVE_OPTIONS:?}"))?;
     write(&ws.testbed().join("drive-options"), &found)?;
     Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::vfio_objects;
+
+    #[test]
+    fn vfio_objects_follow_makefile_and_config() {
+        // Linux 6.1's drivers/vfio/Makefile (virqfd is a module of its own there).
+        let m61 = "vfio_virqfd-y := virqfd.o\n\nobj-$(CONFIG_VFIO) += vfio.o\n\n\
+                   vfio-y += vfio_main.o \\\n\t  iova_bitmap.o \\\n\t  container.o\n\n\
+                   obj-$(CONFIG_VFIO_VIRQFD) += vfio_virqfd.o\n";
+        assert_eq!(
+            vfio_objects(m61, "CONFIG_VFIO=m\nCONFIG_VFIO_VIRQFD=m\n"),
+            ["vfio_main.o", "iova_bitmap.o", "container.o"]
+        );
+        // Linux 6.12's, with Debian's choices: no cdev, no iommufd, no debugfs.
+        let m612 = "obj-$(CONFIG_VFIO) += vfio.o\n\nvfio-y += vfio_main.o \\\n\
+                    \t  iova_bitmap.o\n\
+                    vfio-$(CONFIG_VFIO_DEVICE_CDEV) += device_cdev.o\n\
+                    vfio-$(CONFIG_VFIO_GROUP) += group.o\n\
+                    vfio-$(CONFIG_IOMMUFD) += iommufd.o\n\
+                    vfio-$(CONFIG_VFIO_CONTAINER) += container.o\n\
+                    vfio-$(CONFIG_VFIO_VIRQFD) += virqfd.o\n\
+                    vfio-$(CONFIG_VFIO_DEBUGFS) += debugfs.o\n";
+        let config = "CONFIG_VFIO=m\nCONFIG_VFIO_GROUP=y\nCONFIG_VFIO_CONTAINER=y\n\
+                      # CONFIG_IOMMUFD is not set\nCONFIG_VFIO_VIRQFD=y\n";
+        assert_eq!(
+            vfio_objects(m612, config),
+            [
+                "vfio_main.o",
+                "iova_bitmap.o",
+                "group.o",
+                "container.o",
+                "virqfd.o"
+            ]
+        );
+    }
 }

@@ -37,21 +37,33 @@ const HOST_CHECK_PREFIX: &str = "host_check_";
 const EXPECT_FAULT_PREFIX: &str = "guest_expect_iommu_fault_";
 /// Where such a test writes, in the guest's `/out`, the text its fault line must contain.
 const EXPECT_FAULT_FILE: &str = "expect-iommu-fault";
+/// Test binaries that also boot the guest kernels other than the default (`--kernel`), in
+/// rows of their own.
+const OTHER_KERNEL_BINS: &[&str] = &["foundation", "nvme"];
 /// Test binaries whose boots get hot-pluggable NVMe controller R ([`Boot::hotplug`]).
 const HOTPLUG_BINS: &[&str] = &["recovery_removal"];
 
 /// `cargo xtask test`.
 pub fn main(ws: &Workspace, a: &TestArgs) -> Result<u8> {
     let mut r = Report::default();
-    let assets = if a.host_only {
-        None
-    } else {
-        r.step("setup", || {
-            let assets = setup::setup(ws)?;
+    let mut assets = Vec::new();
+    if !a.host_only {
+        // The default kernel's setup (host packages, fio's source) is needed whatever kernels run.
+        let default = r.step("setup", || {
+            let assets = setup::setup_kernel(ws, setup::DEFAULT_KERNEL)?;
             let note = format!("kernel {}", assets.kver);
             Ok((assets, note))
-        })
-    };
+        });
+        assets.extend(default.filter(|d| a.kernels.contains(&d.kernel)));
+        for &k in a.kernels.iter().filter(|&&k| k != setup::DEFAULT_KERNEL) {
+            let other = r.step(&format!("setup (kernel {})", k.name), || {
+                let assets = setup::setup_kernel(ws, k)?;
+                let note = format!("kernel {}", assets.kver);
+                Ok((assets, note))
+            });
+            assets.extend(other);
+        }
+    }
 
     r.cargo(ws, "cargo fmt --check", &["fmt", "--all", "--", "--check"]);
     r.cargo(
@@ -88,7 +100,7 @@ pub fn main(ws: &Workspace, a: &TestArgs) -> Result<u8> {
         fio_engine(ws, "debug").map(|so| ((), so.display().to_string()))
     });
 
-    if let Some(assets) = assets {
+    if !assets.is_empty() {
         test_bed(ws, a, &assets, &mut r);
     }
     Ok(r.summary())
@@ -163,8 +175,9 @@ pub fn fio_engine(ws: &Workspace, profile: &str) -> Result<PathBuf> {
     Ok(dir.join("libvfpoll_fio.so"))
 }
 
-/// Part c: the guest boots and the host checks.
-fn test_bed(ws: &Workspace, a: &TestArgs, assets: &Assets, r: &mut Report) {
+/// Part c: the guest boots and the host checks, on each kernel of `kernels` (the default one
+/// runs every binary, the others [`OTHER_KERNEL_BINS`]).
+fn test_bed(ws: &Workspace, a: &TestArgs, kernels: &[Assets], r: &mut Report) {
     let Some(()) = r.step("cargo build --bins", || {
         vm::build_bins(ws).map(|()| ((), String::new()))
     }) else {
@@ -208,7 +221,10 @@ fn test_bed(ws: &Workspace, a: &TestArgs, assets: &Assets, r: &mut Report) {
             eprintln!("test: {}: no {GUEST_PREFIX}* tests selected", bin.name);
             continue;
         }
-        for &mode in &a.modes {
+        let kernels = kernels
+            .iter()
+            .filter(|k| k.kernel == setup::DEFAULT_KERNEL || OTHER_KERNEL_BINS.contains(&bin.name.as_str()));
+        for (assets, &mode) in kernels.flat_map(|k| a.modes.iter().map(move |m| (k, m))) {
             if !guest.is_empty() {
                 let job = Job {
                     guest: &guest,
@@ -226,7 +242,13 @@ fn test_bed(ws: &Workspace, a: &TestArgs, assets: &Assets, r: &mut Report) {
                     };
                     run_pair(ws, a, assets, r, bin, mode, job);
                 } else {
-                    let name = format!("guest {} {} ({})", bin.name, short_name(t), mode.name());
+                    let name = format!(
+                        "guest {} {} ({}{})",
+                        bin.name,
+                        short_name(t),
+                        mode.name(),
+                        kernel_tag(assets, ", ")
+                    );
                     r.record(&name, None, 0.0, "IOMMU mode only: no vIOMMU, no fault".into());
                 }
             }
@@ -268,17 +290,19 @@ fn run_pair(
     job: Job,
 ) {
     let Job { guest, host, faults } = job;
-    // An expected-fault boot is named after its one test.
+    // An expected-fault boot is named after its one test; a kernel other than the default
+    // is named in the row and the run dir.
+    let (kl, kd) = (kernel_tag(assets, ", "), kernel_tag(assets, "-"));
     let (label, dir_name) = match faults {
         Faults::None => (
-            format!("{} ({})", bin.name, mode.name()),
-            format!("{}-{}", bin.name, mode.name()),
+            format!("{} ({}{kl})", bin.name, mode.name()),
+            format!("{}-{}{kd}", bin.name, mode.name()),
         ),
         Faults::Expected => {
             let t = short_name(&guest[0]);
             (
-                format!("{} {t} ({})", bin.name, mode.name()),
-                format!("{}-{t}-{}", bin.name, mode.name()),
+                format!("{} {t} ({}{kl})", bin.name, mode.name()),
+                format!("{}-{t}-{}{kd}", bin.name, mode.name()),
             )
         }
     };
@@ -351,6 +375,16 @@ fn run_pair(
             .env("VFPOLL_SEED", &seed))?;
         Ok(((), format!("{} checks", host.len())))
     });
+}
+
+/// `<sep><kernel name>` for a kernel other than the default, empty for the default (whose
+/// rows and run dirs keep their names).
+fn kernel_tag(assets: &Assets, sep: &str) -> String {
+    if assets.kernel == setup::DEFAULT_KERNEL {
+        String::new()
+    } else {
+        format!("{sep}{}", assets.kernel.name)
+    }
 }
 
 /// What a boot's outcome means: the note of a pass, or why it failed. `marker` is what an

@@ -140,12 +140,12 @@ pub fn main(ws: &Workspace, a: &VmArgs) -> Result<u8> {
         hotplug: a.hotplug,
     };
     if a.print_cmd {
-        let assets = setup::current(ws)?;
+        let assets = setup::current(ws, a.kernel)?;
         let q = qemu_command(&assets, &boot);
         let _ = writeln!(io::stdout(), "{}", crate::util::show(&q));
         return Ok(0);
     }
-    let assets = setup::ensure(ws)?;
+    let assets = setup::ensure_kernel(ws, a.kernel)?;
     if !a.no_build {
         build_bins(ws)?;
     }
