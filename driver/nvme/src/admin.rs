@@ -1,8 +1,8 @@
 //! The admin queue (NVMe Base 2.0 §3.3.1.1): one command at a time, polled to completion with a
 //! deadline. Admin commands are control path; the controller serialises them behind a mutex.
 //!
-//! Besides: commands submitted without waiting ([`AdminQueue::submit`], collected later with
-//! [`AdminQueue::take`]), for callers that must not block, such as a polling thread that asks
+//! Besides: commands submitted without waiting (`AdminQueue::submit`, collected later with
+//! `AdminQueue::take`), for callers that must not block, such as a polling thread that asks
 //! for an Abort or re-creates its queues after a controller reset; whoever next holds the queue
 //! reaps their completions, and they stay until taken.
 
@@ -269,7 +269,7 @@ impl AdminQueue {
         let cid = self.take_cid();
         cmd.set_cid(cid);
         self.ring.push(&mut self.mem, &cmd.to_words());
-        self.ring.ring_sq();
+        self.ring.ring_sq(|| true);
         let start = Instant::now();
         let mut spins = 0u32;
         loop {
@@ -329,7 +329,7 @@ impl AdminQueue {
         let cid = self.take_cid();
         cmd.set_cid(cid);
         self.ring.push(&mut self.mem, &cmd.to_words());
-        self.ring.ring_sq();
+        self.ring.ring_sq(|| true);
         self.pending.push(Pending {
             cid,
             opcode: cmd.opcode(),
@@ -406,7 +406,7 @@ impl AdminQueue {
         let mut cmd = Command::new(crate::cmd::admin_op::ASYNC_EVENT_REQUEST, 0);
         cmd.set_cid(cid);
         self.ring.push(&mut self.mem, &cmd.to_words());
-        self.ring.ring_sq();
+        self.ring.ring_sq(|| true);
         self.events.push(cid);
         Ok(())
     }

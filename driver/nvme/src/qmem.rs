@@ -250,6 +250,31 @@ impl ShadowPages {
         (self.region.bus_addr(0), self.region.bus_addr(page))
     }
 
+    /// For a controller that was just disabled (it no longer writes EventIdx): sets every I/O
+    /// submission queue's EventIdx (queues 1..=`queues`, doorbell stride `stride`) to its
+    /// shadow tail, so that the next update of each asks for an MMIO doorbell write
+    /// (`ShadowSlot::update`), the path that checks whether the controller still knows the
+    /// queue: a queue pair that has not noticed the reset yet keeps its next commands instead
+    /// of taking them for announced.
+    pub(crate) fn force_events(&self, stride: usize, page: usize, queues: u16) {
+        for qid in 1..=queues as usize {
+            let sq = 2 * qid * stride;
+            if sq + 4 > page {
+                break;
+            }
+            let p = self.base.wrapping_add(sq).cast::<u32>();
+            let e = self.base.wrapping_add(page + sq).cast::<u32>();
+            // SAFETY: the shadow word is inside the first page (checked against `page` above;
+            // `new` checked the region holds two pages), 4-byte aligned. Its queue's thread may
+            // write it meanwhile: an aligned 32-bit volatile load sees one value or the other,
+            // either of which forces the event.
+            let tail = unsafe { p.read_volatile() };
+            // SAFETY: the EventIdx word is inside the second page, likewise aligned; it is the
+            // controller's, which is disabled.
+            unsafe { e.write_volatile(tail) };
+        }
+    }
+
     /// The words of queue `qid` (doorbell stride `stride`), reset to 0 for a new queue: its
     /// shadow doorbells and its EventIdx words, which a previous queue of the same id may
     /// have left behind (a stale EventIdx would suppress the first MMIO doorbells).

@@ -25,6 +25,19 @@ pub(crate) struct Layout {
     pub entries: u16,
 }
 
+/// What [`Ring::ring_sq`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Rung {
+    /// Nothing to announce.
+    Nothing,
+    /// The shadow doorbell only (the controller's EventIdx asked for no MMIO write).
+    Shadow,
+    /// The MMIO doorbell.
+    Mmio,
+    /// Not announced: the controller no longer knows the queue (a reset); nothing changed.
+    Stale,
+}
+
 /// Ring state of a queue pair. Hot fields first.
 #[derive(Debug)]
 pub(crate) struct Ring {
@@ -123,23 +136,42 @@ impl Ring {
     }
 
     /// Announces the commands written since the last call: updates the shadow doorbell and,
-    /// when there is none or the controller asks for it, writes the MMIO doorbell. Returns
-    /// whether an MMIO write was made.
+    /// when there is none or the controller asks for it, writes the MMIO doorbell, if `live()`
+    /// still says the controller knows this queue (checked only before an MMIO write: a shadow
+    /// update is host memory, which a controller that does not know the queue never reads).
     #[inline]
-    pub(crate) fn ring_sq(&mut self) -> bool {
+    pub(crate) fn ring_sq(&mut self, live: impl FnOnce() -> bool) -> Rung {
         if self.unrung == 0 {
-            return false;
+            return Rung::Nothing;
         }
-        self.unrung = 0;
         if let Some(s) = &self.shadow {
             if !s.update(false, self.sq_tail) {
-                return false;
+                self.unrung = 0;
+                return Rung::Shadow;
             }
         } else {
             wmb();
         }
+        if !live() {
+            // Not announced: the commands stay unrung.
+            return Rung::Stale;
+        }
+        self.unrung = 0;
         self.sq_db.write32(0, self.sq_tail as u32);
-        true
+        Rung::Mmio
+    }
+
+    /// Takes the shadow doorbells away (MMIO doorbells only) until [`Ring::attach_shadow`]:
+    /// for a queue a reset took, so that every doorbell goes through `ring_sq`'s `live` check.
+    pub(crate) fn detach_shadow(&mut self) -> Option<ShadowSlot> {
+        self.shadow.take()
+    }
+
+    /// Gives the shadow doorbells back.
+    pub(crate) fn attach_shadow(&mut self, slot: Option<ShadowSlot>) {
+        if slot.is_some() {
+            self.shadow = slot;
+        }
     }
 
     /// The next completion if its phase tag says the controller posted it; advances the head.

@@ -347,6 +347,11 @@ impl Shared {
                 return Err(NvmeError::Failed(msg));
             }
         }
+        // Queue pairs that have not noticed yet must not take commands for announced through
+        // a shadow doorbell alone.
+        if let Some(pages) = &self.shadow {
+            pages.force_events(self.cap.doorbell_stride(), PAGE_SIZE, self.io_queues_granted);
+        }
         // No more DMA: queue pairs may hand their buffers back.
         self.reset.mark_down();
         // 2. Up again; a controller that does not come back gets one function reset.

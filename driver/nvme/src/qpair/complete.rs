@@ -19,14 +19,76 @@ impl<B: IoBuffer> QueuePair<B> {
     /// submitted again) and re-creates the queues, without blocking.
     #[inline]
     pub fn poll(&mut self, max: usize, mut f: impl FnMut(Done<B>)) -> usize {
-        if self.ring.unrung != 0 {
-            // No doorbell for a controller that was reset since the queues were created.
-            if !self.current() {
-                return self.recover(&mut f);
-            }
-            self.ring_submissions();
+        // No doorbell for a controller that was reset since the queues were created: settle and
+        // re-create first.
+        if self.ring.unrung != 0 && self.ring_submissions() == crate::queue::Rung::Stale {
+            return self.recover(&mut f);
         }
-        let (mut delivered, consumed) = self.reap(max, &mut f);
+        let mut delivered = 0;
+        let mut consumed = 0u32;
+        while delivered < max {
+            let Some(c) = self.ring.pop(&self.mem) else { break };
+            consumed += 1;
+            let slot = (c.cid & SLOT_MASK) as usize;
+            let gen = (c.cid >> SLOT_BITS) as u8;
+            let Some(t) = self
+                .slots
+                .get_mut(slot)
+                .filter(|t| t.owner != UNUSED && t.gen == gen)
+            else {
+                self.bogus(c);
+                continue;
+            };
+            let rid = t.owner as usize;
+            t.owner = UNUSED;
+            let s = if slot == rid {
+                t
+            } else {
+                // Another part of a split request: its slot is free now; the request's own slot
+                // (its first part's) stays taken until the whole request completes.
+                self.free_cids.push(slot as u16);
+                &mut self.slots[rid]
+            };
+            let st = c.status();
+            let req = &mut s.req;
+            debug_assert!(req.parts != 0, "slot points at a live request");
+            if !st.is_success() && req.error.is_success() {
+                req.error = st;
+            }
+            req.parts -= 1;
+            if req.parts == 0 {
+                let (tag, error, op) = (req.tag, req.error, req.op);
+                let buf = s.buf.take();
+                let meta = s.meta.take();
+                self.free_cids.push(rid as u16);
+                self.live -= 1;
+                delivered += 1;
+                if error.is_success() {
+                    // DW0 of the part that completed last (a split request's parts all carry
+                    // the same command, so any part's DW0 would do).
+                    f(Done {
+                        tag,
+                        result: Ok(c.dw0 as u64 | (c.dw1 as u64) << 32),
+                        buf,
+                        meta,
+                    });
+                } else {
+                    self.stats.errors += 1;
+                    f(Done {
+                        tag,
+                        result: Err(NvmeError::Status {
+                            op: op.name(),
+                            status: error,
+                        }),
+                        buf,
+                        meta,
+                    });
+                }
+            }
+        }
+        if consumed != 0 {
+            self.stats.completions += consumed as u64;
+        }
         // The completion-queue head doorbell is deferred: consumed entries are released in
         // batches (one MMIO write per many completions, which matters most at low queue depth).
         // It is rung as soon as released-but-unannounced entries plus commands in flight could
@@ -53,8 +115,10 @@ impl<B: IoBuffer> QueuePair<B> {
     }
 
     /// Delivers up to `max` completed requests to `f`; returns them and the completion entries
-    /// consumed. Rings no doorbell.
-    #[inline(always)]
+    /// consumed. Rings no doorbell. The same as `poll`'s loop (kept apart, so that the hot path
+    /// compiles as it did before `reset` needed this): for settling after a reset.
+    #[cold]
+    #[inline(never)]
     pub(super) fn reap(&mut self, max: usize, f: &mut impl FnMut(Done<B>)) -> (usize, u32) {
         let mut delivered = 0;
         let mut consumed = 0u32;

@@ -192,6 +192,8 @@ pub struct QueuePair<B: IoBuffer> {
     saved: Box<[[u64; 8]]>,
     /// Aborts submitted and not yet collected: (admin command id, I/O command id).
     aborts: Vec<(u16, u16)>,
+    /// The shadow doorbells while a reset has the queues (`recover.rs`).
+    parked_shadow: Option<crate::qmem::ShadowSlot>,
     /// The submission queue's slots in the CMB, when there.
     sq_cmb: Option<crate::cmb::CmbSlice>,
     /// The interrupt vector in interrupt mode (`wait.rs`); never touched by `poll`.
@@ -383,6 +385,7 @@ impl<B: IoBuffer> QueuePair<B> {
                 Box::default()
             },
             aborts: Vec::new(),
+            parked_shadow: None,
             sq_cmb,
             irq,
             ctrl: Arc::clone(sh),

@@ -171,6 +171,9 @@ impl<B: IoBuffer> QueuePair<B> {
         for w in &unsent {
             self.ring.push(&mut self.mem, w);
         }
+        // Until the queues are back, every doorbell goes through the MMIO path's epoch check
+        // (which keeps the commands unrung) and so brings the next poll here.
+        self.parked_shadow = self.ring.detach_shadow();
         self.stats.resubmitted += requeued;
         self.stats.resets += 1;
         self.queues = Queues::Down;
@@ -287,6 +290,8 @@ impl<B: IoBuffer> QueuePair<B> {
                         Taken::Done(_) => {
                             self.queues = Queues::Live;
                             self.epoch = now;
+                            let shadow = self.parked_shadow.take();
+                            self.ring.attach_shadow(shadow);
                             drop(guard);
                             log::info!("queue {qid}: re-created after the controller reset");
                             // Everything kept, resubmitted and submitted meanwhile.

@@ -250,13 +250,20 @@ impl<B: IoBuffer> QueuePair<B> {
         s.req = Request::new(tag, 1, op);
         s.buf = buf;
         s.meta = meta;
-        let words = words(cid);
-        self.ring.push(&mut self.mem, &words);
+        self.ring.push(&mut self.mem, &words(cid));
         if !self.saved.is_empty() {
-            self.saved[slot as usize] = words;
+            self.save_last(slot);
         }
         self.stats.requests += 1;
         self.live += 1;
+    }
+
+    /// Keeps a copy of the command just written, the one of slot `slot`, for a resubmission
+    /// after a reset (`QpairOptions::resubmit_on_reset`): read back from the submission queue,
+    /// so the hot path writes the command once, as without the option.
+    #[inline(never)]
+    pub(super) fn save_last(&mut self, slot: u16) {
+        self.saved[slot as usize] = self.mem.read_sqe(self.ring.slot_back(1));
     }
 
     #[cold]
@@ -427,7 +434,7 @@ impl<B: IoBuffer> QueuePair<B> {
             });
             self.ring.push(&mut self.mem, &words);
             if !self.saved.is_empty() {
-                self.saved[slot as usize] = words;
+                self.save_last(slot);
             }
             done += plen;
         }
@@ -565,18 +572,24 @@ impl<B: IoBuffer> QueuePair<B> {
     /// a controller reset has the queues: they are announced once re-created, at a poll).
     #[inline]
     pub fn flush_submissions(&mut self) {
-        if self.ring.unrung != 0 && self.current() {
+        if self.ring.unrung != 0 {
             self.ring_submissions();
         }
     }
 
-    /// Rings the submission doorbell (the caller checked the epoch).
+    /// Rings the submission doorbell, unless the controller was reset since the queues were
+    /// created (checked before an MMIO write only; see `recover.rs`).
     #[inline(always)]
-    pub(super) fn ring_submissions(&mut self) {
-        if self.ring.ring_sq() {
-            self.stats.sq_doorbells += 1;
-        } else {
-            self.stats.shadow_only += 1;
+    pub(super) fn ring_submissions(&mut self) -> crate::queue::Rung {
+        let (ctrl, epoch) = (&self.ctrl, self.epoch);
+        let r = self
+            .ring
+            .ring_sq(|| ctrl.reset.epoch.load(std::sync::atomic::Ordering::Acquire) == epoch);
+        match r {
+            crate::queue::Rung::Mmio => self.stats.sq_doorbells += 1,
+            crate::queue::Rung::Shadow => self.stats.shadow_only += 1,
+            _ => {}
         }
+        r
     }
 }
