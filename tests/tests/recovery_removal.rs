@@ -7,7 +7,8 @@
 //! host), perf must report R's removal within that time and exit non-zero naming it, and B's
 //! I/O must run to the end and verify. Then R is plugged back (`device_add`): bound to vfio-pci,
 //! identified and verified again. Runs the `vfpoll` on the guest's PATH (the harness's debug
-//! build), or `VFPOLL_REMOVAL_BIN`.
+//! build), or `VFPOLL_REMOVAL_BIN`. Besides: a BAR mapping that vanishes under the process
+//! (vfio-pci zaps it while memory decode is off) costs a SIGBUS that vfpoll's handler repairs.
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
@@ -58,6 +59,17 @@ fn vfpoll(args: &[&str]) -> Output {
 
 fn pci_present(bdf: &str) -> bool {
     Path::new("/sys/bus/pci/devices").join(bdf).exists()
+}
+
+/// Whether `bdf` is on the kernel's nvme driver with its controller live (its probe done).
+fn nvme_live(bdf: &str) -> bool {
+    let dir = Path::new("/sys/bus/pci/devices").join(bdf).join("nvme");
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return false;
+    };
+    entries
+        .filter_map(|e| e.ok())
+        .any(|e| std::fs::read_to_string(e.path().join("state")).is_ok_and(|s| s.trim() == "live"))
 }
 
 /// Waits up to `limit` for `cond`; returns how long it took.
@@ -208,9 +220,19 @@ fn guest_removal_mid_io_then_readd() {
     qmp::device_add(qmp::nvme_r_device());
     let took = wait_until(Duration::from_secs(30), "R back in sysfs", || pci_present(NVME_R));
     println!("{NVME_R} back {took:?} after device_add");
+    // The kernel's nvme driver takes it first (its probe runs on): let it finish before
+    // vfio-pci takes over, as the guest's init does for the boot-time controllers.
+    let took = wait_until(Duration::from_secs(30), "R live on the nvme driver", || {
+        nvme_live(NVME_R)
+    });
+    println!("{NVME_R} live on nvme {took:?} later");
     bind_all(&[NVME_R]);
     let id = vfpoll(&["identify", "-d", NVME_R]);
-    assert!(id.status.success(), "identify of the re-added controller failed");
+    assert!(
+        id.status.success(),
+        "identify of the re-added controller failed: {:?}",
+        id.status
+    );
     assert!(String::from_utf8_lossy(&id.stdout).contains("vfpoll-r"));
     let again = vfpoll(&["perf", "--verify", "-d", NVME_R, "--size", "4M", "--seed", &seed]);
     assert!(again.status.success(), "I/O on the re-added controller failed");
@@ -223,6 +245,37 @@ fn guest_removal_mid_io_then_readd() {
             ("binary".into(), vfpoll_bin()),
         ],
     );
+}
+
+/// A surprise removal as the process sees it, on a real vfio-pci device: with memory decode off,
+/// vfio-pci zaps the BAR mapping and an access raises SIGBUS. vfpoll's handler replaces the
+/// mapping with all-ones memory and the access completes: the process goes on, and reads say
+/// the device is gone. Controller A, opened through vfpoll-pci alone.
+#[test]
+#[ignore = "test bed"]
+fn guest_a_bar_that_vanishes_reads_all_ones_instead_of_killing() {
+    use vfpoll_pci::vfio::{pci_cfg, Container};
+    bind_all(&[NVME_A]);
+    let c = Container::open(mode()).expect("container");
+    let dev = c.device(bdf(NVME_A)).expect("NVMe A");
+    let cmd = dev.enable_bus_master().expect("memory space and bus master on");
+    // SAFETY: the test only reads registers through it.
+    let bar = unsafe { dev.map_bar(0) }.expect("BAR0");
+    let vs = bar.read32(0x08);
+    assert_ne!(vs, u32::MAX, "VS reads before");
+    dev.config_write_u16(pci_cfg::COMMAND, cmd & !pci_cfg::COMMAND_MEMORY)
+        .expect("memory space off");
+    // vfio-pci zapped the mapping: this read faults (SIGBUS) and is repaired.
+    assert_eq!(bar.read32(0x08), u32::MAX, "the repaired mapping reads all-ones");
+    assert!(bar.gone() && dev.mapping_faulted(), "the fault was counted");
+    assert_eq!(bar.mapping().faults(), 1);
+    // The device is back (memory decode on): a new mapping reaches it again.
+    dev.config_write_u16(pci_cfg::COMMAND, cmd)
+        .expect("memory space on");
+    // SAFETY: as above.
+    let again = unsafe { dev.map_bar(0) }.expect("BAR0 again");
+    assert_eq!(again.read32(0x08), vs);
+    assert_eq!(bar.read32(0x08), u32::MAX, "the old mapping stays replaced");
 }
 
 #[test]
