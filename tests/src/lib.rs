@@ -3,7 +3,8 @@
 //! The tests in `tests/*.rs` run inside the QEMU guest (`guest_*`, through `cargo xtask test`)
 //! and on the host afterwards (`host_check_*`, reading the image files the guest wrote). The
 //! guest layout is fixed by `xtask` (see its module docs): NVMe A at 00:03.0, NVMe B at 00:04.0,
-//! two e1000e at 00:05.0/00:06.0, ivshmem at 00:07.0, virtio-net at 00:0a.0.
+//! two e1000e at 00:05.0/00:06.0, ivshmem at 00:07.0, virtio-net at 00:0a.0; in the boots of
+//! `recovery_removal`, hot-pluggable NVMe R at 01:00.0 behind a root port ([`qmp`]).
 
 use std::fs;
 use std::path::{Path, PathBuf};
