@@ -90,7 +90,7 @@ Options:
                            to `cargo test --workspace`
       --mode <MODE>        iommu, noiommu or both [default: both]
       --kernel <NAME>      Guest kernels: 6.1 (every binary), 6.12 (the foundation and nvme
-                           binaries only, as rows of their own), or all [default: 6.1]
+                           binaries only, as rows of their own), or all [default: all]
       --timeout <SECS>     Per guest boot [default: 900]
   -v, --verbose            Show the guest init's lines and kernel warnings
   -h, --help               Print this help";
@@ -308,7 +308,7 @@ fn parse_test(mut p: Parser) -> Result<Task> {
         modes: vec![Mode::Iommu, Mode::NoIommu],
         timeout: Duration::from_secs(900),
         verbose: false,
-        kernels: vec![DEFAULT_KERNEL],
+        kernels: KERNELS.to_vec(),
     };
     while let Some(s) = p.next_str()? {
         let (name, inline) = split_eq(&s);
