@@ -8,7 +8,8 @@
 //! - [`format`](mod@format): namespace formats (metadata placement, protection information) and what a
 //!   command moves through each pointer; [`zns`]: zoned namespaces;
 //! - [`Controller`]: bring-up, admin commands, namespaces (re-read after a format or a
-//!   namespace event), shutdown;
+//!   namespace event), reset and recovery ([`Controller::reset`]: queue pairs survive it, their
+//!   commands in flight come back with [`NvmeError::Reset`] and their buffers), shutdown;
 //! - [`QueuePair`]: I/O submission and polled completion, one per thread, or interrupt mode
 //!   ([`CompletionMode`], [`QueuePair::wait`], an eventfd for epoll/tokio); every data and
 //!   metadata pointer is sized from the namespace's format in one place (`qpair/xfer.rs`), so

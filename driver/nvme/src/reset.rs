@@ -259,7 +259,14 @@ impl Shared {
         let mut attempts = 0;
         loop {
             attempts += 1;
-            log::warn!(
+            // Asked for through the API: the caller knows; asked for by the driver: a warning.
+            let level = if auto.is_some() {
+                log::Level::Warn
+            } else {
+                log::Level::Info
+            };
+            log::log!(
+                level,
                 "controller {}: resetting (attempt {attempts}): {why}",
                 self.identify.serial
             );
@@ -267,7 +274,8 @@ impl Shared {
                 Ok(function_reset) => {
                     h.failures = 0;
                     let took = start.elapsed();
-                    log::warn!(
+                    log::log!(
+                        level,
                         "controller {}: reset done in {took:?}{}",
                         self.identify.serial,
                         if function_reset { " (function reset)" } else { "" }
