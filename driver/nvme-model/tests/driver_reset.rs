@@ -527,3 +527,55 @@ fn a_vanished_controller_is_failed_and_hands_the_buffers_back() {
     assert_eq!(fx.pool.available(), fx.pool.capacity());
     assert!(fx.rig.ctrl.failed().unwrap().contains("no longer answers"));
 }
+
+#[test]
+fn an_interrupt_mode_queue_pair_wakes_again_after_a_reset() {
+    let model = ModelConfig {
+        completion_latency: Some(Duration::from_secs(2)),
+        ..cfg()
+    };
+    let rig = rig_with(model, opts(ResetPolicy::default()));
+    rig.ctrl.use_interrupts(rig.model.msix(4).unwrap()).unwrap();
+    let mut pool = rig.ctrl.dma().pool(4096, 8, PageSize::Base4K).unwrap();
+    let q = QpairOptions {
+        completion: vfpoll_nvme::CompletionMode::Irq,
+        ..qopts(16, Duration::from_secs(30))
+    };
+    let mut qp = rig.ctrl.create_qpair::<DmaBuf>(&q).unwrap();
+    qp.read(1, 0, pool.alloc().unwrap(), 1)
+        .map_err(|r| r.error)
+        .unwrap();
+    qp.flush_submissions();
+    rig.ctrl.reset().unwrap();
+    // A sleeper is told to poll (arm says so once the controller was reset), and the poll
+    // settles the read.
+    let start = Instant::now();
+    let mut done = Vec::new();
+    while done.is_empty() {
+        if !qp.arm().unwrap() {
+            qp.wait(Some(Duration::from_millis(10))).unwrap();
+        }
+        qp.poll(usize::MAX, |d| done.push(d));
+        assert!(start.elapsed() < HANG, "never woke after the reset");
+    }
+    assert!(is_reset(&done[0].result), "{:?}", done[0].result);
+    pool.free(done.pop().unwrap().buf.unwrap());
+    // The re-created CQ interrupts on the same vector: a read wakes a sleeping wait.
+    let vector = qp.vector();
+    qp.read(1, 8, pool.alloc().unwrap(), 2)
+        .map_err(|r| r.error)
+        .unwrap();
+    let start = Instant::now();
+    while done.is_empty() {
+        if !qp.arm().unwrap() {
+            qp.wait(Some(Duration::from_secs(5))).unwrap();
+        }
+        qp.poll(usize::MAX, |d| done.push(d));
+        assert!(start.elapsed() < HANG, "no completion after the reset");
+    }
+    done[0].result.as_ref().expect("a read after the reset");
+    // Woken by the interrupt when the 2 s completion came, not by the 5 s limit.
+    assert!(start.elapsed() < Duration::from_secs(4), "{:?}", start.elapsed());
+    assert_eq!(qp.vector(), vector);
+    assert_eq!(qp.stats().resets, 1);
+}
