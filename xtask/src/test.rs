@@ -300,9 +300,12 @@ fn run_pair(
         ),
         Faults::Expected => {
             let t = short_name(&guest[0]);
+            // The run dir drops the common prefix: QEMU's `<run-dir>/qmp.sock` must stay
+            // under the 108 bytes of a UNIX socket path.
+            let short = t.strip_prefix(EXPECT_FAULT_PREFIX).unwrap_or(t);
             (
                 format!("{} {t} ({}{kl})", bin.name, mode.name()),
-                format!("{}-{t}-{}{kd}", bin.name, mode.name()),
+                format!("{}-fault-{short}-{}{kd}", bin.name, mode.name()),
             )
         }
     };
