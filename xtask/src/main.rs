@@ -3,7 +3,7 @@
 //! ```text
 //! cargo xtask setup                      # host packages + guest assets (cached; once per machine)
 //! cargo xtask vm [OPTIONS] -- CMD ARGS   # boot the guest, run CMD in it, exit with its code
-//! cargo xtask test [--host-only] [--filter S] [--mode iommu|noiommu|both]   # everything
+//! cargo xtask test [--host-only] [--filter S] [--mode iommu|noiommu|both] [--kernel 6.1|6.12|all]
 //! cargo xtask demo [--noiommu]           # vfpoll's main job on the test bed
 //! cargo xtask bench [--time SECS]        # vfpoll perf vs fio on the guest kernel, one table
 //! cargo xtask fuzz [--secs N]            # libFuzzer on vfpoll-nvmf's PDU parser and fabrics decoding
@@ -15,7 +15,8 @@
 //!
 //! QEMU 7.2 `q35` under TCG (`-accel tcg -cpu max`; this machine's KVM cannot run a stock
 //! kernel), 2 vCPUs and 2 GiB unless `--smp`/`--mem`, Debian's own 6.1 kernel (the one
-//! `linux-image-amd64` depends on), a busybox initramfs. The guest's `/` is the host's `/`
+//! `linux-image-amd64` depends on; `--kernel 6.12` boots Debian 12's 6.12, `setup.rs` says how
+//! it differs), a busybox initramfs. The guest's `/` is the host's `/`
 //! (9p, read-only, with a tmpfs overlay: writes vanish at power-off), so host paths work
 //! unchanged; the command runs there as root, in the directory `cargo xtask vm` was started in,
 //! with `PATH=<target>/debug:<target>/release:/usr/local/sbin:...:/bin`. A boot takes 4-8 s.
