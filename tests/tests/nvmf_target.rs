@@ -106,7 +106,7 @@ fn guest_kernel_initiator_through_vfpoll_target_on_nvme() {
 /// R2T and C2H paths move it whole; without an IOMMU the target refuses to start and says why.
 #[test]
 #[ignore = "test bed"]
-fn vfpoll_target_on_nvme_with_4k_pages() {
+fn guest_kernel_initiator_through_vfpoll_target_on_4k_pages() {
     bind_all(&[NVME_B]);
     let ns = format!("{NVME_B}/1");
     if mode() == vfpoll_pci::vfio::IommuMode::NoIommu {
