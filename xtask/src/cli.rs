@@ -82,7 +82,8 @@ and each mode, one guest boot running its guest_* tests (ignored, --test-threads
 its host_check_* tests on the host, with VFPOLL_RUN_DIR=<run dir> and the boot's VFPOLL_SEED. A
 boot in which QEMU's vIOMMU refused a device DMA fails (a DMA the driver never mapped); a
 guest_expect_iommu_fault_* test runs alone in its own IOMMU-mode boot, which must show the fault
-it provokes. Ends with a summary table; exits non-zero when any step failed.
+it provokes. A boot in which QEMU itself crashed (died of a signal, no vIOMMU fault) runs once
+more and its row says so. Ends with a summary table; exits non-zero when any step failed.
 
 Options:
       --host-only          Only fmt, clippy, doc, the host tests and fuzzing (no setup, no guest)

@@ -114,6 +114,8 @@ pub struct Outcome {
     /// QEMU's stderr lines that say a device DMA was refused ([`is_iommu_fault`]), in order.
     /// Each is a bug: a DMA to an address the driver never mapped. Empty without a vIOMMU.
     pub iommu_faults: Vec<String>,
+    /// The signal that ended QEMU itself (not the harness's timeout kill): QEMU crashed.
+    pub qemu_signal: Option<i32>,
 }
 
 /// `cargo xtask vm`.
@@ -290,10 +292,16 @@ pub fn run_boot(ws: &Workspace, assets: &Assets, b: &Boot, _lock: &Lock) -> Resu
             path.display()
         );
     }
+    let qemu_signal = if timed_out {
+        None
+    } else {
+        std::os::unix::process::ExitStatusExt::signal(&status)
+    };
     Ok(Outcome {
         code,
         boot,
         iommu_faults,
+        qemu_signal,
     })
 }
 
