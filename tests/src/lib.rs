@@ -31,11 +31,13 @@ pub fn bdf(s: &str) -> Bdf {
     s.parse().expect("valid BDF constant")
 }
 
-/// The test-bed mode of this boot, from `VFPOLL_TESTBED`. Panics outside the test bed, so a
-/// guest test can never pass by not running.
+/// The test-bed mode of this boot, from `VFPOLL_TESTBED`: `iommu` (vIOMMU, type1 container),
+/// `iommufd` (vIOMMU, iommufd and VFIO device cdevs; the 6.12 guest kernel) or `noiommu`.
+/// Panics outside the test bed, so a guest test can never pass by not running.
 pub fn mode() -> IommuMode {
     match std::env::var("VFPOLL_TESTBED").as_deref() {
         Ok("iommu") => IommuMode::Type1,
+        Ok("iommufd") => IommuMode::Iommufd,
         Ok("noiommu") => IommuMode::NoIommu,
         other => {
             panic!("VFPOLL_TESTBED is {other:?}: guest_* tests run inside the test bed (cargo xtask test)")
@@ -47,7 +49,57 @@ pub fn mode() -> IommuMode {
 pub fn mode_name() -> &'static str {
     match mode() {
         IommuMode::Type1 => "iommu",
+        IommuMode::Iommufd => "iommufd",
         IommuMode::NoIommu => "noiommu",
+    }
+}
+
+/// The `--iommu-backend` arguments that make a `vfpoll` command use this boot's backend
+/// (`--noiommu` in no-IOMMU mode, as before the flag existed).
+pub fn backend_args() -> &'static [&'static str] {
+    match mode() {
+        IommuMode::Type1 => &["--iommu-backend", "type1"],
+        IommuMode::Iommufd => &["--iommu-backend", "iommufd"],
+        IommuMode::NoIommu => &["--noiommu"],
+    }
+}
+
+/// Checks that `c` really uses this boot's backend, from the kernel's side too: in iommufd mode
+/// the process holds `/dev/iommu` and a `/dev/vfio/devices/vfioN` open and no `/dev/vfio/vfio`
+/// (so that an iommufd test cannot pass on type1 by accident), in the others the reverse.
+pub fn assert_backend(c: &vfpoll_pci::vfio::Container) {
+    assert_eq!(c.mode(), mode(), "the container's backend is not this boot's");
+    let open: Vec<String> = fs::read_dir("/proc/self/fd")
+        .expect("/proc/self/fd")
+        .flatten()
+        .filter_map(|e| fs::read_link(e.path()).ok())
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    let has = |p: &str| open.iter().any(|o| o == p);
+    let cdevs = open
+        .iter()
+        .filter(|o| o.starts_with("/dev/vfio/devices/vfio"))
+        .count();
+    match mode() {
+        IommuMode::Iommufd => {
+            assert!(c.ioas_id().is_some(), "iommufd mode without an IOAS");
+            assert!(has("/dev/iommu"), "/dev/iommu is not open: {open:?}");
+            assert!(cdevs > 0, "no VFIO device cdev is open: {open:?}");
+            assert!(
+                !has("/dev/vfio/vfio"),
+                "the type1 container is open in iommufd mode: {open:?}"
+            );
+            assert!(c.groups().is_empty(), "groups attached in iommufd mode");
+        }
+        _ => {
+            assert!(c.ioas_id().is_none());
+            assert!(has("/dev/vfio/vfio"), "the VFIO container is not open: {open:?}");
+            assert!(
+                !has("/dev/iommu") && cdevs == 0,
+                "iommufd in use in {}: {open:?}",
+                mode_name()
+            );
+        }
     }
 }
 

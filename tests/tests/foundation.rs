@@ -1,6 +1,7 @@
-//! Foundation tests in the test bed (issue 2): claim devices through vfio-pci in both IOMMU
-//! modes, read NVMe registers, get hugepage DMA memory, map the ivshmem BAR as a DMA target,
-//! refuse devices the kernel still uses, and check that `vfpoll status`/`doctor` tell the truth.
+//! Foundation tests in the test bed (issue 2): claim devices through vfio-pci in every IOMMU
+//! mode (type1, iommufd on the 6.12 kernel, no-IOMMU), read NVMe registers, get hugepage DMA
+//! memory, map the ivshmem BAR as a DMA target (refused under iommufd, with the way out), refuse
+//! devices the kernel still uses, and check that `vfpoll status`/`doctor` tell the truth.
 
 use std::process::Command;
 
@@ -23,11 +24,21 @@ fn guest_claims_nvme_and_reads_cap_and_vs() {
     assert_eq!(outcomes[0].after.as_deref(), Some("vfio-pci"));
     let node = outcomes[0].group_node.as_ref().expect("a group node");
     match mode {
-        IommuMode::Type1 => assert!(!node.to_string_lossy().contains("noiommu"), "{}", node.display()),
+        IommuMode::Type1 | IommuMode::Iommufd => {
+            assert!(!node.to_string_lossy().contains("noiommu"), "{}", node.display())
+        }
         IommuMode::NoIommu => assert!(node.to_string_lossy().contains("noiommu-"), "{}", node.display()),
     }
     let c = Container::open(mode).expect("container");
     let dev = c.device(bdf(NVME_A)).expect("NVMe device");
+    assert_backend(&c);
+    if mode == IommuMode::Iommufd {
+        // Opened through its cdev, bound to the iommufd and attached to the IOAS; no group.
+        let cdev = sysfs::vfio_cdev(&Host::default(), bdf(NVME_A)).expect("a VFIO cdev");
+        assert!(std::path::Path::new("/dev/vfio/devices").join(&cdev).exists());
+        assert_eq!(dev.group_id(), None);
+        assert_eq!(c.bound_devices(), vec![bdf(NVME_A)]);
+    }
     dev.enable_bus_master().expect("bus master");
     // SAFETY: the test writes only CC (enable, then a function reset) and rings no doorbell,
     // so the controller fetches no command and starts no DMA.
@@ -58,8 +69,8 @@ fn guest_claims_nvme_and_reads_cap_and_vs() {
     dev.enable_bus_master().unwrap();
     assert_eq!(bar0.read32(off::CC) & 1, 0, "CC.EN is clear after the reset");
     match mode {
-        IommuMode::Type1 => {
-            let info = c.iommu_info().expect("type1 reports IOMMU info");
+        IommuMode::Type1 | IommuMode::Iommufd => {
+            let info = c.iommu_info().expect("type1 and iommufd report IOMMU info");
             assert!(!info.iova_ranges.is_empty());
             assert!(
                 !info.iova_ranges.iter().any(|r| r.contains(&0xfee0_0000)),
@@ -81,7 +92,11 @@ fn guest_hugepage_dma_and_ivshmem_bar_as_dma_target() {
     // Two devices, one container.
     let nvme = c.device(bdf(NVME_A)).expect("NVMe");
     let shm = c.device(bdf(IVSHMEM)).expect("ivshmem");
-    assert_eq!(c.groups().len(), 2);
+    assert_backend(&c);
+    match mode {
+        IommuMode::Iommufd => assert_eq!(c.bound_devices().len(), 2, "both attached to the one IOAS"),
+        _ => assert_eq!(c.groups().len(), 2),
+    }
     nvme.enable_bus_master().unwrap();
     let dma = DmaContext::new(c.clone());
     let dma_back = DmaReturnCheck::new(&dma);
@@ -93,7 +108,7 @@ fn guest_hugepage_dma_and_ivshmem_bar_as_dma_target() {
     assert_eq!(region.len(), 4 << 20);
     let bus0 = region.bus_addr(0);
     match mode {
-        IommuMode::Type1 => {
+        IommuMode::Type1 | IommuMode::Iommufd => {
             assert_eq!(dma.kind(), MapKind::Iommu);
             let iova = region.iova().expect("an IOVA");
             assert_ne!(iova.get(), 0);
@@ -119,17 +134,41 @@ fn guest_hugepage_dma_and_ivshmem_bar_as_dma_target() {
     let bar2 = unsafe { shm.map_bar(2) }.expect("ivshmem BAR2");
     assert_eq!(bar2.len(), 64 << 20);
     let bar_bus = shm.bar_bus_addr(2).expect("BAR2 bus address");
+    let free = dma.iova_total_free();
     // SAFETY: `bar2` is this process's mmap of the BAR and outlives the registration.
-    let peer =
-        unsafe { dma.register_peer_bar(bar2.as_ptr(), bar2.len() as u64, bar_bus) }.expect("register BAR2");
-    match mode {
+    let peer = unsafe { dma.register_peer_bar(bar2.as_ptr(), bar2.len() as u64, bar_bus) };
+    let peer = match mode {
         IommuMode::Type1 => {
+            let peer = peer.expect("register BAR2");
             let iova = peer.iova().expect("BAR mapped into the IOMMU");
             assert_eq!(peer.bus_addr(0).get(), iova.get());
             assert_ne!(iova.get(), bus0.get());
+            Some(peer)
         }
-        IommuMode::NoIommu => assert_eq!(peer.bus_addr(0), bar_bus, "no IOMMU: the BAR's own bus address"),
-    }
+        IommuMode::Iommufd => {
+            // The kernel refuses (a BAR's mmap cannot be pinned), and the error says what works.
+            let e = peer.expect_err("iommufd in 6.12 cannot map a peer BAR");
+            let msg = format!(
+                "{e}: {}",
+                std::error::Error::source(&e)
+                    .map(|s| s.to_string())
+                    .unwrap_or_default()
+            );
+            println!("peer BAR under iommufd: {msg}");
+            assert!(
+                msg.contains("iommufd cannot map a peer device's BAR")
+                    && msg.contains("--iommu-backend type1"),
+                "{msg}"
+            );
+            assert_eq!(dma.iova_total_free(), free, "the refused map leaks no IOVA");
+            None
+        }
+        IommuMode::NoIommu => {
+            let peer = peer.expect("register BAR2");
+            assert_eq!(peer.bus_addr(0), bar_bus, "no IOMMU: the BAR's own bus address");
+            Some(peer)
+        }
+    };
     // The guest CPU writes a seeded pattern through the BAR mapping; the host check finds it in
     // gpubar.shm.
     let data = Pattern::new(seed(), 1).bytes(SHM_LEN);
@@ -143,7 +182,11 @@ fn guest_hugepage_dma_and_ivshmem_bar_as_dma_target() {
             ("mode".into(), mode_name().into()),
             ("shm_offset".into(), SHM_OFFSET.to_string()),
             ("shm_len".into(), SHM_LEN.to_string()),
-            ("peer_bus".into(), peer.bus_addr(0).to_string()),
+            (
+                "peer_bus".into(),
+                peer.as_ref()
+                    .map_or("refused".into(), |p| p.bus_addr(0).to_string()),
+            ),
         ],
     );
     drop(peer);
@@ -244,7 +287,7 @@ fn guest_errors_say_what_to_do() {
     bind_all(&[NVME_A]);
     // The other mode than the one the machine is in.
     match mode {
-        IommuMode::Type1 => {
+        IommuMode::Type1 | IommuMode::Iommufd => {
             let e = Container::open(IommuMode::NoIommu).unwrap_err();
             assert!(matches!(e, VfioError::NoIommuNotEnabled), "{e}");
             assert!(e.to_string().contains("enable_unsafe_noiommu_mode"));
@@ -273,7 +316,7 @@ fn guest_errors_say_what_to_do() {
     // controller (1f.2) and the LPC bridge. Give the SATA controller a kernel driver
     // (uio_pci_generic, the one in the guest's initramfs that takes it), then try the SMBus.
     // Only the IOMMU mode has real groups.
-    if mode == IommuMode::Type1 {
+    if mode.has_iommu() {
         let sata = host.pci_device_dir(bdf("0000:00:1f.2"));
         run("busybox", &["modprobe", "uio_pci_generic"]);
         std::fs::write(sata.join("driver_override"), "uio_pci_generic").unwrap();

@@ -1,7 +1,7 @@
 //! The IOMMU side of DMA: who makes memory visible to a device, and at which bus address.
 //!
 //! [`DmaMapper`] is implemented for a VFIO container by the platform layer (type1 `MAP_DMA` /
-//! `UNMAP_DMA`), and here by [`FakeMapper`] for tests and in-process device models.
+//! `UNMAP_DMA`, or iommufd `IOMMU_IOAS_MAP` / `UNMAP`), and here by [`FakeMapper`] for tests and in-process device models.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -47,6 +47,17 @@ pub trait DmaMapper: Send + Sync {
     /// returned. `vaddr`, `len` and `iova` are multiples of [`Self::min_page_size`], and the
     /// IOVA range lies in [`Self::iova_ranges`] and is not mapped yet.
     unsafe fn map(&self, vaddr: *mut u8, len: u64, iova: Iova) -> Result<(), DmaError>;
+
+    /// Like [`DmaMapper::map`], for the mmap of a peer device's BAR ([`crate::register_peer_bar`]),
+    /// so that a mapper that cannot map device memory (iommufd in Linux 6.12) can say so in
+    /// its error. The default is `map`.
+    ///
+    /// # Safety
+    /// As for [`DmaMapper::map`].
+    unsafe fn map_peer(&self, vaddr: *mut u8, len: u64, iova: Iova) -> Result<(), DmaError> {
+        // SAFETY: forwarded from our caller.
+        unsafe { self.map(vaddr, len, iova) }
+    }
 
     /// Removes the mapping made by `map(_, len, iova)`. After it returns the device can no
     /// longer reach that memory.

@@ -41,6 +41,33 @@ impl IommuMapping {
         len: u64,
         align: u64,
     ) -> Result<Self, DmaError> {
+        // SAFETY: forwarded.
+        unsafe { Self::new_of(shared, vaddr, len, align, false) }
+    }
+
+    /// Like [`IommuMapping::new`], for the mmap of a peer device's BAR ([`crate::DmaMapper::map_peer`]).
+    ///
+    /// # Safety
+    /// As for [`IommuMapping::new`].
+    pub(crate) unsafe fn new_peer(
+        shared: &Arc<Shared>,
+        vaddr: *mut u8,
+        len: u64,
+        align: u64,
+    ) -> Result<Self, DmaError> {
+        // SAFETY: forwarded.
+        unsafe { Self::new_of(shared, vaddr, len, align, true) }
+    }
+
+    /// # Safety
+    /// As for [`IommuMapping::new`].
+    unsafe fn new_of(
+        shared: &Arc<Shared>,
+        vaddr: *mut u8,
+        len: u64,
+        align: u64,
+        peer: bool,
+    ) -> Result<Self, DmaError> {
         let (iova, reserved) = {
             let mut alloc = shared.iova();
             let mapped = alloc.round_len(len)?;
@@ -51,9 +78,16 @@ impl IommuMapping {
                 _ => (alloc.alloc(mapped, align)?, mapped),
             }
         };
-        // SAFETY: forwarded from our caller; the IOVA range is fresh from the allocator of this
-        // mapper, aligned to at least its page size, and so not mapped yet.
-        match unsafe { shared.mapper.map(vaddr, len, iova) } {
+        // The IOVA range is fresh from the allocator of this mapper, aligned to at least its page
+        // size, and so not mapped yet.
+        let mapped = if peer {
+            // SAFETY: forwarded from our caller; the IOVA range is fresh (above).
+            unsafe { shared.mapper.map_peer(vaddr, len, iova) }
+        } else {
+            // SAFETY: forwarded from our caller; the IOVA range is fresh (above).
+            unsafe { shared.mapper.map(vaddr, len, iova) }
+        };
+        match mapped {
             Ok(()) => Ok(IommuMapping {
                 shared: shared.clone(),
                 iova,

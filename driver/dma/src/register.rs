@@ -177,9 +177,10 @@ impl std::fmt::Debug for PeerRegion {
 /// target.
 ///
 /// Behind an IOMMU the CPU mapping is mapped through the mapper at a fresh IOVA (VFIO type1
-/// accepts a VA that is an mmap of another VFIO device's BAR); `bar_vaddr` and `len` must be
-/// multiples of the mapper's page size. Without an IOMMU the device uses `bar_bus` directly
-/// and no map call is made.
+/// accepts a VA that is an mmap of another VFIO device's BAR; iommufd in Linux 6.12 does not,
+/// and the error, `VfioError::PeerBarUnderIommufd` as its source, says to use the type1
+/// backend); `bar_vaddr` and `len` must be multiples of the mapper's page size. Without an
+/// IOMMU the device uses `bar_bus` directly and no map call is made.
 ///
 /// # Safety
 /// `bar_vaddr..bar_vaddr+len` is a mapping of the BAR that stays mapped until the returned
@@ -202,7 +203,7 @@ pub unsafe fn register_peer_bar(
             let align = len.next_power_of_two().clamp(page, MAX_ALIGN);
             // SAFETY: our caller promised the BAR stays mapped until the region, which owns the
             // mapping guard, is dropped; alignment checked above.
-            BusMap::Iommu(unsafe { IommuMapping::new(shared, bar_vaddr, len, align)? })
+            BusMap::Iommu(unsafe { IommuMapping::new_peer(shared, bar_vaddr, len, align)? })
         }
         MapKind::NoIommu => {
             check_range(bar_vaddr, len, 1)?;

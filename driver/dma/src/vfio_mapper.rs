@@ -1,5 +1,6 @@
-//! [`DmaMapper`] for a VFIO container: type1 `VFIO_IOMMU_MAP_DMA` / `UNMAP_DMA`, or no-IOMMU
-//! mode, where nothing is mapped and devices use physical addresses.
+//! [`DmaMapper`] for a VFIO container: type1 `VFIO_IOMMU_MAP_DMA` / `UNMAP_DMA`, iommufd
+//! `IOMMU_IOAS_MAP` / `UNMAP` (the container's IOAS), or no-IOMMU mode, where nothing is mapped
+//! and devices use physical addresses.
 
 use std::ops::RangeInclusive;
 
@@ -12,7 +13,7 @@ use crate::mapper::{DmaMapper, MapKind};
 impl DmaMapper for Container {
     fn kind(&self) -> MapKind {
         match self.mode() {
-            IommuMode::Type1 => MapKind::Iommu,
+            IommuMode::Type1 | IommuMode::Iommufd => MapKind::Iommu,
             IommuMode::NoIommu => MapKind::NoIommu,
         }
     }
@@ -30,6 +31,17 @@ impl DmaMapper for Container {
     unsafe fn map(&self, vaddr: *mut u8, len: u64, iova: Iova) -> Result<(), DmaError> {
         // SAFETY: the caller upholds `DmaMapper::map`'s contract, which is `map_dma`'s.
         unsafe { self.map_dma(vaddr, len, iova) }.map_err(|e| DmaError::Map {
+            iova,
+            len,
+            source: Box::new(e),
+        })
+    }
+
+    /// Through [`Container::map_peer_bar`]: under iommufd the kernel's refusal comes back as
+    /// `VfioError::PeerBarUnderIommufd`, which names the backend that can map a BAR.
+    unsafe fn map_peer(&self, vaddr: *mut u8, len: u64, iova: Iova) -> Result<(), DmaError> {
+        // SAFETY: the caller upholds `DmaMapper::map_peer`'s contract, which is `map_peer_bar`'s.
+        unsafe { self.map_peer_bar(vaddr, len, iova) }.map_err(|e| DmaError::Map {
             iova,
             len,
             source: Box::new(e),
@@ -108,5 +120,70 @@ mod tests {
         let e = ctx.alloc_region(4096, PageSize::Base4K).unwrap_err();
         assert!(e.to_string().contains("ulimit -l"), "{e}");
         assert_eq!(ctx.iova_total_free(), free);
+    }
+
+    /// [`bed`] with iommufd: the NVMe bound to vfio-pci with cdev vfio0, and `/dev/iommu`.
+    fn bed_iommufd() -> (tempfile::TempDir, Host, Arc<FakeVfio>) {
+        let (dir, host, k) = bed();
+        let r = dir.path();
+        let d = r.join("sys/devices/pci0000:00/0000:00:03.0");
+        fs::create_dir_all(r.join("sys/bus/pci/drivers/vfio-pci")).unwrap();
+        std::os::unix::fs::symlink(r.join("sys/bus/pci/drivers/vfio-pci"), d.join("driver")).unwrap();
+        fs::create_dir_all(d.join("vfio-dev/vfio0")).unwrap();
+        fs::create_dir_all(r.join("dev/vfio/devices")).unwrap();
+        fs::write(r.join("dev/vfio/devices/vfio0"), "").unwrap();
+        fs::write(r.join("dev/iommu"), "").unwrap();
+        k.with(|st| {
+            st.cdevs.insert("vfio0".into(), "0000:00:03.0".into());
+        });
+        (dir, host, k)
+    }
+
+    #[test]
+    fn iommufd_regions_map_through_the_ioas_and_a_peer_bar_is_refused_with_the_way_out() {
+        let (_dir, host, k) = bed_iommufd();
+        let c = Container::open_with(k.clone(), host, IommuMode::Iommufd).unwrap();
+        let dev = c.device("0000:00:03.0".parse().unwrap()).unwrap();
+        let ctx = DmaContext::new(c.clone());
+        assert_eq!(ctx.kind(), MapKind::Iommu);
+        let r = ctx.alloc_region(3 * 4096, PageSize::Base4K).unwrap();
+        let iova = r.iova().unwrap().get();
+        assert!(
+            (0x10_0000..0x1000_0000).contains(&iova),
+            "{iova:#x} from the IOAS's ranges"
+        );
+        assert_eq!(
+            k.with(|st| st.mappings.clone()),
+            vec![(iova, 3 * 4096, r.as_ptr() as u64)]
+        );
+        drop(r);
+        assert!(k.with(|st| st.mappings.is_empty()), "unmapped on drop");
+        // A BAR's mmap: iommufd cannot pin it; the error says so and names type1.
+        // SAFETY: a fake device: its BAR is plain memory and starts no DMA.
+        let bar = unsafe { dev.map_bar(0) }.unwrap();
+        let free = ctx.iova_total_free();
+        // SAFETY: `bar` outlives the (failed) registration; the fake kernel touches nothing.
+        let e = unsafe {
+            ctx.register_peer_bar(bar.as_ptr(), bar.len() as u64, vfpoll_pci::BusAddr(0xfe00_0000))
+        }
+        .unwrap_err();
+        let msg = format!("{:#}", anyhow_like(&e));
+        assert!(
+            msg.contains("iommufd cannot map a peer device's BAR") && msg.contains("--iommu-backend type1"),
+            "{msg}"
+        );
+        assert_eq!(ctx.iova_total_free(), free, "no IOVA leaked");
+    }
+
+    /// The error and its sources, as `anyhow`'s `{:#}` prints them.
+    fn anyhow_like(e: &dyn std::error::Error) -> String {
+        let mut s = e.to_string();
+        let mut cur = e.source();
+        while let Some(c) = cur {
+            s.push_str(": ");
+            s.push_str(&c.to_string());
+            cur = c.source();
+        }
+        s
     }
 }

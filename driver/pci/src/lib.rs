@@ -5,8 +5,9 @@
 //! - [`bdf`] and [`sysfs`]: find devices, their driver, IOMMU group and NUMA node;
 //! - [`bind`]: hand a device to `vfio-pci` and back to its kernel driver, refusing when the
 //!   kernel still uses it (a mounted file system, an interface that is up);
-//! - [`vfio`]: container, group and device file descriptors, in IOMMU (type1) mode or, only when
-//!   asked for explicitly, no-IOMMU mode; region info, config space, reset, DMA map/unmap;
+//! - [`vfio`]: container, group and device file descriptors, in IOMMU mode (the type1 container,
+//!   or iommufd with VFIO device cdevs: [`vfio::Backend`] chooses) or, only when asked for
+//!   explicitly, no-IOMMU mode; region info, config space, reset, DMA map/unmap;
 //!   interrupts (MSI-X, MSI, INTx, error and request indexes) as eventfds ([`vfio::irq`]);
 //! - [`mmio`]: a typed, volatile, bounds-checked accessor over a mapped BAR;
 //! - [`fault`]: BAR mappings that may vanish (hot removal, a zapped mapping): revoked in place,

@@ -219,6 +219,19 @@ pub fn devices(host: &Host) -> Result<Vec<PciDevice>, SysfsError> {
     Ok(out)
 }
 
+/// The name of the device's VFIO character device (`vfioN`, to open as
+/// `/dev/vfio/devices/vfioN`): the single entry of `/sys/bus/pci/devices/<bdf>/vfio-dev/`.
+/// `None` when there is none: the device is not bound to vfio-pci, or vfio was built without
+/// `CONFIG_VFIO_DEVICE_CDEV` (Linux 6.6+).
+pub fn vfio_cdev(host: &Host, bdf: Bdf) -> Option<String> {
+    let dir = host.pci_device_dir(bdf).join("vfio-dev");
+    fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .find(|n| n.starts_with("vfio"))
+}
+
 /// The functions in an IOMMU group, sorted.
 pub fn group_members(host: &Host, group: u32) -> Result<Vec<Bdf>, SysfsError> {
     let dir = host.iommu_group_dir(group).join("devices");
@@ -437,6 +450,19 @@ pub(crate) mod fake {
             symlink(&gd, d.join("iommu_group")).unwrap();
             symlink(&d, gd.join("devices").join(bdf)).unwrap();
         }
+    }
+
+    /// Gives the device at `bdf` the VFIO cdev `vfio<n>`: `vfio-dev/vfio<n>` in sysfs and
+    /// `dev/vfio/devices/vfio<n>` (a plain file).
+    pub fn add_vfio_cdev(root: &Path, bdf: &str, n: u32) {
+        let d = root
+            .join("sys/bus/pci/devices")
+            .join(bdf)
+            .join("vfio-dev")
+            .join(format!("vfio{n}"));
+        fs::create_dir_all(d).unwrap();
+        fs::create_dir_all(root.join("dev/vfio/devices")).unwrap();
+        fs::write(root.join("dev/vfio/devices").join(format!("vfio{n}")), "").unwrap();
     }
 
     /// Gives the NVMe controller at `bdf` the namespace block device `nvme<ctrl>n<ns>` (device

@@ -1,7 +1,7 @@
 //! Test helper: brings up an NVMe controller with vfpoll's signal handlers installed, prints
 //! `ready`, then waits to be killed. When a signal arrives, the handlers shut the controller
 //! down, and this program's hook then writes `shst=<CSTS.SHST>` to stdout, read from the BAR
-//! before the process dies (and vfio-pci resets the device). `hold-controller BDF iommu|noiommu`
+//! before the process dies (and vfio-pci resets the device). `hold-controller BDF iommu|iommufd|noiommu`
 
 use std::io::Write;
 use std::sync::atomic::{AtomicPtr, Ordering};
@@ -30,13 +30,13 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let bdf = args
         .get(1)
-        .expect("usage: hold-controller BDF iommu|noiommu")
+        .expect("usage: hold-controller BDF iommu|iommufd|noiommu")
         .parse()
         .expect("BDF");
-    let mode = if args.get(2).map(String::as_str) == Some("noiommu") {
-        IommuMode::NoIommu
-    } else {
-        IommuMode::Type1
+    let mode = match args.get(2).map(String::as_str) {
+        Some("noiommu") => IommuMode::NoIommu,
+        Some("iommufd") => IommuMode::Iommufd,
+        _ => IommuMode::Type1,
     };
     // SAFETY: `after` only does async-signal-safe work.
     unsafe { vfpoll_nvme::shutdown_on_signals_then(after) }.expect("signal handlers");

@@ -1,15 +1,19 @@
-//! A fake VFIO kernel: enough of `/dev/vfio` to drive [`super::Container`] and
-//! [`super::Device`] in tests, with the failures a real machine produces (no vfio module, group
-//! not viable, group busy, no no-IOMMU support, refused DMA maps).
+//! A fake VFIO kernel: enough of `/dev/vfio` and `/dev/iommu` to drive [`super::Container`]
+//! and [`super::Device`] in tests, with the failures a real machine produces (no vfio module,
+//! group not viable, group busy, no no-IOMMU support, refused DMA maps, a device cdev bound
+//! twice, a BAR's mmap that iommufd cannot pin).
 //!
 //! Paths still come from a [`crate::sysfs::Host`]: tests build a fake sysfs tree and create the
-//! `/dev/vfio/N` nodes as plain files; opening one of them here yields a real descriptor (of
-//! `/dev/null`) that the fake keys its state by.
+//! `/dev/vfio/N`, `/dev/vfio/devices/vfioN` and `/dev/iommu` nodes as plain files; opening one
+//! of them here yields a real descriptor (of `/dev/null`; for a device cdev, one end of a socket
+//! pair, so that the fake can tell when every descriptor of that file is closed, as the kernel
+//! unbinds a cdev then) that the fake keys its state by.
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io;
+use std::io::{self, Read};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::ptr::NonNull;
 use std::sync::Mutex;
@@ -80,11 +84,35 @@ impl FakeDevice {
     }
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 enum Obj {
     Container,
     Group(u32),
     Device(String),
+    /// `/dev/iommu`.
+    Iommufd,
+    /// A device cdev opened but not bound yet (by BDF).
+    Cdev(String),
+}
+
+/// A device cdev bound to the fake iommufd.
+#[derive(Debug)]
+pub struct FakeBinding {
+    /// The device id the bind returned.
+    pub devid: u32,
+    /// The IOAS it is attached to.
+    pub ioas: Option<u32>,
+    /// The fake's end of the socket pair behind the device's file: reads end of file once the
+    /// process has closed every descriptor of it.
+    peer: UnixStream,
+}
+
+impl FakeBinding {
+    /// Whether the process still has the bound file open.
+    pub fn open(&self) -> bool {
+        let mut b = [0u8; 1];
+        !matches!((&self.peer).read(&mut b), Ok(0))
+    }
 }
 
 /// The state of the fake kernel; tests set it up and inspect it through [`FakeVfio::with`].
@@ -110,7 +138,23 @@ pub struct FakeState {
     pub mappings: Vec<(u64, u64, u64)>,
     /// Fail the next map with this errno.
     pub fail_next_map: Option<i32>,
+    /// iommufd: the IOASes allocated.
+    pub ioases: Vec<u32>,
+    /// iommufd: the cdevs by name (`vfio0`) and the device each stands for (BDF).
+    pub cdevs: HashMap<String, String>,
+    /// iommufd: devices bound, by BDF.
+    pub bound: HashMap<String, FakeBinding>,
+    /// iommufd: what `IOMMU_IOAS_IOVA_RANGES` says of the IOVA alignment.
+    pub iova_alignment: u64,
+    /// iommufd: fail the next bind with this errno.
+    pub fail_next_bind: Option<i32>,
+    /// Every BAR mmap made (start, length): PFNMAP memory, which type1 maps and iommufd cannot
+    /// pin (EFAULT).
+    pub pfnmap: Vec<(u64, u64)>,
     open: HashMap<RawFd, Obj>,
+    /// The fake's ends of the socket pairs of open cdev files, by the process's descriptor.
+    cdev_peers: HashMap<RawFd, UnixStream>,
+    next_id: u32,
 }
 
 /// The fake kernel. Share it as `Arc<FakeVfio>` (or `Arc<dyn SysOps>`).
@@ -133,7 +177,15 @@ impl Default for FakeVfio {
                 iova_ranges: vec![(0, 0xfedf_ffff), (0xfef0_0000, (1 << 39) - 1)],
                 mappings: vec![],
                 fail_next_map: None,
+                ioases: vec![],
+                cdevs: HashMap::new(),
+                bound: HashMap::new(),
+                iova_alignment: 4096,
+                fail_next_bind: None,
+                pfnmap: vec![],
                 open: HashMap::new(),
+                cdev_peers: HashMap::new(),
+                next_id: 1,
             }),
         }
     }
@@ -290,6 +342,142 @@ impl FakeVfio {
     }
 }
 
+impl FakeVfio {
+    /// `VFIO_DEVICE_BIND_IOMMUFD` on a cdev (nothing else works before it): one bind per
+    /// device while its file is open (vfio_df_open: EINVAL otherwise).
+    fn cdev_bind(
+        st: &mut FakeState,
+        fd: RawFd,
+        bdf: String,
+        request: u64,
+        arg: IoctlArg<'_>,
+    ) -> io::Result<i32> {
+        use uapi::bind_iommufd as b;
+        let IoctlArg::Buf(buf) = arg else {
+            return Err(errno(libc::EINVAL));
+        };
+        if request != req::DEVICE_BIND_IOMMUFD {
+            return Err(errno(libc::EINVAL));
+        }
+        if let Some(e) = st.fail_next_bind.take() {
+            return Err(errno(e));
+        }
+        let ifd = uapi::get_u32(buf, b::IOMMUFD) as i32;
+        if uapi::get_u32(buf, b::ARGSZ) as usize != b::SIZE
+            || uapi::get_u32(buf, b::FLAGS) != 0
+            || !matches!(st.open.get(&ifd), Some(Obj::Iommufd))
+        {
+            return Err(errno(libc::EINVAL));
+        }
+        if st.bound.get(&bdf).is_some_and(FakeBinding::open) {
+            return Err(errno(libc::EINVAL));
+        }
+        let peer = st.cdev_peers.remove(&fd).ok_or(errno(libc::EBADF))?;
+        let devid = st.next_id;
+        st.next_id += 1;
+        st.bound.insert(
+            bdf.clone(),
+            FakeBinding {
+                devid,
+                ioas: None,
+                peer,
+            },
+        );
+        st.open.insert(fd, Obj::Device(bdf));
+        uapi::put_u32(buf, b::OUT_DEVID, devid);
+        Ok(0)
+    }
+
+    /// The `/dev/iommu` ioctls: IOAS alloc, IOVA ranges, map, unmap, as iommufd (Linux 6.12,
+    /// `ioas.c`, `io_pagetable.c`) checks them.
+    fn iommufd_ioctl(st: &mut FakeState, request: u64, arg: IoctlArg<'_>) -> io::Result<i32> {
+        use uapi::iommufd as f;
+        match (request, arg) {
+            (f::IOAS_ALLOC, IoctlArg::Buf(b)) => {
+                if uapi::get_u32(b, 0) as usize != f::ioas_alloc::SIZE {
+                    return Err(errno(libc::EINVAL));
+                }
+                let id = st.next_id;
+                st.next_id += 1;
+                st.ioases.push(id);
+                uapi::put_u32(b, f::ioas_alloc::OUT_IOAS_ID, id);
+                Ok(0)
+            }
+            (f::IOAS_IOVA_RANGES, IoctlArg::BufArray { arg, ptr_at, array }) => {
+                use f::iova_ranges as r;
+                if ptr_at != r::ALLOWED_IOVAS || !st.ioases.contains(&uapi::get_u32(arg, r::IOAS_ID)) {
+                    return Err(errno(libc::ENOENT));
+                }
+                let cap = uapi::get_u32(arg, r::NUM_IOVAS) as usize;
+                assert!(
+                    cap * r::RANGE_SIZE <= array.len(),
+                    "num_iovas larger than the array"
+                );
+                for (i, &(s, e)) in st.iova_ranges.iter().enumerate().take(cap) {
+                    uapi::put_u64(array, i * r::RANGE_SIZE, s);
+                    uapi::put_u64(array, i * r::RANGE_SIZE + 8, e);
+                }
+                uapi::put_u32(arg, r::NUM_IOVAS, st.iova_ranges.len() as u32);
+                uapi::put_u64(arg, r::OUT_IOVA_ALIGNMENT, st.iova_alignment);
+                if st.iova_ranges.len() > cap {
+                    return Err(errno(libc::EMSGSIZE));
+                }
+                Ok(0)
+            }
+            (f::IOAS_MAP, IoctlArg::Buf(b)) => {
+                use f::ioas_map as m;
+                if let Some(e) = st.fail_next_map.take() {
+                    return Err(errno(e));
+                }
+                let flags = uapi::get_u32(b, m::FLAGS);
+                let (vaddr, len, iova) = (
+                    uapi::get_u64(b, m::USER_VA),
+                    uapi::get_u64(b, m::LENGTH),
+                    uapi::get_u64(b, m::IOVA),
+                );
+                if !st.ioases.contains(&uapi::get_u32(b, m::IOAS_ID)) {
+                    return Err(errno(libc::ENOENT));
+                }
+                let a = st.iova_alignment;
+                if flags & f::MAP_FIXED_IOVA == 0 || len == 0 || iova % a != 0 || len % a != 0 {
+                    return Err(errno(libc::EINVAL));
+                }
+                let inside = st
+                    .iova_ranges
+                    .iter()
+                    .any(|&(s, e)| iova >= s && iova.checked_add(len - 1).is_some_and(|end| end <= e));
+                if !inside {
+                    return Err(errno(libc::EADDRINUSE));
+                }
+                if st
+                    .mappings
+                    .iter()
+                    .any(|&(i, l, _)| iova < i + l && i < iova + len)
+                {
+                    return Err(errno(libc::EEXIST));
+                }
+                // Pinning a BAR's mmap fails: PFNMAP memory has no struct pages.
+                if st.pfnmap.iter().any(|&(p, l)| vaddr < p + l && p < vaddr + len) {
+                    return Err(errno(libc::EFAULT));
+                }
+                st.mappings.push((iova, len, vaddr));
+                Ok(0)
+            }
+            (f::IOAS_UNMAP, IoctlArg::Buf(b)) => {
+                use f::ioas_unmap as u;
+                let (iova, len) = (uapi::get_u64(b, u::IOVA), uapi::get_u64(b, u::LENGTH));
+                let before = st.mappings.len();
+                st.mappings.retain(|&(i, l, _)| !(i == iova && l == len));
+                if st.mappings.len() == before {
+                    return Err(errno(libc::ENOENT));
+                }
+                Ok(0)
+            }
+            _ => Err(errno(libc::ENOTTY)),
+        }
+    }
+}
+
 impl SysOps for FakeVfio {
     fn open(&self, path: &Path) -> io::Result<OwnedFd> {
         if !path.exists() {
@@ -299,8 +487,28 @@ impl SysOps for FakeVfio {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
+        let parent = path
+            .parent()
+            .and_then(|p| p.file_name())
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if parent == "devices" {
+            let bdf = self
+                .with(|st| st.cdevs.get(&name).cloned())
+                .ok_or(errno(libc::ENODEV))?;
+            let (mine, peer) = UnixStream::pair()?;
+            peer.set_nonblocking(true)?;
+            let fd = OwnedFd::from(mine);
+            self.with(|st| {
+                st.open.insert(fd.as_raw_fd(), Obj::Cdev(bdf));
+                st.cdev_peers.insert(fd.as_raw_fd(), peer);
+            });
+            return Ok(fd);
+        }
         let obj = if name == "vfio" {
             Obj::Container
+        } else if name == "iommu" {
+            Obj::Iommufd
         } else {
             let id: u32 = name
                 .trim_start_matches("noiommu-")
@@ -322,9 +530,26 @@ impl SysOps for FakeVfio {
             Some(Obj::Container) => None,
             Some(Obj::Group(g)) => Some(Ok(*g)),
             Some(Obj::Device(d)) => Some(Err(d.clone())),
+            Some(Obj::Iommufd) => return Self::iommufd_ioctl(&mut st, request, arg),
+            Some(Obj::Cdev(d)) => {
+                let d = d.clone();
+                return Self::cdev_bind(&mut st, fd, d, request, arg);
+            }
             None => return Err(errno(libc::EBADF)),
         };
         match (obj, request, arg) {
+            (Some(Err(d)), req::DEVICE_ATTACH_IOMMUFD_PT, IoctlArg::Buf(b)) => {
+                let ioas = uapi::get_u32(b, uapi::attach_iommufd_pt::PT_ID);
+                if uapi::get_u32(b, 0) as usize != uapi::attach_iommufd_pt::SIZE || !st.ioases.contains(&ioas)
+                {
+                    return Err(errno(libc::EINVAL));
+                }
+                let binding = st.bound.get_mut(&d).ok_or(errno(libc::EINVAL))?;
+                binding.ioas = Some(ioas);
+                // The kernel answers with the HWPT it allocated for the IOAS.
+                uapi::put_u32(b, uapi::attach_iommufd_pt::PT_ID, ioas + 1000);
+                Ok(0)
+            }
             (None, req::GET_API_VERSION, IoctlArg::None) => Ok(st.api_version),
             (None, req::CHECK_EXTENSION, IoctlArg::Value(m)) => Ok(st.models.contains(&m) as i32),
             (None, req::SET_IOMMU, IoctlArg::Value(m)) => {
@@ -460,6 +685,15 @@ impl SysOps for FakeVfio {
         Ok(new)
     }
 
+    fn dup(&self, fd: &OwnedFd) -> io::Result<OwnedFd> {
+        let new = fd.try_clone()?;
+        self.with(|st| {
+            let obj = st.open.get(&fd.as_raw_fd()).cloned().ok_or(errno(libc::EBADF))?;
+            st.open.insert(new.as_raw_fd(), obj);
+            Ok(new)
+        })
+    }
+
     fn pread(&self, fd: RawFd, buf: &mut [u8], off: u64) -> io::Result<()> {
         self.with(|st| {
             let Some(Obj::Device(d)) = st.open.get(&fd) else {
@@ -505,7 +739,12 @@ impl SysOps for FakeVfio {
             if len > bar.len() {
                 return Err(errno(libc::EINVAL));
             }
-            NonNull::new(bar.as_ptr()).ok_or(errno(libc::EINVAL))
+            let p = NonNull::new(bar.as_ptr()).ok_or(errno(libc::EINVAL))?;
+            let m = (p.as_ptr() as u64, len as u64);
+            if !st.pfnmap.contains(&m) {
+                st.pfnmap.push(m);
+            }
+            Ok(p)
         })
     }
 

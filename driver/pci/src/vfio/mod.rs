@@ -1,17 +1,27 @@
-//! VFIO: container, group and device, in IOMMU (type1) or no-IOMMU mode.
+//! VFIO: container, group and device, in IOMMU (type1 or iommufd) or no-IOMMU mode.
 //!
 //! ```text
+//! type1 / no-IOMMU:
 //! Container (/dev/vfio/vfio)      one IOMMU domain: DMA map/unmap, IOVA ranges
 //!   └─ Group (/dev/vfio/N or /dev/vfio/noiommu-N)   attached on first use; several per container
 //!        └─ Device (fd from the group)               regions, BAR mmap, config space, reset
+//! iommufd (Linux 6.6+):
+//! Container (/dev/iommu + one IOAS)   IOMMU_IOAS_MAP/UNMAP, IOMMU_IOAS_IOVA_RANGES
+//!   └─ Device (/dev/vfio/devices/vfioN)  VFIO_DEVICE_BIND_IOMMUFD, then ATTACH_IOMMUFD_PT to the IOAS
 //! ```
 //!
-//! No-IOMMU mode is used only when the caller asks for it ([`IommuMode::NoIommu`]); a device that
-//! sits in a no-IOMMU group is refused in type1 mode with an error that says so, never silently
-//! downgraded. Every system call goes through [`SysOps`], so the same code runs against the fake
-//! kernel in [`fake`] in tests.
+//! Either way a [`Container`] is one I/O address space shared by every device opened through it,
+//! and a [`Device`] offers the same VFIO device API (regions, interrupts, reset) once open. Which
+//! backend a run uses is decided by [`Backend::choose`] ([`backend`]). No-IOMMU mode is used only
+//! when the caller asks for it ([`IommuMode::NoIommu`]); a device that sits in a no-IOMMU group
+//! is refused in type1 and iommufd mode with an error that says so, never silently downgraded.
+//! Every system call goes through [`SysOps`], so the same code runs against the fake kernel in
+//! [`fake`] in tests.
 
+pub mod backend;
+mod error;
 pub mod fake;
+mod iommufd;
 pub mod irq;
 pub mod sys;
 pub mod uapi;
@@ -21,13 +31,15 @@ use std::collections::HashMap;
 use std::io;
 use std::ops::RangeInclusive;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use crate::addr::{BusAddr, Iova};
 use crate::bdf::Bdf;
 use crate::mmio::{BarMapping, Mmio};
 use crate::sysfs::{self, Host};
+pub use backend::{Backend, BackendChoice};
+pub use error::VfioError;
+use error::{io_err, open_error};
 pub use irq::{EventFd, IrqIndex, IrqInfo, Irqs};
 use sys::raw;
 pub use sys::{IoctlArg, RealSys, SysOps};
@@ -39,151 +51,44 @@ pub enum IommuMode {
     /// An IOMMU translates device addresses (VFIO type1): DMA targets must be mapped first and
     /// the device sees I/O virtual addresses. The safe default.
     Type1,
+    /// An IOMMU translates device addresses, driven through iommufd (`/dev/iommu`, one IOAS)
+    /// with devices opened through their VFIO cdev (`/dev/vfio/devices/vfioN`). The same
+    /// protection as type1; Linux 6.6+ (`CONFIG_IOMMUFD`, `CONFIG_VFIO_DEVICE_CDEV`). It cannot
+    /// map a peer device's BAR for DMA (see [`VfioError::PeerBarUnderIommufd`]).
+    Iommufd,
     /// No IOMMU: the device sees physical addresses and can reach all memory. Only on request;
     /// needs root and a kernel with `CONFIG_VFIO_NOIOMMU` and `enable_unsafe_noiommu_mode=1`.
     NoIommu,
+}
+
+impl IommuMode {
+    /// Whether an IOMMU translates device addresses (type1 or iommufd).
+    pub fn has_iommu(self) -> bool {
+        self != IommuMode::NoIommu
+    }
+
+    /// The backend's short name, as `--iommu-backend` spells it (`type1`, `iommufd`, `noiommu`).
+    pub fn name(self) -> &'static str {
+        match self {
+            IommuMode::Type1 => "type1",
+            IommuMode::Iommufd => "iommufd",
+            IommuMode::NoIommu => "noiommu",
+        }
+    }
 }
 
 impl std::fmt::Display for IommuMode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             IommuMode::Type1 => "iommu (type1)",
+            IommuMode::Iommufd => "iommu (iommufd)",
             IommuMode::NoIommu => "no-iommu",
         })
     }
 }
 
-/// Errors of the VFIO layer. Each message says what to do about it.
-#[derive(Debug, thiserror::Error)]
-pub enum VfioError {
-    /// `/dev/vfio/vfio` is absent.
-    #[error(
-        "{path} is missing: the vfio modules are not loaded; run `modprobe vfio-pci` (or `vfpoll setup`)"
-    )]
-    NoVfio {
-        /// The path looked for.
-        path: PathBuf,
-    },
-    /// A VFIO node exists but cannot be opened for lack of permission.
-    #[error(
-        "cannot open {path}: permission denied; run as root, or give your user access (`chown $USER {path}`)"
-    )]
-    Permission {
-        /// The node.
-        path: PathBuf,
-    },
-    /// The kernel speaks another VFIO API version.
-    #[error("unsupported VFIO API version {0} (expected 0)")]
-    ApiVersion(i32),
-    /// The kernel has no type1 IOMMU driver.
-    #[error("the kernel offers no VFIO type1 IOMMU: load it (`modprobe vfio_iommu_type1`) and check that the IOMMU is on (intel_iommu=on / amd_iommu=on on the kernel command line)")]
-    NoType1,
-    /// No-IOMMU mode was requested but is not enabled.
-    #[error("no-IOMMU mode was requested but is not enabled: `echo 1 > /sys/module/vfio/parameters/enable_unsafe_noiommu_mode` (the parameter exists only if vfio.ko was built with CONFIG_VFIO_NOIOMMU); `vfpoll doctor --noiommu` checks it")]
-    NoIommuNotEnabled,
-    /// The device has no IOMMU group.
-    #[error("{bdf} has no IOMMU group: bind it to vfio-pci first (`vfpoll bind {bdf}`); without an IOMMU this needs no-IOMMU mode (--noiommu)")]
-    NoGroup {
-        /// The device.
-        bdf: Bdf,
-    },
-    /// The device is in a no-IOMMU group but type1 mode was requested.
-    #[error("{bdf} is in no-IOMMU group {group}: this machine has no IOMMU for it; pass --noiommu to use it without one (unsafe: the device can reach all memory)")]
-    NoIommuGroup {
-        /// The device.
-        bdf: Bdf,
-        /// The group.
-        group: u32,
-    },
-    /// No-IOMMU mode was requested for a device that sits behind a real IOMMU.
-    #[error("{bdf} is in IOMMU group {group} behind a real IOMMU: no-IOMMU mode is only for machines without one; drop --noiommu")]
-    HasIommu {
-        /// The device.
-        bdf: Bdf,
-        /// The group.
-        group: u32,
-    },
-    /// The group's node is missing: the device is not bound to vfio-pci.
-    #[error("{path} is missing: {bdf} is not bound to vfio-pci; run `vfpoll bind {bdf}`")]
-    NotBound {
-        /// The device.
-        bdf: Bdf,
-        /// The node looked for.
-        path: PathBuf,
-    },
-    /// The group is open elsewhere.
-    #[error(
-        "IOMMU group {group} ({bdf}) is in use by another process (another vfpoll, a VM?): stop it first"
-    )]
-    GroupBusy {
-        /// The device.
-        bdf: Bdf,
-        /// The group.
-        group: u32,
-    },
-    /// Not every device of the group is bound to vfio-pci (or to no driver).
-    #[error("IOMMU group {group} of {bdf} is not viable: {members} must also be bound to vfio-pci (or to no driver); run `vfpoll bind` on them, or move the device to another slot")]
-    GroupNotViable {
-        /// The device.
-        bdf: Bdf,
-        /// The group.
-        group: u32,
-        /// The other members and their drivers, e.g. `0000:00:1f.2 (ahci)`.
-        members: String,
-    },
-    /// A region index that the device does not have or that cannot be mapped.
-    #[error("{bdf}: region {index} {why}")]
-    Region {
-        /// The device.
-        bdf: Bdf,
-        /// The region index (BARs are 0..=5, config space is 7).
-        index: u32,
-        /// What is wrong.
-        why: &'static str,
-    },
-    /// A DMA mapping was refused.
-    #[error("VFIO_IOMMU_MAP_DMA of {len:#x} bytes at {iova} failed: {source}{hint}")]
-    Map {
-        /// The I/O virtual address.
-        iova: Iova,
-        /// The length.
-        len: u64,
-        /// The cause.
-        #[source]
-        source: io::Error,
-        /// A hint for the common causes.
-        hint: &'static str,
-    },
-    /// DMA map/unmap in no-IOMMU mode (the device uses physical addresses there).
-    #[error("DMA mapping is not available in no-IOMMU mode: devices use physical addresses there")]
-    NotInNoIommu,
-    /// A sysfs lookup failed.
-    #[error(transparent)]
-    Sysfs(#[from] sysfs::SysfsError),
-    /// The device was released ([`Device::release`]): it was removed, or its removal was
-    /// requested. Open it again once it is back.
-    #[error("{bdf} was released (the kernel asked for it back: the device is being removed or unbound); open it again once it is back (`vfpoll bind {bdf}`)")]
-    Released {
-        /// The device.
-        bdf: Bdf,
-    },
-    /// Any other failed system call.
-    #[error("{what}: {source}")]
-    Io {
-        /// What was being done.
-        what: String,
-        /// The cause.
-        #[source]
-        source: io::Error,
-    },
-}
-
-fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> VfioError {
-    let what = what.into();
-    move |source| VfioError::Io { what, source }
-}
-
-/// The IOMMU's properties, from `VFIO_IOMMU_GET_INFO`.
+/// The IOMMU's properties, from `VFIO_IOMMU_GET_INFO` (type1) or `IOMMU_IOAS_IOVA_RANGES`
+/// (iommufd).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IommuInfo {
     /// Supported IOMMU page sizes (bit n set = 2^n bytes).
@@ -261,11 +166,16 @@ struct ContainerState {
     /// container), but no longer found by id, so a device that comes back in a group of the
     /// same number gets a fresh one.
     retired: Vec<Arc<Group>>,
-    /// Set once the first group is attached and the IOMMU model chosen.
+    /// Set once the first group is attached and the IOMMU model chosen (type1), or after each
+    /// device attached to the IOAS (iommufd).
     info: Option<IommuInfo>,
+    /// iommufd: the device files bound so far, by device, so that a second open of a device
+    /// shares the first one's file (a cdev binds once).
+    cdevs: HashMap<Bdf, Weak<DevFd>>,
 }
 
-/// A VFIO container: one IOMMU domain shared by every device opened through it.
+/// A VFIO container: one IOMMU domain shared by every device opened through it. In iommufd
+/// mode, the iommufd and its one IOAS play that part.
 ///
 /// `Send + Sync`: its state is behind a mutex and file descriptors may be used from any thread.
 /// Opening devices and mapping DMA are control-path operations.
@@ -273,8 +183,11 @@ struct ContainerState {
 pub struct Container {
     sys: Arc<dyn SysOps>,
     host: Host,
+    /// `/dev/vfio/vfio`, or `/dev/iommu` in iommufd mode.
     fd: OwnedFd,
     mode: IommuMode,
+    /// The IOAS every device attaches to (iommufd mode; 0 otherwise).
+    ioas: u32,
     state: Mutex<ContainerState>,
 }
 
@@ -284,8 +197,20 @@ impl Container {
         Self::open_with(Arc::new(RealSys), Host::default(), mode)
     }
 
+    /// Chooses the backend for `devices` ([`Backend::choose`]) and opens it. Returns the
+    /// choice too, so that callers can say which backend they use and why.
+    pub fn open_backend(backend: Backend, devices: &[Bdf]) -> Result<(Arc<Self>, BackendChoice), VfioError> {
+        let host = Host::default();
+        let choice = backend.choose(&host, devices);
+        log::info!("IOMMU backend: {choice}");
+        Ok((Self::open_with(Arc::new(RealSys), host, choice.mode)?, choice))
+    }
+
     /// Like [`Container::open`], with the system calls and paths given (tests, other roots).
     pub fn open_with(sys: Arc<dyn SysOps>, host: Host, mode: IommuMode) -> Result<Arc<Self>, VfioError> {
+        if mode == IommuMode::Iommufd {
+            return Self::open_iommufd(sys, host);
+        }
         let path = host.dev.join("vfio/vfio");
         let fd = sys
             .open(&path)
@@ -311,17 +236,23 @@ impl Container {
             _ => {}
         }
         log::debug!("opened {} in {mode} mode", path.display());
-        Ok(Arc::new(Container {
+        Ok(Self::new(sys, host, fd, mode, 0))
+    }
+
+    fn new(sys: Arc<dyn SysOps>, host: Host, fd: OwnedFd, mode: IommuMode, ioas: u32) -> Arc<Self> {
+        Arc::new(Container {
             sys,
             host,
             fd,
             mode,
+            ioas,
             state: Mutex::new(ContainerState {
                 groups: HashMap::new(),
                 retired: Vec::new(),
                 info: None,
+                cdevs: HashMap::new(),
             }),
-        }))
+        })
     }
 
     /// The mode chosen at open.
@@ -340,7 +271,8 @@ impl Container {
     }
 
     /// The IOMMU's properties; `None` until the first device is opened (the IOMMU model is set
-    /// when the first group attaches) and always `None` in no-IOMMU mode.
+    /// when the first group attaches; an IOAS's ranges narrow with each device attached) and
+    /// always `None` in no-IOMMU mode.
     pub fn iommu_info(&self) -> Option<IommuInfo> {
         self.lock().info.clone()
     }
@@ -350,8 +282,12 @@ impl Container {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Opens the device `bdf`, attaching its IOMMU group to this container first if needed.
+    /// Opens the device `bdf`, attaching its IOMMU group to this container first if needed
+    /// (iommufd: opening its cdev, binding it and attaching it to the IOAS).
     pub fn device(self: &Arc<Self>, bdf: Bdf) -> Result<Device, VfioError> {
+        if self.mode == IommuMode::Iommufd {
+            return self.iommufd_device(bdf);
+        }
         let info = sysfs::device(&self.host, bdf)?;
         let group_id = info.iommu_group.ok_or(VfioError::NoGroup { bdf })?;
         let group = self.attach_group(bdf, group_id)?;
@@ -371,7 +307,7 @@ impl Container {
                     source: e,
                 },
             })?;
-        Device::new(Arc::clone(self), group, fd, bdf)
+        Device::new(Arc::clone(self), Some(group), Arc::new(DevFd::new(bdf, fd)), bdf)
     }
 
     /// Retires group `id` once no device uses it: it stays attached (its file open) until the
@@ -397,6 +333,7 @@ impl Container {
         let real = self.host.dev.join(format!("vfio/{id}"));
         let noiommu = self.host.dev.join(format!("vfio/noiommu-{id}"));
         let path = match self.mode {
+            IommuMode::Iommufd => unreachable!("iommufd mode opens devices without their group"),
             IommuMode::Type1 if real.exists() => real,
             IommuMode::Type1 if noiommu.exists() => return Err(VfioError::NoIommuGroup { bdf, group: id }),
             IommuMode::NoIommu if noiommu.exists() => noiommu,
@@ -440,7 +377,7 @@ impl Container {
     fn set_iommu(&self, st: &mut ContainerState) -> Result<(), VfioError> {
         let fd = raw(&self.fd);
         let models: &[u64] = match self.mode {
-            IommuMode::Type1 => &[uapi::TYPE1V2_IOMMU, uapi::TYPE1_IOMMU],
+            IommuMode::Type1 | IommuMode::Iommufd => &[uapi::TYPE1V2_IOMMU, uapi::TYPE1_IOMMU],
             IommuMode::NoIommu => &[uapi::NOIOMMU_IOMMU],
         };
         let mut last = None;
@@ -509,8 +446,11 @@ impl Container {
     /// The range must stay mapped in this process, and must not be freed or remapped, until
     /// [`Container::unmap_dma`] has removed the mapping: devices may access it at any time.
     pub unsafe fn map_dma(&self, vaddr: *mut u8, len: u64, iova: Iova) -> Result<(), VfioError> {
-        if self.mode == IommuMode::NoIommu {
-            return Err(VfioError::NotInNoIommu);
+        match self.mode {
+            IommuMode::NoIommu => return Err(VfioError::NotInNoIommu),
+            // SAFETY: forwarded from our caller.
+            IommuMode::Iommufd => return unsafe { self.ioas_map(vaddr, len, iova) },
+            IommuMode::Type1 => {}
         }
         let mut b = [0u8; uapi::DMA_MAP_SIZE];
         uapi::put_u32(&mut b, 0, uapi::DMA_MAP_SIZE as u32);
@@ -526,15 +466,23 @@ impl Container {
                 Some(libc::EINVAL) => " (address, length or IOVA not aligned to the IOMMU page size, or outside the IOVA ranges)",
                 _ => "",
             };
-            VfioError::Map { iova, len, source, hint }
+            VfioError::Map {
+                call: "VFIO_IOMMU_MAP_DMA",
+                iova,
+                len,
+                source,
+                hint,
+            }
         })?;
         Ok(())
     }
 
     /// Removes a mapping made by [`Container::map_dma`].
     pub fn unmap_dma(&self, iova: Iova, len: u64) -> Result<(), VfioError> {
-        if self.mode == IommuMode::NoIommu {
-            return Err(VfioError::NotInNoIommu);
+        match self.mode {
+            IommuMode::NoIommu => return Err(VfioError::NotInNoIommu),
+            IommuMode::Iommufd => return self.ioas_unmap(iova, len),
+            IommuMode::Type1 => {}
         }
         let mut b = [0u8; uapi::DMA_UNMAP_SIZE];
         uapi::put_u32(&mut b, 0, uapi::DMA_UNMAP_SIZE as u32);
@@ -546,24 +494,28 @@ impl Container {
         Ok(())
     }
 
-    /// The IOMMU groups attached so far.
+    /// Maps `len` bytes of a peer device's BAR, mmapped at `vaddr`, for device access at
+    /// `iova`: [`Container::map_dma`], except that iommufd's refusal (it cannot pin a BAR's
+    /// PFNMAP memory) comes back as [`VfioError::PeerBarUnderIommufd`], which says what works.
+    ///
+    /// # Safety
+    /// As for [`Container::map_dma`].
+    pub unsafe fn map_peer_bar(&self, vaddr: *mut u8, len: u64, iova: Iova) -> Result<(), VfioError> {
+        // SAFETY: forwarded from our caller.
+        match unsafe { self.map_dma(vaddr, len, iova) } {
+            Err(VfioError::Map { source, .. }) if self.mode == IommuMode::Iommufd => {
+                Err(VfioError::PeerBarUnderIommufd { iova, len, source })
+            }
+            r => r,
+        }
+    }
+
+    /// The IOMMU groups attached so far (type1 and no-IOMMU mode; none in iommufd mode, which
+    /// opens devices without their group: see [`Container::bound_devices`]).
     pub fn groups(&self) -> Vec<u32> {
         let mut v: Vec<u32> = self.lock().groups.values().map(|g| g.id).collect();
         v.sort_unstable();
         v
-    }
-}
-
-fn open_error(e: io::Error, path: &std::path::Path, absent: impl FnOnce() -> VfioError) -> VfioError {
-    match e.raw_os_error() {
-        Some(libc::ENOENT) => absent(),
-        Some(libc::EACCES) | Some(libc::EPERM) => VfioError::Permission {
-            path: path.to_owned(),
-        },
-        _ => VfioError::Io {
-            what: format!("open {}", path.display()),
-            source: e,
-        },
     }
 }
 
@@ -642,6 +594,19 @@ pub(crate) struct DevFd {
 }
 
 impl DevFd {
+    fn new(bdf: Bdf, fd: OwnedFd) -> Self {
+        DevFd {
+            bdf,
+            fd: RwLock::new(Some(fd)),
+        }
+    }
+
+    /// A second descriptor of the same file, while it is open.
+    fn dup(&self, sys: &dyn SysOps) -> Option<OwnedFd> {
+        let g = self.fd.read().unwrap_or_else(|e| e.into_inner());
+        g.as_ref().and_then(|fd| sys.dup(fd).ok())
+    }
+
     /// Runs `f` on the descriptor; `what` names the call in an error.
     pub(crate) fn call<R>(
         &self,
@@ -676,9 +641,9 @@ impl DevFd {
 #[derive(Debug)]
 pub struct Device {
     container: Arc<Container>,
-    /// Dropped by [`Device::release`].
+    /// Dropped by [`Device::release`]; `None` in iommufd mode (opened through the cdev).
     group: Mutex<Option<Arc<Group>>>,
-    group_id: u32,
+    group_id: Option<u32>,
     /// Shared with the device's enabled interrupts ([`Irqs`]).
     fd: Arc<DevFd>,
     bdf: Bdf,
@@ -691,12 +656,19 @@ pub struct Device {
 }
 
 impl Device {
-    fn new(container: Arc<Container>, group: Arc<Group>, fd: OwnedFd, bdf: Bdf) -> Result<Self, VfioError> {
+    fn new(
+        container: Arc<Container>,
+        group: Option<Arc<Group>>,
+        fd: Arc<DevFd>,
+        bdf: Bdf,
+    ) -> Result<Self, VfioError> {
         let sys = Arc::clone(&container.sys);
         let mut info = [0u8; uapi::DEVICE_INFO_SIZE];
         uapi::put_u32(&mut info, 0, uapi::DEVICE_INFO_SIZE as u32);
-        sys.ioctl(raw(&fd), uapi::req::DEVICE_GET_INFO, IoctlArg::Buf(&mut info))
-            .map_err(io_err(format!("VFIO_DEVICE_GET_INFO({bdf})")))?;
+        fd.call(
+            || format!("VFIO_DEVICE_GET_INFO({bdf})"),
+            |fd| sys.ioctl(fd, uapi::req::DEVICE_GET_INFO, IoctlArg::Buf(&mut info)),
+        )?;
         let flags = uapi::get_u32(&info, 4);
         let num_regions = uapi::get_u32(&info, 8);
         let num_irqs = uapi::get_u32(&info, 12);
@@ -708,12 +680,9 @@ impl Device {
         log::debug!("opened {bdf}: flags {flags:#x}, {} regions", regions.len());
         Ok(Device {
             container,
-            group_id: group.id,
-            group: Mutex::new(Some(group)),
-            fd: Arc::new(DevFd {
-                bdf,
-                fd: RwLock::new(Some(fd)),
-            }),
+            group_id: group.as_ref().map(|g| g.id),
+            group: Mutex::new(group),
+            fd,
             bdf,
             flags,
             num_irqs,
@@ -722,19 +691,17 @@ impl Device {
         })
     }
 
-    fn query_region(sys: &dyn SysOps, fd: &OwnedFd, bdf: Bdf, index: u32) -> Result<RegionInfo, VfioError> {
+    fn query_region(sys: &dyn SysOps, fd: &DevFd, bdf: Bdf, index: u32) -> Result<RegionInfo, VfioError> {
         let mut buf = vec![0u8; uapi::REGION_INFO_SIZE];
         loop {
             let argsz = buf.len() as u32;
             buf.fill(0);
             uapi::put_u32(&mut buf, 0, argsz);
             uapi::put_u32(&mut buf, 8, index);
-            sys.ioctl(
-                raw(fd),
-                uapi::req::DEVICE_GET_REGION_INFO,
-                IoctlArg::Buf(&mut buf),
-            )
-            .map_err(io_err(format!("VFIO_DEVICE_GET_REGION_INFO({bdf}, {index})")))?;
+            fd.call(
+                || format!("VFIO_DEVICE_GET_REGION_INFO({bdf}, {index})"),
+                |fd| sys.ioctl(fd, uapi::req::DEVICE_GET_REGION_INFO, IoctlArg::Buf(&mut buf)),
+            )?;
             let want = uapi::get_u32(&buf, 0) as usize;
             if want <= buf.len() {
                 return Ok(RegionInfo::parse(&buf));
@@ -746,6 +713,11 @@ impl Device {
     /// The device's address.
     pub fn bdf(&self) -> Bdf {
         self.bdf
+    }
+
+    /// The IOMMU group it was opened through (`None` in iommufd mode, opened through its cdev).
+    pub fn group_id(&self) -> Option<u32> {
+        self.group_id
     }
 
     /// The container the device belongs to.
@@ -846,7 +818,10 @@ impl Device {
         }
         self.fd.close();
         drop(self.group.lock().unwrap_or_else(|e| e.into_inner()).take());
-        self.container.retire_group(self.group_id);
+        match self.group_id {
+            Some(id) => self.container.retire_group(id),
+            None => self.container.forget_cdev(self.bdf, &self.fd),
+        }
         log::info!("{}: released ({revoked} BAR mapping(s) revoked)", self.bdf);
         Ok(revoked)
     }

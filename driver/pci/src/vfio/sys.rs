@@ -20,6 +20,19 @@ pub enum IoctlArg<'a> {
     Value(u64),
     /// A pointer to this buffer; the kernel may read and write all of it.
     Buf(&'a mut [u8]),
+    /// A pointer to `arg`, whose `u64` at offset `ptr_at` is set to the address of `array`
+    /// just before the call (iommufd's `IOMMU_IOAS_IOVA_RANGES`: the struct points at an
+    /// output array). The kernel may read and write all of `arg`, and write into `array` as
+    /// many elements as a count field in `arg` allows, which the caller sets to at most what
+    /// `array` holds.
+    BufArray {
+        /// The argument struct.
+        arg: &'a mut [u8],
+        /// Where in `arg` the array's address goes.
+        ptr_at: usize,
+        /// The output array.
+        array: &'a mut [u8],
+    },
 }
 
 /// The system calls VFIO needs. [`RealSys`] is the kernel; tests use the fake in
@@ -32,6 +45,12 @@ pub trait SysOps: Send + Sync + fmt::Debug {
     /// An ioctl that returns a new file descriptor (`VFIO_GROUP_GET_DEVICE_FD`), owned by the
     /// caller from then on.
     fn ioctl_new_fd(&self, fd: RawFd, req: u64, arg: IoctlArg<'_>) -> io::Result<OwnedFd>;
+    /// A second descriptor of the same open file (`fcntl(F_DUPFD_CLOEXEC)`): a device cdev
+    /// can be bound to iommufd only once, so a second open of the same device in one process
+    /// shares the first one's file, as the group path does.
+    fn dup(&self, fd: &OwnedFd) -> io::Result<OwnedFd> {
+        fd.try_clone()
+    }
     /// `pread(fd, buf, off)`: reads exactly `buf.len()` bytes or fails.
     fn pread(&self, fd: RawFd, buf: &mut [u8], off: u64) -> io::Result<()>;
     /// `pwrite(fd, buf, off)`: writes exactly `buf.len()` bytes or fails.
@@ -78,6 +97,19 @@ impl SysOps for RealSys {
             // SAFETY: the kernel reads/writes at most `argsz` bytes, which every caller sets to
             // at most `buf.len()`; the buffer is exclusively borrowed for the call.
             IoctlArg::Buf(b) => unsafe { libc::ioctl(fd, req as libc::c_ulong, b.as_mut_ptr()) },
+            IoctlArg::BufArray { arg, ptr_at, array } => {
+                let addr = array.as_mut_ptr() as u64;
+                arg.get_mut(ptr_at..ptr_at + 8)
+                    .ok_or_else(|| {
+                        io::Error::new(io::ErrorKind::InvalidInput, "array pointer outside the argument")
+                    })?
+                    .copy_from_slice(&addr.to_ne_bytes());
+                // SAFETY: the kernel reads/writes at most the struct's `size` bytes of `arg`
+                // (at most `arg.len()`, as every caller sets it) and writes into `array` at most
+                // the element count the caller put in `arg`, which it keeps within
+                // `array.len()`; both buffers are exclusively borrowed for the call.
+                unsafe { libc::ioctl(fd, req as libc::c_ulong, arg.as_mut_ptr()) }
+            }
         };
         cvt(r)
     }

@@ -502,3 +502,248 @@ fn a_retired_group_keeps_the_iommu_and_a_dropped_watch_stops() {
     let e = shm.watch(|_| std::ops::ControlFlow::Continue(())).unwrap_err();
     assert!(e.to_string().contains("no device-request interrupt"), "{e}");
 }
+
+/// The bed of [`bed`] with iommufd: `/dev/iommu`, and cdevs vfio0 (NVMe) and vfio1 (ivshmem).
+fn bed_iommufd() -> Bed {
+    let b = bed(false);
+    let root = b.host.dev.parent().unwrap().to_path_buf();
+    fs::write(b.host.dev.join("iommu"), "").unwrap();
+    crate::sysfs::fake::add_vfio_cdev(&root, NVME, 0);
+    crate::sysfs::fake::add_vfio_cdev(&root, SHM, 1);
+    b.k.with(|st| {
+        st.cdevs.insert("vfio0".into(), NVME.into());
+        st.cdevs.insert("vfio1".into(), SHM.into());
+    });
+    b
+}
+
+#[test]
+fn iommufd_two_devices_share_one_ioas_and_map_through_it() {
+    let b = bed_iommufd();
+    let c = open(&b, IommuMode::Iommufd).unwrap();
+    assert_eq!(c.mode(), IommuMode::Iommufd);
+    let ioas = c.ioas_id().expect("an IOAS");
+    assert_eq!(b.k.with(|st| st.ioases.clone()), vec![ioas]);
+    assert!(
+        c.iommu_info().is_none(),
+        "ranges are read once a device is attached"
+    );
+    let nvme = c.device(NVME.parse().unwrap()).unwrap();
+    let shm = c.device(SHM.parse().unwrap()).unwrap();
+    assert_eq!(nvme.group_id(), None, "opened through the cdev, not the group");
+    // Both bound and attached to the one IOAS; no group, no container, no type1 model.
+    let bound = b.k.with(|st| {
+        let mut v: Vec<_> = st.bound.iter().map(|(d, x)| (d.clone(), x.ioas)).collect();
+        v.sort();
+        v
+    });
+    assert_eq!(
+        bound,
+        vec![(NVME.to_string(), Some(ioas)), (SHM.to_string(), Some(ioas))]
+    );
+    assert!(b.k.with(|st| st.attached.is_empty() && st.iommu_set.is_none()));
+    assert!(c.groups().is_empty());
+    assert_eq!(c.bound_devices().len(), 2);
+    let info = c.iommu_info().unwrap();
+    assert_eq!(
+        info.iova_ranges,
+        vec![0..=0xfedf_ffff, 0xfef0_0000..=(1 << 39) - 1]
+    );
+    assert_eq!(info.min_page_size(), 4096);
+    assert_eq!(info.dma_avail, None);
+    // One mapping serves both devices: it is the IOAS's.
+    // SAFETY: the fake kernel never touches the memory; the address is only recorded.
+    unsafe { c.map_dma(0x7000_0000_0000 as *mut u8, 0x20_0000, Iova(0x1_0000_0000)) }.unwrap();
+    assert_eq!(
+        b.k.with(|st| st.mappings.clone()),
+        vec![(0x1_0000_0000, 0x20_0000, 0x7000_0000_0000)]
+    );
+    // SAFETY: as above.
+    let e = unsafe { c.map_dma(0x7000_0000_0000 as *mut u8, 0x1000, Iova(0x1_0000_0000)) }.unwrap_err();
+    assert!(
+        e.to_string().contains("IOMMU_IOAS_MAP") && e.to_string().contains("overlaps"),
+        "{e}"
+    );
+    b.k.with(|st| st.fail_next_map = Some(libc::ENOMEM));
+    // SAFETY: as above.
+    let e = unsafe { c.map_dma(0x7100_0000_0000 as *mut u8, 0x1000, Iova(0x2_0000_0000)) }.unwrap_err();
+    assert!(e.to_string().contains("ulimit -l"), "{e}");
+    // SAFETY: as above; the MSI window is outside the IOAS's ranges.
+    assert!(unsafe { c.map_dma(0x7100_0000_0000 as *mut u8, 0x1000, Iova(0xfee0_0000)) }.is_err());
+    c.unmap_dma(Iova(0x1_0000_0000), 0x20_0000).unwrap();
+    assert!(b.k.with(|st| st.mappings.is_empty()));
+    assert!(c.unmap_dma(Iova(0x1_0000_0000), 0x20_0000).is_err());
+    // The VFIO device API is the same as through a group.
+    shm.enable_bus_master().unwrap();
+    assert_eq!(nvme.region(0).unwrap().size, 0x4000);
+    // SAFETY: a fake device: its BAR is plain memory and starts no DMA.
+    let bar = unsafe { shm.map_bar(0) }.unwrap();
+    bar.write32(8, 7);
+    assert_eq!(bar.read32(8), 7);
+    let irqs = nvme.enable_msix(2).unwrap();
+    assert_eq!(irqs.len(), 2);
+}
+
+#[test]
+fn iommufd_refuses_a_peer_bar_and_says_what_works() {
+    for mode in [IommuMode::Iommufd, IommuMode::Type1] {
+        let b = bed_iommufd();
+        let c = open(&b, mode).unwrap();
+        let _nvme = c.device(NVME.parse().unwrap()).unwrap();
+        let shm = c.device(SHM.parse().unwrap()).unwrap();
+        // SAFETY: a fake device: its BAR is plain memory and starts no DMA.
+        let bar = unsafe { shm.map_bar(0) }.unwrap();
+        // SAFETY: the fake kernel only records the address; `bar` outlives the mapping.
+        let r = unsafe { c.map_peer_bar(bar.as_ptr(), bar.len() as u64, Iova(0x4000_0000)) };
+        match mode {
+            IommuMode::Iommufd => {
+                let e = r.unwrap_err();
+                assert!(matches!(e, VfioError::PeerBarUnderIommufd { .. }), "{e}");
+                let msg = e.to_string();
+                assert!(
+                    msg.contains("--iommu-backend type1") && msg.contains("PFNMAP"),
+                    "{msg}"
+                );
+                assert!(b.k.with(|st| st.mappings.is_empty()));
+            }
+            _ => {
+                r.unwrap();
+                c.unmap_dma(Iova(0x4000_0000), bar.len() as u64).unwrap();
+            }
+        }
+    }
+}
+
+#[test]
+fn iommufd_opens_a_device_once_and_again_after_release() {
+    let b = bed_iommufd();
+    let c = open(&b, IommuMode::Iommufd).unwrap();
+    let first = c.device(NVME.parse().unwrap()).unwrap();
+    // A second open in this process shares the bound file (a cdev binds only once).
+    let second = c.device(NVME.parse().unwrap()).unwrap();
+    assert_eq!(
+        second.config_read_u16(0).unwrap(),
+        first.config_read_u16(0).unwrap()
+    );
+    assert_eq!(
+        b.k.with(|st| st.bound[NVME].devid),
+        b.k.with(|st| st.bound[NVME].devid)
+    );
+    // Another process (another iommufd) is refused while the file is open.
+    let other = open(&b, IommuMode::Iommufd).unwrap();
+    let e = other.device(NVME.parse().unwrap()).unwrap_err();
+    assert!(matches!(e, VfioError::DeviceBusy { .. }), "{e}");
+    assert!(e.to_string().contains("in use by another process"), "{e}");
+    // Released and dropped everywhere: the kernel unbinds it, and it opens again.
+    first.release().unwrap();
+    assert!(first.config_read_u16(0).is_err());
+    assert!(
+        b.k.with(|st| st.bound[NVME].open()),
+        "the second descriptor still holds it"
+    );
+    drop(second);
+    assert!(!b.k.with(|st| st.bound[NVME].open()));
+    assert!(c.bound_devices().is_empty());
+    let again = other.device(NVME.parse().unwrap()).unwrap();
+    again.enable_bus_master().unwrap();
+}
+
+#[test]
+fn iommufd_errors_say_what_to_do() {
+    // No /dev/iommu.
+    let b = bed(false);
+    let e = open(&b, IommuMode::Iommufd).unwrap_err();
+    assert!(
+        e.to_string().contains("modprobe iommufd") && e.to_string().contains("--iommu-backend type1"),
+        "{e}"
+    );
+    // A device bound to vfio-pci but without a cdev (vfio without CONFIG_VFIO_DEVICE_CDEV).
+    let b = bed_iommufd();
+    let c = open(&b, IommuMode::Iommufd).unwrap();
+    let e = c.device("0000:00:1f.2".parse().unwrap()).unwrap_err();
+    assert!(matches!(e, VfioError::NoCdev { .. }), "{e}");
+    assert!(e.to_string().contains("CONFIG_VFIO_DEVICE_CDEV"), "{e}");
+    // A device on another driver.
+    let e = c.device("0000:00:1f.3".parse().unwrap()).unwrap_err();
+    assert!(e.to_string().contains("vfpoll bind 0000:00:1f.3"), "{e}");
+    // A bind the kernel refuses for another reason names the call.
+    b.k.with(|st| st.fail_next_bind = Some(libc::EPERM));
+    let e = c.device(NVME.parse().unwrap()).unwrap_err();
+    assert!(e.to_string().contains("VFIO_DEVICE_BIND_IOMMUFD"), "{e}");
+    // A device in a no-IOMMU group: iommufd needs an IOMMU.
+    let b = bed(true);
+    fs::write(b.host.dev.join("iommu"), "").unwrap();
+    let c = open(&b, IommuMode::Iommufd).unwrap();
+    let e = c.device(NVME.parse().unwrap()).unwrap_err();
+    assert!(e.to_string().contains("--iommu-backend noiommu"), "{e}");
+}
+
+#[test]
+fn iommufd_reads_many_iova_ranges() {
+    let b = bed_iommufd();
+    let ranges: Vec<(u64, u64)> = (0..11u64)
+        .map(|i| (i << 32, (i << 32) + 0xffff_ffff - 0x10_0000))
+        .collect();
+    b.k.with(|st| {
+        st.iova_ranges = ranges.clone();
+        st.iova_alignment = 1;
+    });
+    let c = open(&b, IommuMode::Iommufd).unwrap();
+    let _d = c.device(NVME.parse().unwrap()).unwrap();
+    let info = c.iommu_info().unwrap();
+    assert_eq!(
+        info.iova_ranges,
+        ranges.iter().map(|&(s, e)| s..=e).collect::<Vec<_>>(),
+        "more ranges than the first try had room for"
+    );
+    assert_eq!(
+        info.min_page_size(),
+        4096,
+        "an alignment of 1 still means whole pages"
+    );
+}
+
+#[test]
+fn auto_picks_iommufd_only_where_the_kernel_offers_it() {
+    let nvme: Bdf = NVME.parse().unwrap();
+    let sata: Bdf = "0000:00:1f.2".parse().unwrap();
+    // No /dev/iommu: type1, and why.
+    let b = bed(false);
+    let c = Backend::Auto.choose(&b.host, &[nvme]);
+    assert_eq!(c.mode, IommuMode::Type1);
+    assert!(c.why.contains("modprobe iommufd"), "{}", c.why);
+    // /dev/iommu and a cdev: iommufd.
+    let b = bed_iommufd();
+    let c = Backend::Auto.choose(&b.host, &[nvme]);
+    assert_eq!(c.mode, IommuMode::Iommufd, "{}", c.why);
+    assert!(c.why.contains("0000:00:03.0 is vfio0"), "{}", c.why);
+    assert_eq!(Backend::Auto.choose(&b.host, &[]).mode, IommuMode::Iommufd);
+    // One device without a cdev: type1 for all, and which device.
+    let c = Backend::Auto.choose(&b.host, &[nvme, sata]);
+    assert_eq!(c.mode, IommuMode::Type1);
+    assert!(
+        c.why.contains("0000:00:1f.2 has no VFIO device cdev"),
+        "{}",
+        c.why
+    );
+    // A no-IOMMU machine: never no-IOMMU by itself.
+    let b = bed(true);
+    fs::write(b.host.dev.join("iommu"), "").unwrap();
+    let c = Backend::Auto.choose(&b.host, &[nvme]);
+    assert_eq!(c.mode, IommuMode::Type1);
+    assert!(c.why.contains("no-IOMMU group 3"), "{}", c.why);
+    // Explicit requests are taken as they are.
+    for (s, m) in [
+        ("iommufd", IommuMode::Iommufd),
+        ("type1", IommuMode::Type1),
+        ("noiommu", IommuMode::NoIommu),
+    ] {
+        let be: Backend = s.parse().unwrap();
+        assert_eq!(be.to_string(), s);
+        assert_eq!(be.choose(&b.host, &[nvme]).mode, m);
+        assert_eq!(Backend::of(m), be);
+        assert_eq!(m.name(), s);
+    }
+    let e = "vfio".parse::<Backend>().unwrap_err();
+    assert!(e.contains("auto, iommufd, type1, noiommu"), "{e}");
+}

@@ -1,4 +1,5 @@
-//! The VFIO user API (`include/uapi/linux/vfio.h`): ioctl numbers, flags and argument layouts.
+//! The VFIO user API (`include/uapi/linux/vfio.h`) and the iommufd one
+//! (`include/uapi/linux/iommufd.h`): ioctl numbers, flags and argument layouts.
 //!
 //! Arguments are encoded to and decoded from byte buffers by hand (native endian, the C layout),
 //! so this module needs no `unsafe`; the layouts are pinned by the size checks below.
@@ -54,6 +55,12 @@ pub mod req {
     pub const IOMMU_MAP_DMA: u64 = io(13);
     /// Container: `struct vfio_iommu_type1_dma_unmap`.
     pub const IOMMU_UNMAP_DMA: u64 = io(14);
+    /// Device cdev: `struct vfio_device_bind_iommufd` (Linux 6.6+).
+    pub const DEVICE_BIND_IOMMUFD: u64 = io(18);
+    /// Device cdev: `struct vfio_device_attach_iommufd_pt` (Linux 6.6+).
+    pub const DEVICE_ATTACH_IOMMUFD_PT: u64 = io(19);
+    /// Device cdev: `struct vfio_device_detach_iommufd_pt` (Linux 6.6+).
+    pub const DEVICE_DETACH_IOMMUFD_PT: u64 = io(20);
 }
 
 /// `VFIO_GROUP_FLAGS_VIABLE`: every device of the group is bound to a VFIO driver or to none.
@@ -136,6 +143,231 @@ pub const DMA_MAP_SIZE: usize = 32;
 /// Size of `struct vfio_iommu_type1_dma_unmap` (without the dirty-bitmap tail).
 pub const DMA_UNMAP_SIZE: usize = 24;
 
+/// `struct vfio_device_bind_iommufd { u32 argsz, flags; s32 iommufd; u32 out_devid; }`.
+pub mod bind_iommufd {
+    /// `argsz`.
+    pub const ARGSZ: usize = 0;
+    /// `flags` (must be 0).
+    pub const FLAGS: usize = 4;
+    /// `iommufd`: the descriptor of `/dev/iommu` to bind to.
+    pub const IOMMUFD: usize = 8;
+    /// `out_devid`: the device's id in that iommufd.
+    pub const OUT_DEVID: usize = 12;
+    /// `sizeof`.
+    pub const SIZE: usize = 16;
+}
+
+/// `struct vfio_device_attach_iommufd_pt { u32 argsz, flags, pt_id; }`.
+pub mod attach_iommufd_pt {
+    /// `argsz`.
+    pub const ARGSZ: usize = 0;
+    /// `flags` (must be 0).
+    pub const FLAGS: usize = 4;
+    /// `pt_id`: in, the IOAS (or HWPT) to attach to; out, the HWPT the kernel attached.
+    pub const PT_ID: usize = 8;
+    /// `sizeof`.
+    pub const SIZE: usize = 12;
+}
+
+/// The iommufd user API (`include/uapi/linux/iommufd.h`, Linux 6.12): `/dev/iommu` ioctls.
+/// Every argument starts with its `u32 size`; the kernel refuses non-zero bytes it does not
+/// know (E2BIG), so buffers are exactly `SIZE` bytes and zeroed.
+pub mod iommufd {
+    const IOMMUFD_TYPE: u64 = b';' as u64;
+
+    /// `_IO(IOMMUFD_TYPE, cmd)`.
+    const fn io(cmd: u64) -> u64 {
+        (IOMMUFD_TYPE << 8) | cmd
+    }
+
+    /// `IOMMU_DESTROY` (`struct iommu_destroy`).
+    pub const DESTROY: u64 = io(0x80);
+    /// `IOMMU_IOAS_ALLOC` (`struct iommu_ioas_alloc`).
+    pub const IOAS_ALLOC: u64 = io(0x81);
+    /// `IOMMU_IOAS_IOVA_RANGES` (`struct iommu_ioas_iova_ranges`).
+    pub const IOAS_IOVA_RANGES: u64 = io(0x84);
+    /// `IOMMU_IOAS_MAP` (`struct iommu_ioas_map`).
+    pub const IOAS_MAP: u64 = io(0x85);
+    /// `IOMMU_IOAS_UNMAP` (`struct iommu_ioas_unmap`).
+    pub const IOAS_UNMAP: u64 = io(0x86);
+
+    /// `struct iommu_ioas_alloc { u32 size, flags, out_ioas_id; }`.
+    pub mod ioas_alloc {
+        /// `size`.
+        pub const SIZE_FIELD: usize = 0;
+        /// `flags` (must be 0).
+        pub const FLAGS: usize = 4;
+        /// `out_ioas_id`.
+        pub const OUT_IOAS_ID: usize = 8;
+        /// `sizeof`.
+        pub const SIZE: usize = 12;
+    }
+
+    /// `struct iommu_ioas_iova_ranges { u32 size, ioas_id, num_iovas, __reserved;
+    /// u64 allowed_iovas, out_iova_alignment; }`; `allowed_iovas` points at an array of
+    /// `struct iommu_iova_range { u64 start, last; }` (inclusive).
+    pub mod iova_ranges {
+        /// `size`.
+        pub const SIZE_FIELD: usize = 0;
+        /// `ioas_id`.
+        pub const IOAS_ID: usize = 4;
+        /// `num_iovas`: in, the array's capacity; out, how many ranges there are (the ioctl
+        /// fails with EMSGSIZE when that is more than the capacity).
+        pub const NUM_IOVAS: usize = 8;
+        /// `allowed_iovas`: the array's address.
+        pub const ALLOWED_IOVAS: usize = 16;
+        /// `out_iova_alignment`: the IOVA (and length) alignment IOAS_MAP needs.
+        pub const OUT_IOVA_ALIGNMENT: usize = 24;
+        /// `sizeof`.
+        pub const SIZE: usize = 32;
+        /// `sizeof(struct iommu_iova_range)`.
+        pub const RANGE_SIZE: usize = 16;
+    }
+
+    /// `IOMMU_IOAS_MAP_FIXED_IOVA`: map at the IOVA given (vfpoll's allocator picks it).
+    pub const MAP_FIXED_IOVA: u32 = 1 << 0;
+    /// `IOMMU_IOAS_MAP_WRITEABLE`: the device may write.
+    pub const MAP_WRITEABLE: u32 = 1 << 1;
+    /// `IOMMU_IOAS_MAP_READABLE`: the device may read.
+    pub const MAP_READABLE: u32 = 1 << 2;
+
+    /// `struct iommu_ioas_map { u32 size, flags, ioas_id, __reserved; u64 user_va, length,
+    /// iova; }`.
+    pub mod ioas_map {
+        /// `size`.
+        pub const SIZE_FIELD: usize = 0;
+        /// `flags`.
+        pub const FLAGS: usize = 4;
+        /// `ioas_id`.
+        pub const IOAS_ID: usize = 8;
+        /// `user_va`.
+        pub const USER_VA: usize = 16;
+        /// `length`.
+        pub const LENGTH: usize = 24;
+        /// `iova`.
+        pub const IOVA: usize = 32;
+        /// `sizeof`.
+        pub const SIZE: usize = 40;
+    }
+
+    /// `struct iommu_ioas_unmap { u32 size, ioas_id; u64 iova, length; }`.
+    pub mod ioas_unmap {
+        /// `size`.
+        pub const SIZE_FIELD: usize = 0;
+        /// `ioas_id`.
+        pub const IOAS_ID: usize = 4;
+        /// `iova`.
+        pub const IOVA: usize = 8;
+        /// `length`: in, bytes to unmap; out, bytes unmapped.
+        pub const LENGTH: usize = 16;
+        /// `sizeof`.
+        pub const SIZE: usize = 24;
+    }
+
+    /// `struct iommu_destroy { u32 size, id; }`.
+    pub mod destroy {
+        /// `size`.
+        pub const SIZE_FIELD: usize = 0;
+        /// `id`.
+        pub const ID: usize = 4;
+        /// `sizeof`.
+        pub const SIZE: usize = 8;
+    }
+}
+
+/// The C layouts, for the compile-time checks of the offsets above (never used at run time).
+#[allow(dead_code)]
+mod layout {
+    use std::mem::{offset_of, size_of};
+
+    #[repr(C)]
+    struct VfioDeviceBindIommufd {
+        argsz: u32,
+        flags: u32,
+        iommufd: i32,
+        out_devid: u32,
+    }
+    #[repr(C)]
+    struct VfioDeviceAttachIommufdPt {
+        argsz: u32,
+        flags: u32,
+        pt_id: u32,
+    }
+    #[repr(C)]
+    struct IommuIoasAlloc {
+        size: u32,
+        flags: u32,
+        out_ioas_id: u32,
+    }
+    #[repr(C)]
+    struct IommuIoasIovaRanges {
+        size: u32,
+        ioas_id: u32,
+        num_iovas: u32,
+        reserved: u32,
+        allowed_iovas: u64,
+        out_iova_alignment: u64,
+    }
+    #[repr(C)]
+    struct IommuIovaRange {
+        start: u64,
+        last: u64,
+    }
+    #[repr(C)]
+    struct IommuIoasMap {
+        size: u32,
+        flags: u32,
+        ioas_id: u32,
+        reserved: u32,
+        user_va: u64,
+        length: u64,
+        iova: u64,
+    }
+    #[repr(C)]
+    struct IommuIoasUnmap {
+        size: u32,
+        ioas_id: u32,
+        iova: u64,
+        length: u64,
+    }
+    #[repr(C)]
+    struct IommuDestroy {
+        size: u32,
+        id: u32,
+    }
+
+    use super::iommufd::{destroy, ioas_alloc, ioas_map, ioas_unmap, iova_ranges};
+    use super::{attach_iommufd_pt, bind_iommufd};
+    const _: () = {
+        assert!(size_of::<VfioDeviceBindIommufd>() == bind_iommufd::SIZE);
+        assert!(offset_of!(VfioDeviceBindIommufd, flags) == bind_iommufd::FLAGS);
+        assert!(offset_of!(VfioDeviceBindIommufd, iommufd) == bind_iommufd::IOMMUFD);
+        assert!(offset_of!(VfioDeviceBindIommufd, out_devid) == bind_iommufd::OUT_DEVID);
+        assert!(size_of::<VfioDeviceAttachIommufdPt>() == attach_iommufd_pt::SIZE);
+        assert!(offset_of!(VfioDeviceAttachIommufdPt, pt_id) == attach_iommufd_pt::PT_ID);
+        assert!(size_of::<IommuIoasAlloc>() == ioas_alloc::SIZE);
+        assert!(offset_of!(IommuIoasAlloc, out_ioas_id) == ioas_alloc::OUT_IOAS_ID);
+        assert!(size_of::<IommuIoasIovaRanges>() == iova_ranges::SIZE);
+        assert!(offset_of!(IommuIoasIovaRanges, ioas_id) == iova_ranges::IOAS_ID);
+        assert!(offset_of!(IommuIoasIovaRanges, num_iovas) == iova_ranges::NUM_IOVAS);
+        assert!(offset_of!(IommuIoasIovaRanges, allowed_iovas) == iova_ranges::ALLOWED_IOVAS);
+        assert!(offset_of!(IommuIoasIovaRanges, out_iova_alignment) == iova_ranges::OUT_IOVA_ALIGNMENT);
+        assert!(size_of::<IommuIovaRange>() == iova_ranges::RANGE_SIZE);
+        assert!(size_of::<IommuIoasMap>() == ioas_map::SIZE);
+        assert!(offset_of!(IommuIoasMap, flags) == ioas_map::FLAGS);
+        assert!(offset_of!(IommuIoasMap, ioas_id) == ioas_map::IOAS_ID);
+        assert!(offset_of!(IommuIoasMap, user_va) == ioas_map::USER_VA);
+        assert!(offset_of!(IommuIoasMap, length) == ioas_map::LENGTH);
+        assert!(offset_of!(IommuIoasMap, iova) == ioas_map::IOVA);
+        assert!(size_of::<IommuIoasUnmap>() == ioas_unmap::SIZE);
+        assert!(offset_of!(IommuIoasUnmap, ioas_id) == ioas_unmap::IOAS_ID);
+        assert!(offset_of!(IommuIoasUnmap, iova) == ioas_unmap::IOVA);
+        assert!(offset_of!(IommuIoasUnmap, length) == ioas_unmap::LENGTH);
+        assert!(size_of::<IommuDestroy>() == destroy::SIZE);
+        assert!(offset_of!(IommuDestroy, id) == destroy::ID);
+    };
+}
+
 /// Reads a native-endian `u32` at `off`.
 pub fn get_u32(b: &[u8], off: usize) -> u32 {
     u32::from_ne_bytes(b[off..off + 4].try_into().expect("4 bytes"))
@@ -215,6 +447,15 @@ mod tests {
         assert_eq!(req::DEVICE_RESET, 0x3b6f);
         assert_eq!(req::IOMMU_MAP_DMA, 0x3b71);
         assert_eq!(req::IOMMU_UNMAP_DMA, 0x3b72);
+        // <linux/vfio.h> and <linux/iommufd.h> of Linux 6.12.
+        assert_eq!(req::DEVICE_BIND_IOMMUFD, 0x3b76);
+        assert_eq!(req::DEVICE_ATTACH_IOMMUFD_PT, 0x3b77);
+        assert_eq!(req::DEVICE_DETACH_IOMMUFD_PT, 0x3b78);
+        assert_eq!(iommufd::DESTROY, 0x3b80);
+        assert_eq!(iommufd::IOAS_ALLOC, 0x3b81);
+        assert_eq!(iommufd::IOAS_IOVA_RANGES, 0x3b84);
+        assert_eq!(iommufd::IOAS_MAP, 0x3b85);
+        assert_eq!(iommufd::IOAS_UNMAP, 0x3b86);
     }
 
     #[test]
