@@ -161,6 +161,66 @@ pub enum DmaError {
         sysfs_dir: PathBuf,
     },
 
+    /// The NUMA node asked for has no memory here (or does not exist).
+    #[error(
+        "NUMA node {node} has no memory on this machine (nodes with memory: {nodes}): ask for one of those, \
+         or for no node (the kernel's choice)"
+    )]
+    NumaNodeAbsent {
+        /// The node asked for.
+        node: u32,
+        /// The nodes with memory, as a list (`0,1`).
+        nodes: String,
+    },
+
+    /// The NUMA node asked for has too few free hugepages of the size.
+    #[error(
+        "NUMA node {node} has {free} free {page_size} hugepages of {total}, {needed} needed (free pages of other \
+         nodes do not count: the memory is bound to node {node}): reserve more on that node with \
+         `echo {target_pages} > {nr_path}`{boot_hint}, or ask for another node",
+        nr_path = sysfs_dir.join("nr_hugepages").display(),
+        boot_hint = if *page_size == PageSize::Huge1G {
+            " (1 GiB pages can seldom be had after boot: `hugepagesz=1G hugepages=<node>:<count>,...` on the \
+             kernel command line reserves them per node)"
+        } else {
+            ""
+        }
+    )]
+    NumaHugepagesShort {
+        /// The node.
+        node: u32,
+        /// The page size.
+        page_size: PageSize,
+        /// Pages this allocation needs.
+        needed: u64,
+        /// Free pages on the node (some may be promised to mappings of other processes: the
+        /// kernel keeps that count only globally).
+        free: u64,
+        /// Pages reserved on the node in all.
+        total: u64,
+        /// The node's `nr_hugepages` value that would leave enough free pages.
+        target_pages: u64,
+        /// `/sys/devices/system/node/node<N>/hugepages/hugepages-<kB>kB`.
+        sysfs_dir: PathBuf,
+    },
+
+    /// Memory bound to a NUMA node has pages elsewhere (refused, not used).
+    #[error(
+        "DMA memory bound to NUMA node {node} ({pages} pages of {page_size}) is not all there: {found}; \
+         the region was freed instead of used. A cpuset or memory policy that excludes node {node} does this \
+         (check /proc/self/status Mems_allowed)"
+    )]
+    NumaMisplaced {
+        /// The node asked for.
+        node: u32,
+        /// The page size.
+        page_size: PageSize,
+        /// Pages in the region.
+        pages: usize,
+        /// Which pages are where (runs).
+        found: String,
+    },
+
     /// The kernel offers no hugepages of this size at all.
     #[error(
         "this kernel offers no {page_size} hugepages ({sysfs_dir} is missing): use 2 MiB pages, or for 1 GiB pages \
@@ -177,7 +237,8 @@ pub enum DmaError {
     /// `mlock` failed because of RLIMIT_MEMLOCK.
     #[error(
         "cannot lock {needed:#x} bytes of DMA memory: RLIMIT_MEMLOCK is {limit_text} ({source}); run `ulimit -l unlimited` \
-         before starting, run as root (CAP_IPC_LOCK), or raise `memlock` in /etc/security/limits.conf",
+         before starting (up to the hard limit), run as root (CAP_IPC_LOCK), or raise `memlock` in /etc/security/limits.conf; \
+         `sudo vfpoll setup --user $USER --pid $$` raises a running shell's limit to the hugepage reservation",
         limit_text = match limit { Some(l) => format!("{l} bytes"), None => "unlimited".to_owned() }
     )]
     MemlockLimit {
@@ -268,7 +329,8 @@ pub enum DmaError {
     /// The IOMMU refused a mapping.
     #[error(
         "IOMMU map of {len:#x} bytes at IOVA {iova} failed ({source}); check RLIMIT_MEMLOCK (VFIO counts mapped \
-         pages against it: `ulimit -l unlimited`, or run as root) and the container's IOVA ranges"
+         pages against it: `ulimit -l unlimited`, `sudo vfpoll setup --user $USER --pid $$`, or run as root) and the \
+         container's IOVA ranges"
     )]
     Map {
         /// IOVA asked for.

@@ -14,6 +14,13 @@
 //! (compaction), so their physical addresses are not stable: with an IOMMU VFIO pins them
 //! itself; without one, use hugepages.
 //!
+//! Memory asked for on a NUMA node ([`NumaPlacement::Node`], see [`crate::numa`]) is mapped
+//! without `MAP_POPULATE`, bound to the node, populated (`MADV_POPULATE_WRITE`) and then checked
+//! page by page; any other memory is populated by `mmap` itself. 1 GiB pages work as 2 MiB ones
+//! do, but the kernel can only reserve them reliably at boot (`hugepagesz=1G hugepages=N` on
+//! its command line, spread over the nodes round robin; per node in
+//! `/sys/devices/system/node/node<N>/hugepages/hugepages-1048576kB/nr_hugepages`).
+//!
 //! This module holds the `mmap`/`mlock`/`madvise` calls of the crate.
 
 use std::ffi::CString;
@@ -28,6 +35,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::DmaError;
+use crate::numa::{self, NumaPlacement};
 
 /// The page size backing a DMA allocation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -110,7 +118,12 @@ impl HugepageCounters {
     /// Reads the counters under `sys` (normally `/sys`); `Ok(None)` if the kernel offers no
     /// pages of this size.
     pub fn read(sys: &Path, size: PageSize) -> io::Result<Option<Self>> {
-        let dir = size.sysfs_dir(sys);
+        Self::read_dir(&size.sysfs_dir(sys))
+    }
+
+    /// Reads the counters in `dir` (a `hugepages-<kB>kB` directory, global or of one NUMA node);
+    /// `Ok(None)` if it does not exist.
+    pub fn read_dir(dir: &Path) -> io::Result<Option<Self>> {
         if !dir.is_dir() {
             return Ok(None);
         }
@@ -213,6 +226,8 @@ pub struct HugeMem {
     ptr: NonNull<u8>,
     len: usize,
     page_size: PageSize,
+    /// The node every page was checked to be on ([`NumaPlacement::Node`]); `None`: not asked.
+    node: Option<u32>,
 }
 
 // SAFETY: HugeMem owns its mapping outright (no thread affinity, no shared bookkeeping); it
@@ -226,9 +241,25 @@ impl HugeMem {
     /// Anonymous memory of at least `len` bytes (rounded up to whole pages) of `page_size`
     /// pages. `sys` is the sysfs root (`/sys`), read only to explain a hugepage shortage.
     pub fn alloc(len: u64, page_size: PageSize, sys: &Path) -> Result<Self, DmaError> {
+        Self::alloc_placed(len, page_size, NumaPlacement::Any, sys)
+    }
+
+    /// [`HugeMem::alloc`] on the NUMA node `placement` names: bound there before the first
+    /// touch and checked page by page afterwards; a node without enough free pages of
+    /// `page_size`, or pages that landed elsewhere all the same, are errors.
+    pub fn alloc_placed(
+        len: u64,
+        page_size: PageSize,
+        placement: NumaPlacement,
+        sys: &Path,
+    ) -> Result<Self, DmaError> {
         let rounded = page_size.round_up(len).ok_or(DmaError::BadLength { len })?;
         let ulen = usize::try_from(rounded).map_err(|_| DmaError::BadLength { len })?;
-        let flags = libc::MAP_SHARED | libc::MAP_ANONYMOUS | libc::MAP_POPULATE | page_size.mmap_flags();
+        if let NumaPlacement::Node(node) = placement {
+            numa::check_node(sys, node, page_size, rounded)?;
+        }
+        let flags =
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS | populate_flag(placement) | page_size.mmap_flags();
         // SAFETY: a fresh anonymous mapping at an address of the kernel's choosing; it
         // cannot overlap anything we own.
         let p = unsafe {
@@ -251,15 +282,30 @@ impl HugeMem {
                 }),
             );
         }
-        Self::finish(p, ulen, page_size)
+        Self::finish(p, ulen, page_size, placement, sys)
     }
 
     /// Memory of at least `len` bytes from the hugetlbfs mount `mount`, whose page size must be
     /// `page_size`. The backing file is unlinked at once, so nothing is left behind.
     pub fn alloc_in(len: u64, page_size: PageSize, mount: &Path, sys: &Path) -> Result<Self, DmaError> {
+        Self::alloc_in_placed(len, page_size, NumaPlacement::Any, mount, sys)
+    }
+
+    /// [`HugeMem::alloc_in`] on the NUMA node `placement` names (see
+    /// [`HugeMem::alloc_placed`]).
+    pub fn alloc_in_placed(
+        len: u64,
+        page_size: PageSize,
+        placement: NumaPlacement,
+        mount: &Path,
+        sys: &Path,
+    ) -> Result<Self, DmaError> {
         let rounded = page_size.round_up(len).ok_or(DmaError::BadLength { len })?;
         let ulen = usize::try_from(rounded).map_err(|_| DmaError::BadLength { len })?;
         check_hugetlbfs(mount, page_size)?;
+        if let NumaPlacement::Node(node) = placement {
+            numa::check_node(sys, node, page_size, rounded)?;
+        }
         static SEQ: AtomicU64 = AtomicU64::new(0);
         let name = format!(
             ".vfpoll-dma-{}-{}",
@@ -281,7 +327,7 @@ impl HugeMem {
             .map_err(file_err)?;
         fs::remove_file(&path).map_err(file_err)?;
         file.set_len(rounded).map_err(file_err)?;
-        let flags = libc::MAP_SHARED | libc::MAP_POPULATE;
+        let flags = libc::MAP_SHARED | populate_flag(placement);
         // SAFETY: a new shared mapping of our own, just-created file at a kernel-chosen address.
         let p = unsafe {
             libc::mmap(
@@ -299,18 +345,38 @@ impl HugeMem {
         }
         // The mapping keeps the file alive; the descriptor is no longer needed.
         drop(file);
-        Self::finish(p, ulen, page_size)
+        Self::finish(p, ulen, page_size, placement, sys)
     }
 
-    /// Locks and `MADV_DONTFORK`s a fresh mapping, unmapping it again on failure.
-    fn finish(p: *mut libc::c_void, len: usize, page_size: PageSize) -> Result<Self, DmaError> {
+    /// Binds a fresh mapping to its node and populates it (when a node was asked for), locks
+    /// and `MADV_DONTFORK`s it, and checks where its pages are; unmaps it again on failure.
+    fn finish(
+        p: *mut libc::c_void,
+        len: usize,
+        page_size: PageSize,
+        placement: NumaPlacement,
+        sys: &Path,
+    ) -> Result<Self, DmaError> {
         let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(|| DmaError::Mmap {
             len: len as u64,
             page_size,
             source: io::Error::other("mmap returned address 0"),
         })?;
         // From here on, Drop unmaps.
-        let mem = HugeMem { ptr, len, page_size };
+        let mut mem = HugeMem {
+            ptr,
+            len,
+            page_size,
+            node: None,
+        };
+        if let NumaPlacement::Node(node) = placement {
+            // SAFETY: the range is our own mapping, created just above and not touched yet.
+            unsafe { numa::bind(ptr.as_ptr(), len, node) }.map_err(|source| DmaError::MemCall {
+                call: "mbind(MPOL_BIND)",
+                source,
+            })?;
+            populate(p, len, page_size, node, sys)?;
+        }
         // SAFETY: the range is our own mapping, created just above.
         if unsafe { libc::mlock(p, len) } != 0 {
             let source = io::Error::last_os_error();
@@ -333,7 +399,14 @@ impl HugeMem {
                 source: io::Error::last_os_error(),
             });
         }
-        log::debug!("DMA memory: {len:#x} bytes of {page_size} pages at {p:p}");
+        if let NumaPlacement::Node(node) = placement {
+            numa::verify(ptr.as_ptr(), len, page_size, node)?;
+            mem.node = Some(node);
+        }
+        log::debug!(
+            "DMA memory: {len:#x} bytes of {page_size} pages at {p:p}{}",
+            mem.node.map_or(String::new(), |n| format!(" on NUMA node {n}"))
+        );
         Ok(mem)
     }
 
@@ -355,6 +428,44 @@ impl HugeMem {
     pub fn page_size(&self) -> PageSize {
         self.page_size
     }
+
+    /// The NUMA node all pages were checked to be on, when one was asked for
+    /// ([`HugeMem::alloc_placed`]); `None` otherwise (see [`numa::page_nodes`] to look).
+    pub fn numa_node(&self) -> Option<u32> {
+        self.node
+    }
+}
+
+/// `MAP_POPULATE` unless the mapping must be bound to a node first (then [`populate`] faults
+/// it in after `mbind`).
+fn populate_flag(placement: NumaPlacement) -> libc::c_int {
+    match placement {
+        NumaPlacement::Any => libc::MAP_POPULATE,
+        NumaPlacement::Node(_) => 0,
+    }
+}
+
+/// Faults in a mapping bound to `node` (`MADV_POPULATE_WRITE`, Linux 5.14): a node that runs
+/// out of hugepages fails here with an error that names it, where a plain first touch would
+/// kill the process with SIGBUS. On older kernels (EINVAL) `mlock` populates it instead.
+fn populate(p: *mut libc::c_void, len: usize, size: PageSize, node: u32, sys: &Path) -> Result<(), DmaError> {
+    // SAFETY: the range is the caller's own fresh mapping; populating writes nothing into it
+    // (it faults in zeroed pages) and forms no reference.
+    if unsafe { libc::madvise(p, len, libc::MADV_POPULATE_WRITE) } == 0 {
+        return Ok(());
+    }
+    let source = io::Error::last_os_error();
+    if source.raw_os_error() == Some(libc::EINVAL) {
+        return Ok(());
+    }
+    // The node ran short after the check (another process took pages): say so with today's counters.
+    Err(numa::check_node(sys, node, size, len as u64)
+        .err()
+        .or_else(|| diagnose_shortage(sys, size, len as u64))
+        .unwrap_or(DmaError::MemCall {
+            call: "madvise(MADV_POPULATE_WRITE) on a NUMA-bound mapping",
+            source,
+        }))
 }
 
 impl Drop for HugeMem {

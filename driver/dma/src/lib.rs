@@ -50,6 +50,7 @@ pub mod hugepage;
 pub mod iova;
 pub mod mapper;
 mod mapping;
+pub mod numa;
 pub mod pagemap;
 pub mod piece;
 pub mod pool;
@@ -67,6 +68,7 @@ pub use error::DmaError;
 pub use hugepage::{HugeMem, PageSize};
 pub use iova::IovaAllocator;
 pub use mapper::{DmaMapper, FakeMapper, MapCall, MapKind};
+pub use numa::NumaPlacement;
 pub use piece::{DeviceBuf, RegionBuf, RegionHold};
 pub use pool::{DmaBuf, DmaPool, PoolLayout};
 pub use rawmem::VolatileWord;
@@ -161,7 +163,19 @@ impl DmaContext {
 
     /// A region of at least `len` bytes of anonymous `page_size` memory, mapped for DMA.
     pub fn alloc_region(&self, len: usize, page_size: PageSize) -> Result<DmaRegion, DmaError> {
-        let mem = HugeMem::alloc(len as u64, page_size, &self.shared.sys)?;
+        self.alloc_region_placed(len, page_size, NumaPlacement::Any)
+    }
+
+    /// [`DmaContext::alloc_region`] on a NUMA node: bound there before its first touch, every
+    /// page checked to be there (see [`numa`]). For the device's node, pass
+    /// [`NumaPlacement::device_node`] of its sysfs `numa_node`.
+    pub fn alloc_region_placed(
+        &self,
+        len: usize,
+        page_size: PageSize,
+        placement: NumaPlacement,
+    ) -> Result<DmaRegion, DmaError> {
+        let mem = HugeMem::alloc_placed(len as u64, page_size, placement, &self.shared.sys)?;
         DmaRegion::new(&self.shared, mem)
     }
 
@@ -181,11 +195,22 @@ impl DmaContext {
     /// an IOMMU a buffer must fit in one page (physical pages are contiguous only within
     /// themselves); behind one it may span pages ([`PoolLayout::spanning`]).
     pub fn pool(&self, buf_size: usize, count: usize, page_size: PageSize) -> Result<DmaPool, DmaError> {
+        self.pool_placed(buf_size, count, page_size, NumaPlacement::Any)
+    }
+
+    /// [`DmaContext::pool`] on a NUMA node (see [`DmaContext::alloc_region_placed`]).
+    pub fn pool_placed(
+        &self,
+        buf_size: usize,
+        count: usize,
+        page_size: PageSize,
+        placement: NumaPlacement,
+    ) -> Result<DmaPool, DmaError> {
         let layout = match self.kind() {
             MapKind::Iommu => PoolLayout::spanning(buf_size, count, page_size)?,
             MapKind::NoIommu => PoolLayout::new(buf_size, count, page_size)?,
         };
-        let region = self.alloc_region(layout.region_len, page_size)?;
+        let region = self.alloc_region_placed(layout.region_len, page_size, placement)?;
         Ok(DmaPool::new(region, layout))
     }
 

@@ -118,6 +118,12 @@ impl DmaRegion {
         self.backing.page_size()
     }
 
+    /// The NUMA node every page was checked to be on, for a region asked for on one
+    /// ([`crate::DmaContext::alloc_region_placed`]).
+    pub fn numa_node(&self) -> Option<u32> {
+        self.backing.numa_node()
+    }
+
     /// Whether the device reaches the region through an IOMMU.
     pub fn map_kind(&self) -> MapKind {
         self.bus.kind()
