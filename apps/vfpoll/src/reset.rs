@@ -7,6 +7,7 @@ use vfpoll_pci::bind::{recorded, unbind_to_kernel_with};
 use vfpoll_pci::Bdf;
 
 use crate::ctx::Ctx;
+use crate::setup::user::{undo, Scope};
 
 /// Options of `vfpoll reset`.
 #[derive(Debug, clap::Args)]
@@ -34,16 +35,34 @@ pub fn run(ctx: &Ctx, args: Args) -> anyhow::Result<ExitCode> {
     }
     targets.sort();
     targets.dedup();
+    // What `setup --user` gave a user: all of it with `all` (or no argument), else the nodes of
+    // the devices named.
+    let scope = if args.devices.is_empty() || args.devices.iter().any(|d| d == "all") {
+        Scope::All
+    } else {
+        Scope::Devices(&targets)
+    };
+    let mut failed = 0;
+    match undo(&ctx.host, &ctx.state_dir, scope) {
+        Ok(lines) => lines.iter().for_each(|l| println!("{l}")),
+        Err(e) => {
+            eprintln!("vfpoll: error: giving back what setup --user gave: {e:#}");
+            failed += 1;
+        }
+    }
     if targets.is_empty() {
         println!(
             "nothing to give back: vfpoll has bound no device (records in {}); name a device to give back one bound by something else",
             ctx.state_dir.join("bound").display()
         );
-        return Ok(ExitCode::SUCCESS);
+        return Ok(if failed == 0 {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        });
     }
     let opts = ctx.bind_options(false);
     let mut kernel = ctx.kernel();
-    let mut failed = 0;
     for bdf in targets {
         match unbind_to_kernel_with(&ctx.host, kernel.as_mut(), bdf, &opts) {
             Ok(out) => println!("reset {out}"),

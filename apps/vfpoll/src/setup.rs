@@ -1,4 +1,5 @@
-//! `vfpoll setup`: hugepages, hugetlbfs, vfio-pci and the bindings, one printed line per action.
+//! `vfpoll setup`: hugepages, hugetlbfs, vfio-pci and the bindings, one printed line per action;
+//! with `--user`, what an unprivileged user needs for a run ([`user`]).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -9,6 +10,9 @@ use vfpoll_pci::sysfs::{self, PciDevice};
 use vfpoll_pci::Bdf;
 
 use crate::ctx::{Ctx, Selector};
+
+#[path = "setup_user.rs"]
+pub mod user;
 
 /// `vfpoll setup` options.
 #[derive(Debug, clap::Args)]
@@ -38,6 +42,22 @@ pub struct Args {
     /// Print what would be done; change nothing.
     #[arg(long)]
     pub dry_run: bool,
+    /// Give this user (login name or numeric user ID) what a run without root needs: the VFIO
+    /// nodes of the bound devices (/dev/vfio/<group>, and /dev/vfio/devices/vfioN and /dev/iommu
+    /// where the kernel has them) and the hugetlbfs mount, chowned to it (recorded under
+    /// /run/vfpoll; `vfpoll reset` gives them back); prints the memlock limit its runs need
+    /// (the --hugepages reservation) and how to set it.
+    #[arg(long, value_name = "NAME|UID")]
+    pub user: Option<String>,
+    /// With --user: raise the memlock limit of this running process of the user to the
+    /// --hugepages reservation (prlimit(2); never lowers it). Repeatable.
+    #[arg(long, value_name = "PID", requires = "user")]
+    pub pid: Vec<u32>,
+    /// The runs will use VFIO's no-IOMMU mode (the device commands' --noiommu). Nothing else
+    /// changes, but --user is refused: no-IOMMU mode needs root (CAP_SYS_RAWIO for
+    /// /dev/vfio/noiommu-N, CAP_SYS_ADMIN for physical addresses from /proc/self/pagemap).
+    #[arg(long)]
+    pub noiommu: bool,
 }
 
 /// One device to bind, and whether the user named it (else a kind selected it).
@@ -88,6 +108,15 @@ fn targets(ctx: &Ctx, sel: &[Selector]) -> anyhow::Result<Vec<Target>> {
 /// Runs the setup; exit 1 when any step failed (the others still run).
 pub fn run(ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
     let would = if a.dry_run { "would " } else { "" };
+    // Checked before anything changes.
+    let who = match &a.user {
+        Some(_) if a.noiommu => anyhow::bail!(
+            "--user cannot be given with --noiommu: {}",
+            user::NOIOMMU_NEEDS_ROOT
+        ),
+        Some(spec) => Some(user::resolve(&ctx.host, spec)?),
+        None => None,
+    };
     let mut failed = 0usize;
     let mut fail = |msg: String| {
         eprintln!("vfpoll: error: {msg}");
@@ -150,6 +179,8 @@ pub fn run(ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
     // 3. Bindings.
     let mut kernel = ctx.kernel();
     let mut module_checked = false;
+    // The devices on vfio-pci (or, in a dry run, that would be) at the end.
+    let mut on_vfio: Vec<Bdf> = Vec::new();
     for t in targets(ctx, &a.bind)? {
         let force = a.force && t.named;
         let plan: Plan = match bind::preflight(&ctx.host, t.bdf, force) {
@@ -182,11 +213,13 @@ pub fn run(ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
         let what = format!("{} ({})", t.bdf, id(&plan.device));
         if plan.already_bound {
             println!("bind {what}: already on vfio-pci; unchanged");
+            on_vfio.push(t.bdf);
             continue;
         }
         let from = plan.device.driver.as_deref().unwrap_or("no driver");
         if a.dry_run {
             println!("bind {what}: would move from {from} to vfio-pci");
+            on_vfio.push(t.bdf);
             continue;
         }
         match bind::bind_vfio_with(&ctx.host, kernel.as_mut(), t.bdf, &ctx.bind_options(force)) {
@@ -196,14 +229,95 @@ pub fn run(ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
                     .map(|p| format!(", {}", p.display()))
                     .unwrap_or_default();
                 println!("bind {what}: {from} -> vfio-pci{node}");
+                on_vfio.push(t.bdf);
             }
             Err(e) => fail(e.to_string()),
         }
+    }
+
+    // 4. The user.
+    if let Some(u) = &who {
+        give_user(ctx, &a, u, &on_vfio, pages * a.page_size.bytes(), &mut fail);
     }
     if failed > 0 {
         anyhow::bail!("{failed} setup step(s) failed (see above); the others were done");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Gives `u` the nodes of `devices`, `/dev/iommu` and the hugetlbfs mount; prints the memlock
+/// limit its runs need (`need` bytes) and raises it for `--pid`.
+fn give_user(ctx: &Ctx, a: &Args, u: &user::User, devices: &[Bdf], need: u64, fail: &mut dyn FnMut(String)) {
+    let would = if a.dry_run { "would give" } else { "gave" };
+    let give = |bdf: Option<Bdf>, path: &std::path::Path, fail: &mut dyn FnMut(String)| {
+        let what = match bdf {
+            Some(b) => format!("{} ({b})", path.display()),
+            None => path.display().to_string(),
+        };
+        match user::give(&ctx.host, &ctx.state_dir, u, bdf, path, a.dry_run) {
+            Ok(user::Change::Unchanged) => println!("user {u}: {what}: owned by it already; unchanged"),
+            Ok(user::Change::Given { was }) => println!(
+                "user {u}: {what}: {would} it (was owner {} (uid {}), mode {:o})",
+                user::name_of(&ctx.host, was.uid),
+                was.uid,
+                was.mode
+            ),
+            Err(e) => fail(format!("{e:#}")),
+        }
+    };
+    for &bdf in devices {
+        match user::device_nodes(&ctx.host, bdf) {
+            Err(_) if a.dry_run => println!("user {u}: would give it the VFIO nodes of {bdf} once bound"),
+            Ok(nodes) if nodes.iter().any(|n| user::is_noiommu_node(n)) => fail(format!(
+                "{bdf} is in a no-IOMMU group ({}): cannot give it to {u}: {}",
+                nodes[0].display(),
+                user::NOIOMMU_NEEDS_ROOT
+            )),
+            Ok(nodes) => nodes.iter().for_each(|n| give(Some(bdf), n, fail)),
+            Err(e) => fail(format!("cannot give {bdf} to {u}: {e:#}")),
+        }
+    }
+    let iommu = ctx.host.dev.join("iommu");
+    if iommu.exists() {
+        give(None, &iommu, fail);
+    }
+    let container = ctx.host.dev.join("vfio/vfio");
+    if container.exists() {
+        match user::open_to_all(&ctx.host, &ctx.state_dir, &container, a.dry_run) {
+            Ok(user::Change::Unchanged) => {
+                println!(
+                    "user {u}: {}: read-write for everyone already; unchanged",
+                    container.display()
+                )
+            }
+            Ok(user::Change::Given { was }) => println!(
+                "user {u}: {}: {} it read-write for everyone, as the kernel does (was mode {:o})",
+                container.display(),
+                if a.dry_run { "would make" } else { "made" },
+                was.mode
+            ),
+            Err(e) => fail(format!("{e:#}")),
+        }
+    }
+    let mount = user::on_host(&ctx.host, &a.mount);
+    let mounted = hp::hugetlbfs_mounts(&ctx.host)
+        .unwrap_or_default()
+        .iter()
+        .any(|m| m.path == a.mount);
+    if mounted {
+        give(None, &mount, fail);
+    } else if a.dry_run {
+        println!("user {u}: would give it the hugetlbfs on {}", a.mount.display());
+    }
+    for line in user::memlock_advice(u, need) {
+        println!("{line}");
+    }
+    for &pid in &a.pid {
+        match user::raise_memlock(&ctx.host, u, pid, need, a.dry_run) {
+            Ok(line) => println!("{line}"),
+            Err(e) => fail(format!("{e:#}")),
+        }
+    }
 }
 
 fn pool_name(r: &Reserved) -> String {

@@ -20,7 +20,7 @@ pub enum VfioError {
     },
     /// A VFIO node exists but cannot be opened for lack of permission.
     #[error(
-        "cannot open {path}: permission denied; run as root, or give your user access (`chown $USER {path}`)"
+        "cannot open {path}: permission denied; give your user the device (`sudo vfpoll setup --user $USER`), or run as root; a no-IOMMU node (/dev/vfio/noiommu-N) opens only for root (CAP_SYS_RAWIO), whoever owns it"
     )]
     Permission {
         /// The node.

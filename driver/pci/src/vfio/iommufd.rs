@@ -244,7 +244,7 @@ impl Container {
             .ioctl(raw(&self.fd), fd_api::IOAS_MAP, IoctlArg::Buf(&mut b))
             .map_err(|source| {
                 let hint = match source.raw_os_error() {
-                    Some(libc::ENOMEM) => " (the memlock limit is too low: iommufd charges pinned pages to RLIMIT_MEMLOCK; `ulimit -l unlimited`, or run as root)",
+                    Some(libc::ENOMEM) => " (the memlock limit is too low: iommufd charges pinned pages to RLIMIT_MEMLOCK, summed over the user's processes: `ulimit -l unlimited` up to the hard limit, `vfpoll setup --user $USER` prints the limit a run needs and how to raise it, or run as root)",
                     Some(libc::EEXIST) => " (the IOVA range overlaps an existing mapping)",
                     Some(libc::EINVAL) => " (address, length or IOVA not aligned to the IOAS's IOVA alignment)",
                     Some(libc::ENOENT) => " (the IOVA range is outside the IOAS's allowed ranges, or the IOAS is gone)",

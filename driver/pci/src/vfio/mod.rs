@@ -460,7 +460,7 @@ impl Container {
         uapi::put_u64(&mut b, 24, len);
         self.sys.ioctl(raw(&self.fd), uapi::req::IOMMU_MAP_DMA, IoctlArg::Buf(&mut b)).map_err(|source| {
             let hint = match source.raw_os_error() {
-                Some(libc::ENOMEM) => " (the memlock limit is too low: `ulimit -l unlimited`, or run as root)",
+                Some(libc::ENOMEM) => " (the memlock limit is too low: VFIO charges pinned pages to RLIMIT_MEMLOCK: `ulimit -l unlimited` up to the hard limit, `vfpoll setup --user $USER` prints the limit a run needs and how to raise it, or run as root)",
                 Some(libc::ENOSPC) => " (too many DMA mappings: raise vfio_iommu_type1.dma_entry_limit or use larger regions)",
                 Some(libc::EEXIST) => " (the IOVA range overlaps an existing mapping)",
                 Some(libc::EINVAL) => " (address, length or IOVA not aligned to the IOMMU page size, or outside the IOVA ranges)",
