@@ -4,7 +4,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::setup::{kernel_by_name, GuestKernel, DEFAULT_KERNEL, KERNELS};
+use crate::setup::{iommufd_refused, kernel_by_name, GuestKernel, DEFAULT_KERNEL, KERNELS};
 use crate::util::{err, Result};
 use crate::vm::Mode;
 
@@ -34,9 +34,13 @@ Installs the missing apt packages (qemu-system-x86 busybox-static fio nvme-cli e
 g++ make bc python3 xz-utils libelf1 libssl3 zstd), fetches the two Debian 12 guest kernels,
 6.1 (what linux-image-amd64 depends on, the default) and 6.12 (linux-image-6.12-amd64, from
 bookworm-security; bookworm-backports' is added to apt's sources where apt knows none)
-(apt-get download + dpkg -x, nothing installed), rebuilds each one's vfio.ko with no-IOMMU
-support and builds both initramfs images of each. Everything lands under target/testbed/, keyed by kernel version;
-a second run only checks. Prints one line per step with its duration.";
+(apt-get download + dpkg -x, nothing installed) and builds their initramfs images. Debian
+builds neither with VFIO no-IOMMU, nor 6.12 with iommufd, so modules are rebuilt out of tree
+from the matching linux-source package: 6.1's vfio.ko with no-IOMMU support (for the noiommu
+initramfs); 6.12's iommufd.ko, vfio.ko, vfio_iommu_type1.ko, vfio-pci-core.ko and vfio-pci.ko
+with CONFIG_IOMMUFD=m, CONFIG_VFIO_DEVICE_CDEV=y and CONFIG_VFIO_NOIOMMU=y, one set (and one
+initramfs) for every mode, iommufd included. Everything lands under target/testbed/, keyed by
+kernel version; a second run only checks. Prints one line per step with its duration.";
 
 const VM_HELP: &str = "\
 Boot the test-bed guest (QEMU, TCG) and run one command in it
@@ -50,7 +54,11 @@ succeeded but QEMU's vIOMMU refused a device DMA (a bug: a DMA the driver never 
 lines are in <run-dir>/iommu-faults.txt).
 
 Options:
-      --noiommu          No vIOMMU; vfio.ko with enable_unsafe_noiommu_mode=1
+      --mode <MODE>      iommu: emulated VT-d, type1 VFIO containers;
+                         noiommu: no vIOMMU, vfio.ko with enable_unsafe_noiommu_mode=1;
+                         iommufd: emulated VT-d, iommufd loaded (/dev/iommu) and VFIO device
+                         cdevs (/dev/vfio/devices/vfioN), 6.12 kernel only [default: iommu]
+      --noiommu          Same as --mode noiommu
       --kernel <NAME>    Guest kernel: 6.1 or 6.12 [default: 6.1]
       --timeout <SECS>   Kill the guest after SECS seconds [default: 600]
       --mem <SIZE>       Guest memory, as QEMU's -m takes it [default: 2G]
@@ -59,7 +67,7 @@ Options:
                          [default: nvme,e1000e,virtio_net,vfio-pci,vfio_iommu_type1]
       --hugepages <N>    Reserve N 2 MiB hugepages before the command [default: 0]
       --run-dir <DIR>    Where images, gpubar.shm and out/ go
-                         [default: target/testbed/run/<iommu|noiommu>]
+                         [default: target/testbed/run/<mode>]
       --keep-run-dir     Reuse the run dir as it is (images keep their data) instead of
                          recreating it
       --no-build         Do not run `cargo build --workspace --bins` first
@@ -89,9 +97,12 @@ Options:
       --host-only          Only fmt, clippy, doc, the host tests and fuzzing (no setup, no guest)
       --filter <SUBSTR>    Only tests whose name (or binary name) contains SUBSTR; also passed
                            to `cargo test --workspace`
-      --mode <MODE>        iommu, noiommu or both [default: both]
+      --mode <MODE>        iommu, noiommu, iommufd, both (iommu and noiommu) or all (the
+                           three; iommufd only on the 6.12 kernel, for the foundation, nvme
+                           and p2p binaries) [default: all]
       --kernel <NAME>      Guest kernels: 6.1 (every binary), 6.12 (the foundation and nvme
-                           binaries only, as rows of their own), or all [default: all]
+                           binaries in every mode, p2p in iommufd mode, as rows of their own),
+                           or all [default: all]
       --timeout <SECS>     Per guest boot [default: 900]
   -v, --verbose            Show the guest init's lines and kernel warnings
   -h, --help               Print this help";
@@ -267,6 +278,11 @@ fn parse_vm(mut p: Parser) -> Result<Task> {
             }
             "-h" | "--help" => return Ok(Task::Help(VM_HELP)),
             "--noiommu" => a.mode = Mode::NoIommu,
+            "--mode" => {
+                let v = p.value(name, inline)?;
+                a.mode = Mode::from_name(&v)
+                    .ok_or_else(|| err!("vm: --mode takes iommu, noiommu or iommufd, not {v:?}"))?
+            }
             "--keep-run-dir" => a.keep_run_dir = true,
             "--no-build" => a.no_build = true,
             "--print-cmd" => a.print_cmd = true,
@@ -299,6 +315,9 @@ fn parse_vm(mut p: Parser) -> Result<Task> {
     if a.smp == 0 {
         return Err(err!("vm: --smp must be at least 1"));
     }
+    if a.mode == Mode::Iommufd && !a.kernel.iommufd {
+        return Err(err!("vm: {}", iommufd_refused(a.kernel)));
+    }
     Ok(Task::Vm(a))
 }
 
@@ -306,7 +325,7 @@ fn parse_test(mut p: Parser) -> Result<Task> {
     let mut a = TestArgs {
         host_only: false,
         filter: None,
-        modes: vec![Mode::Iommu, Mode::NoIommu],
+        modes: vec![Mode::Iommu, Mode::NoIommu, Mode::Iommufd],
         timeout: Duration::from_secs(900),
         verbose: false,
         kernels: KERNELS.to_vec(),
@@ -327,14 +346,18 @@ fn parse_test(mut p: Parser) -> Result<Task> {
             }
             "--mode" => {
                 a.modes = match p.value(name, inline)?.as_str() {
-                    "iommu" => vec![Mode::Iommu],
-                    "noiommu" => vec![Mode::NoIommu],
                     "both" => vec![Mode::Iommu, Mode::NoIommu],
-                    v => return Err(err!("test: --mode takes iommu, noiommu or both, not {v:?}")),
+                    "all" => vec![Mode::Iommu, Mode::NoIommu, Mode::Iommufd],
+                    v => vec![Mode::from_name(v).ok_or_else(|| {
+                        err!("test: --mode takes iommu, noiommu, iommufd, both or all, not {v:?}")
+                    })?],
                 }
             }
             _ => return Err(err!("test: unexpected argument {s:?}")),
         }
+    }
+    if a.modes == [Mode::Iommufd] && !a.kernels.iter().any(|k| k.iommufd) {
+        return Err(err!("test: {}", iommufd_refused(a.kernels[0])));
     }
     Ok(Task::Test(a))
 }
@@ -439,6 +462,30 @@ mod tests {
         assert_eq!(a.filter.as_deref(), Some("nvme"));
         assert!(a.host_only);
         assert!(parse(args(&["test", "--mode", "kvm"])).is_err());
+    }
+
+    #[test]
+    fn iommufd_mode_needs_the_612_kernel() {
+        let Task::Vm(a) = parse(args(&["vm", "--kernel", "6.12", "--mode", "iommufd", "true"])).unwrap()
+        else {
+            panic!("not vm")
+        };
+        assert_eq!((a.mode, a.kernel.name), (Mode::Iommufd, "6.12"));
+        let e = parse(args(&["vm", "--mode", "iommufd", "true"])).unwrap_err().0;
+        assert!(e.contains("kernel 6.1 ") && e.contains("--kernel 6.12"), "{e}");
+        assert!(parse(args(&["vm", "--mode", "both", "true"])).is_err());
+        let e = parse(args(&["test", "--mode", "iommufd", "--kernel", "6.1"]))
+            .unwrap_err()
+            .0;
+        assert!(e.contains("--kernel 6.12"), "{e}");
+        let Task::Test(a) = parse(args(&["test", "--mode=iommufd", "--kernel", "6.12"])).unwrap() else {
+            panic!("not test")
+        };
+        assert_eq!(a.modes, [Mode::Iommufd]);
+        let Task::Test(a) = parse(args(&["test"])).unwrap() else {
+            panic!("not test")
+        };
+        assert_eq!(a.modes, [Mode::Iommu, Mode::NoIommu, Mode::Iommufd]);
     }
 
     #[test]

@@ -29,6 +29,9 @@ use crate::util::{
 };
 use crate::Workspace;
 
+#[path = "setup_vfio.rs"]
+mod vfio;
+
 /// Debian packages the test bed needs on the host. `gcc`, `make`, `bc`, `xz-utils` and the
 /// libraries of `linux-kbuild` build `vfio.ko`; `fio`, `nvme-cli` (the NVMe/TCP initiator's
 /// `nvme discover/connect/disconnect`) and `e2fsprogs` (`mkfs.ext4`, `fsck.ext4`; priority
@@ -83,11 +86,19 @@ const MODULES: &[&str] = &[
     "crc32c_generic",
 ];
 
+/// Modules of [`MODULES`]' kind that only some kernels' module trees have: `iommufd`, rebuilt
+/// for 6.12 ([`vfio`]).
+const OPTIONAL_MODULES: &[&str] = &["iommufd"];
+
 /// The guest's `/init`.
 pub const INIT: &str = include_str!("../guest/init");
 
 /// Bumped when the initramfs layout changes in a way the stamp cannot see.
 const INITRAMFS_FORMAT: &str = "vfpoll-initramfs-1";
+
+/// The name of the one initramfs of a kernel with the rebuilt VFIO set
+/// ([`GuestKernel::iommufd`]), which boots in every mode: `initramfs-all.cpio`.
+const ALL_MODES: &str = "all";
 
 const BUSYBOX: &str = "/bin/busybox";
 /// Debian's Python, which has `lzma` (a `python3` first on `PATH` may be a build without it).
@@ -114,6 +125,10 @@ pub struct GuestKernel {
     version_cache: &'static str,
     /// Where apt knows no `meta`: add `bookworm-backports` and take its `linux-image-amd64`.
     backports: bool,
+    /// Its VFIO modules are rebuilt with iommufd, the VFIO device cdev and no-IOMMU ([`vfio`]),
+    /// one set that every mode boots with, test-bed mode `iommufd` included; otherwise only
+    /// `vfio.ko` is rebuilt, with no-IOMMU, for the no-IOMMU mode alone.
+    pub iommufd: bool,
 }
 
 /// Debian 12's own kernel, 6.1: the default for every command.
@@ -123,6 +138,7 @@ pub const DEFAULT_KERNEL: GuestKernel = GuestKernel {
     current: "current-kernel",
     version_cache: "kernel-version",
     backports: false,
+    iommufd: false,
 };
 
 /// Debian 12's 6.12 LTS kernel.
@@ -132,6 +148,7 @@ pub const KERNEL_6_12: GuestKernel = GuestKernel {
     current: "current-kernel-6.12",
     version_cache: "kernel-version-6.12",
     backports: true,
+    iommufd: true,
 };
 
 /// Every guest kernel `setup` prepares, the default first.
@@ -163,23 +180,66 @@ pub struct Assets {
     pub lib_modules_iommu: PathBuf,
     /// The same with the rebuilt `vfio.ko` (hard links to the other tree).
     pub lib_modules_noiommu: PathBuf,
+    /// Initramfs and `lib/modules` of test-bed mode `iommufd`, on a kernel with the rebuilt
+    /// VFIO set ([`GuestKernel::iommufd`]; then every mode boots with that set).
+    pub iommufd: Option<(PathBuf, PathBuf)>,
     /// Module names in the initramfs (with `_`, as the kernel spells them).
     pub modules: Vec<String>,
     /// Cache and AIO options for the NVMe image files.
     pub drive_options: String,
 }
 
+impl Assets {
+    /// The initramfs and `lib/modules` tree a boot in `mode` uses; an error for mode `iommufd`
+    /// on a kernel without iommufd.
+    pub fn boot_files(&self, mode: crate::vm::Mode) -> Result<(&Path, &Path)> {
+        use crate::vm::Mode;
+        match mode {
+            Mode::Iommu => Ok((&self.initramfs_iommu, &self.lib_modules_iommu)),
+            Mode::NoIommu => Ok((&self.initramfs_noiommu, &self.lib_modules_noiommu)),
+            Mode::Iommufd => self
+                .iommufd
+                .as_ref()
+                .map(|(i, l)| (i.as_path(), l.as_path()))
+                .ok_or_else(|| iommufd_refused(self.kernel)),
+        }
+    }
+}
+
+/// Why mode `iommufd` cannot boot guest kernel `k`, and what to do.
+pub fn iommufd_refused(k: GuestKernel) -> crate::util::Error {
+    let with: Vec<&str> = KERNELS.iter().filter(|k| k.iommufd).map(|k| k.name).collect();
+    err!(
+        "mode iommufd needs a guest kernel with iommufd and VFIO device cdevs; kernel {} has \
+         neither (Debian builds it without CONFIG_IOMMUFD): pass --kernel {}",
+        k.name,
+        with.join(" or --kernel ")
+    )
+}
+
 /// Where the assets of one kernel version live.
 struct KernelDir {
     kver: String,
     dir: PathBuf,
+    /// [`GuestKernel::iommufd`].
+    iommufd: bool,
 }
 
 impl KernelDir {
-    fn new(ws: &Workspace, kver: &str) -> Self {
+    fn new(ws: &Workspace, k: GuestKernel, kver: &str) -> Self {
         KernelDir {
             kver: kver.to_string(),
             dir: ws.testbed().join(format!("kernel-{kver}")),
+            iommufd: k.iommufd,
+        }
+    }
+    /// The module dir boots take modules from: the rebuilt VFIO set's tree where the kernel
+    /// has one, Debian's otherwise (the no-IOMMU initramfs swaps in its `vfio.ko` itself).
+    fn boot_module_dir(&self) -> PathBuf {
+        if self.iommufd {
+            vfio::tree_root(self).join("lib/modules").join(&self.kver)
+        } else {
+            self.module_dir()
         }
     }
     fn kroot(&self) -> PathBuf {
@@ -217,8 +277,11 @@ impl KernelDir {
     fn complete(&self) -> bool {
         self.kroot_done().exists()
             && self.vmlinux().exists()
-            && self.vfio_ko().exists()
-            && self.noiommu_done().exists()
+            && if self.iommufd {
+                vfio::complete(self)
+            } else {
+                self.vfio_ko().exists() && self.noiommu_done().exists()
+            }
     }
 }
 
@@ -244,17 +307,24 @@ fn setup_locked(ws: &Workspace, k: GuestKernel) -> Result<Assets> {
     step(p, "apt packages", || apt.ensure_packages(PACKAGES))?;
     let kd = step(p, "kernel version", || {
         let kver = apt.kernel_version(&mkdir(ws.testbed())?.join(k.version_cache), k)?;
-        Ok((KernelDir::new(ws, &kver), Note::Text(kver)))
+        Ok((KernelDir::new(ws, k, &kver), Note::Text(kver)))
     })?;
     mkdir(&kd.dir)?;
     step(p, "guest kernel", || fetch_kernel(&mut apt, ws, &kd))?;
     step(p, "vmlinux (PVH)", || extract_vmlinux(&kd))?;
-    step(p, "vfio.ko (no-IOMMU)", || build_vfio_noiommu(&mut apt, ws, &kd))?;
-    step(p, "modules (no-IOMMU)", || noiommu_modules(&kd))?;
-    let modules = step(p, "initramfs (iommu)", || initramfs(&kd, "iommu", None))?;
-    step(p, "initramfs (noiommu)", || {
-        initramfs(&kd, "noiommu", Some(&kd.vfio_ko()))
-    })?;
+    let modules = if kd.iommufd {
+        step(p, "vfio, iommufd modules", || vfio::build(&mut apt, ws, &kd))?;
+        step(p, "modules (rebuilt vfio)", || vfio::module_tree(&kd))?;
+        step(p, "initramfs (all modes)", || initramfs(&kd, ALL_MODES, None))?
+    } else {
+        step(p, "vfio.ko (no-IOMMU)", || build_vfio_noiommu(&mut apt, ws, &kd))?;
+        step(p, "modules (no-IOMMU)", || noiommu_modules(&kd))?;
+        let modules = step(p, "initramfs (iommu)", || initramfs(&kd, "iommu", None))?;
+        step(p, "initramfs (noiommu)", || {
+            initramfs(&kd, "noiommu", Some(&kd.vfio_ko()))
+        })?;
+        modules
+    };
     let drive_options = step(p, "qemu drive options", || {
         let o = probe_drive_options(ws)?;
         Ok((o.clone(), Note::Text(o)))
@@ -337,10 +407,15 @@ pub fn ensure_kernel(ws: &Workspace, k: GuestKernel) -> Result<Assets> {
     let drive = read_opt(&tb.join("drive-options")).map(|s| s.trim().to_string());
     let host_ok = Path::new(BUSYBOX).exists() && which(QEMU);
     match (kver, drive) {
-        (Some(kver), Some(drive)) if host_ok && KernelDir::new(ws, &kver).complete() => {
-            let kd = KernelDir::new(ws, &kver);
-            let modules = ensure_initramfs(&kd, "iommu", None)?;
-            ensure_initramfs(&kd, "noiommu", Some(&kd.vfio_ko()))?;
+        (Some(kver), Some(drive)) if host_ok && KernelDir::new(ws, k, &kver).complete() => {
+            let kd = KernelDir::new(ws, k, &kver);
+            let modules = if kd.iommufd {
+                ensure_initramfs(&kd, ALL_MODES, None)?
+            } else {
+                let modules = ensure_initramfs(&kd, "iommu", None)?;
+                ensure_initramfs(&kd, "noiommu", Some(&kd.vfio_ko()))?;
+                modules
+            };
             Ok(assets(k, &kd, modules, drive))
         }
         _ => {
@@ -362,13 +437,30 @@ pub fn current(ws: &Workspace, k: GuestKernel) -> Result<Assets> {
             k.name
         )
     })?;
-    let kd = KernelDir::new(ws, kver.trim());
+    let kd = KernelDir::new(ws, k, kver.trim());
     let drive = read_opt(&tb.join("drive-options")).unwrap_or_default();
     let modules = module_closure(&kd)?.0;
     Ok(assets(k, &kd, modules, drive.trim().to_string()))
 }
 
 fn assets(k: GuestKernel, kd: &KernelDir, modules: Vec<String>, drive_options: String) -> Assets {
+    if kd.iommufd {
+        // One initramfs and module tree, with the rebuilt VFIO set, for every mode.
+        let initramfs = kd.initramfs(ALL_MODES);
+        let lib_modules = vfio::tree_root(kd).join("lib/modules");
+        return Assets {
+            kernel: k,
+            kver: kd.kver.clone(),
+            vmlinux: kd.vmlinux(),
+            initramfs_iommu: initramfs.clone(),
+            initramfs_noiommu: initramfs.clone(),
+            lib_modules_iommu: lib_modules.clone(),
+            lib_modules_noiommu: lib_modules.clone(),
+            iommufd: Some((initramfs, lib_modules)),
+            modules,
+            drive_options,
+        };
+    }
     Assets {
         kernel: k,
         kver: kd.kver.clone(),
@@ -377,6 +469,7 @@ fn assets(k: GuestKernel, kd: &KernelDir, modules: Vec<String>, drive_options: S
         initramfs_noiommu: kd.initramfs("noiommu"),
         lib_modules_iommu: kd.kroot().join("lib/modules"),
         lib_modules_noiommu: kd.noiommu_root().join("lib/modules"),
+        iommufd: None,
         modules,
         drive_options,
     }
@@ -681,12 +774,7 @@ fn fetch_kernel(apt: &mut Apt, ws: &Workspace, kd: &KernelDir) -> Result<((), No
     let _ = fs::remove_dir_all(kd.kroot());
     dpkg_x(deb, &kd.kroot())?;
     let unpacked = decompress_modules(&kd.module_dir())?;
-    run_quiet(
-        Command::new(BUSYBOX)
-            .args(["depmod", "-b"])
-            .arg(kd.kroot())
-            .arg(&kd.kver),
-    )?;
+    busybox_depmod(&kd.kroot(), &kd.kver)?;
     write(&kd.package_version(), version.trim())?;
     write(&kd.kroot_done(), "")?;
     fs::remove_dir_all(&debs)?;
@@ -695,6 +783,13 @@ fn fetch_kernel(apt: &mut Apt, ws: &Workspace, kd: &KernelDir) -> Result<((), No
         n => format!("linux-image-{} {}, {n} modules unpacked", kd.kver, version.trim()),
     };
     Ok(((), Note::Text(note)))
+}
+
+/// `modules.dep` (and busybox's other indexes) of `root/lib/modules/<kver>`, by busybox's
+/// depmod.
+fn busybox_depmod(root: &Path, kver: &str) -> Result<()> {
+    run_quiet(Command::new(BUSYBOX).args(["depmod", "-b"]).arg(root).arg(kver))?;
+    Ok(())
 }
 
 /// Replaces every `*.ko.xz` under `dir` by the plain `*.ko` (`xz -d`, many files per call);
@@ -764,14 +859,23 @@ fn extract_vmlinux(kd: &KernelDir) -> Result<((), Note)> {
     Ok(((), Note::None))
 }
 
-/// Rebuilds `vfio.ko` with `CONFIG_VFIO_NOIOMMU`: the whole no-IOMMU mode lives in `vfio.ko`
-/// (6.1: `vfio_main.c`, `container.c`; 6.12 also `group.c`), so `vfio-pci.ko` and
-/// `vfio_iommu_type1.ko` stay Debian's. The objects are those `drivers/vfio/Makefile` puts into
-/// `vfio.ko` under the kernel's own `.config`.
-fn build_vfio_noiommu(apt: &mut Apt, ws: &Workspace, kd: &KernelDir) -> Result<((), Note)> {
-    if kd.vfio_ko().exists() {
-        return Ok(((), Note::Cached));
-    }
+/// What [`fetch_kdev`] unpacked.
+struct KdevSource {
+    /// `usr/src/linux-headers-<kver>` (its Makefile fixed to include the common headers from
+    /// here): what `make -C` builds out-of-tree modules against.
+    headers: PathBuf,
+    /// `linux-source-<series>`, with only the paths asked for.
+    root: PathBuf,
+    /// `6.1`, `6.12`.
+    series: String,
+    /// The Debian version of the kernel packages.
+    version: String,
+}
+
+/// Fetches `linux-source-<series>`, the kernel's headers (`linux-headers-<kver>`, its common
+/// part) and `linux-kbuild` at the kernel's version into `kdev/` (replacing what is there),
+/// and unpacks `paths` of the source tarball (which is deleted then).
+fn fetch_kdev(apt: &mut Apt, ws: &Workspace, kd: &KernelDir, paths: &[&str]) -> Result<KdevSource> {
     let kver = &kd.kver;
     let version =
         read_opt(&kd.package_version()).ok_or_else(|| err!("missing {}", kd.package_version().display()))?;
@@ -813,11 +917,35 @@ fn build_vfio_noiommu(apt: &mut Apt, ws: &Workspace, kd: &KernelDir) -> Result<(
         Command::new("tar")
             .arg("-xJf")
             .arg(&tarball)
-            .arg(format!("linux-source-{series}/drivers/vfio"))
+            .args(paths.iter().map(|p| format!("linux-source-{series}/{p}")))
             .current_dir(&kdev),
     )?;
     fs::remove_file(&tarball)?;
-    let src = kdev.join(format!("linux-source-{series}/drivers/vfio"));
+    Ok(KdevSource {
+        headers,
+        root: kdev.join(format!("linux-source-{series}")),
+        series,
+        version: version.to_string(),
+    })
+}
+
+/// Rebuilds `vfio.ko` with `CONFIG_VFIO_NOIOMMU`: the whole no-IOMMU mode lives in `vfio.ko`
+/// (6.1: `vfio_main.c`, `container.c`; 6.12 also `group.c`), so `vfio-pci.ko` and
+/// `vfio_iommu_type1.ko` stay Debian's. The objects are those `drivers/vfio/Makefile` puts into
+/// `vfio.ko` under the kernel's own `.config`.
+fn build_vfio_noiommu(apt: &mut Apt, ws: &Workspace, kd: &KernelDir) -> Result<((), Note)> {
+    if kd.vfio_ko().exists() {
+        return Ok(((), Note::Cached));
+    }
+    let kver = &kd.kver;
+    let KdevSource {
+        headers,
+        root,
+        series,
+        version,
+    } = fetch_kdev(apt, ws, kd, &["drivers/vfio"])?;
+    let kdev = kd.kdev();
+    let src = root.join("drivers/vfio");
     let build = mkdir(kdev.join("vfio-noiommu"))?;
     for e in fs::read_dir(&src).context(src.display())? {
         let p = e?.path();
@@ -975,10 +1103,11 @@ pub fn module_name(s: &str) -> String {
     s.replace('-', "_")
 }
 
-/// The modules of [`MODULES`] and everything they depend on: (names, files relative to the
-/// module dir), from the unpacked kernel's `modules.dep`.
+/// The modules of [`MODULES`] (and of [`OPTIONAL_MODULES`] where the tree has them) and
+/// everything they depend on: (names, files relative to the module dir), from the boot module
+/// tree's `modules.dep` ([`KernelDir::boot_module_dir`]).
 fn module_closure(kd: &KernelDir) -> Result<(Vec<String>, Vec<String>)> {
-    let dep_path = kd.module_dir().join("modules.dep");
+    let dep_path = kd.boot_module_dir().join("modules.dep");
     let deps = fs::read_to_string(&dep_path).context(dep_path.display())?;
     let mut by_name = std::collections::HashMap::new();
     for line in deps.lines() {
@@ -992,7 +1121,7 @@ fn module_closure(kd: &KernelDir) -> Result<(Vec<String>, Vec<String>)> {
     }
     // Built into the kernel (6.12 builds virtio_pci in): nothing to copy, and modprobe, which
     // reads modules.builtin, has nothing to load.
-    let builtin_path = kd.module_dir().join("modules.builtin");
+    let builtin_path = kd.boot_module_dir().join("modules.builtin");
     let builtin: std::collections::HashSet<String> = read_opt(&builtin_path)
         .unwrap_or_default()
         .lines()
@@ -1003,7 +1132,10 @@ fn module_closure(kd: &KernelDir) -> Result<(Vec<String>, Vec<String>)> {
         .collect();
     let mut files = std::collections::BTreeSet::new();
     let mut names = Vec::new();
-    for m in MODULES {
+    let optional = OPTIONAL_MODULES
+        .iter()
+        .filter(|m| by_name.contains_key(&module_name(m)));
+    for m in MODULES.iter().chain(optional) {
         if builtin.contains(&module_name(m)) {
             names.push(module_name(m));
             continue;
@@ -1042,6 +1174,9 @@ fn stamp(kd: &KernelDir, files: &[String], vfio: Option<&Path>) -> Result<String
     if let Some(ko) = vfio {
         h = h.add(&fs::read(ko).context(ko.display())?);
     }
+    if kd.iommufd {
+        h = h.add(vfio::fingerprint(kd).as_bytes());
+    }
     Ok(h.hex())
 }
 
@@ -1073,12 +1208,12 @@ fn initramfs(kd: &KernelDir, mode: &str, vfio_ko: Option<&Path>) -> Result<(Vec<
                 }
             }
             _ => {
-                fs::copy(kd.module_dir().join(f), &dst).context(f)?;
+                fs::copy(kd.boot_module_dir().join(f), &dst).context(f)?;
             }
         }
     }
     for f in ["modules.builtin", "modules.builtin.modinfo", "modules.order"] {
-        let src = kd.module_dir().join(f);
+        let src = kd.boot_module_dir().join(f);
         if src.exists() {
             fs::copy(&src, mdir.join(f))?;
         }

@@ -40,6 +40,9 @@ const EXPECT_FAULT_FILE: &str = "expect-iommu-fault";
 /// Test binaries that also boot the guest kernels other than the default (`--kernel`), in
 /// rows of their own.
 const OTHER_KERNEL_BINS: &[&str] = &["foundation", "nvme"];
+/// Test binaries that also boot in mode `iommufd`, on the kernels with iommufd (6.12), in rows
+/// of their own.
+const IOMMUFD_BINS: &[&str] = &["foundation", "nvme", "p2p"];
 /// Test binaries whose boots get hot-pluggable NVMe controller R ([`Boot::hotplug`]).
 const HOTPLUG_BINS: &[&str] = &["recovery_removal"];
 
@@ -221,10 +224,22 @@ fn test_bed(ws: &Workspace, a: &TestArgs, kernels: &[Assets], r: &mut Report) {
             eprintln!("test: {}: no {GUEST_PREFIX}* tests selected", bin.name);
             continue;
         }
-        let kernels = kernels
-            .iter()
-            .filter(|k| k.kernel == setup::DEFAULT_KERNEL || OTHER_KERNEL_BINS.contains(&bin.name.as_str()));
+        let name = bin.name.as_str();
+        let kernels = kernels.iter().filter(|k| {
+            k.kernel == setup::DEFAULT_KERNEL
+                || OTHER_KERNEL_BINS.contains(&name)
+                || IOMMUFD_BINS.contains(&name)
+        });
         for (assets, &mode) in kernels.flat_map(|k| a.modes.iter().map(move |m| (k, m))) {
+            // Mode iommufd: IOMMUFD_BINS on a kernel with iommufd; other modes on another
+            // kernel: OTHER_KERNEL_BINS.
+            let row = match mode {
+                Mode::Iommufd => assets.kernel.iommufd && IOMMUFD_BINS.contains(&name),
+                _ => assets.kernel == setup::DEFAULT_KERNEL || OTHER_KERNEL_BINS.contains(&name),
+            };
+            if !row {
+                continue;
+            }
             if !guest.is_empty() {
                 let job = Job {
                     guest: &guest,

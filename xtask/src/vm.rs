@@ -52,15 +52,33 @@ pub enum Mode {
     Iommu,
     /// No vIOMMU; vfio's unsafe no-IOMMU mode (bus address = guest-physical address).
     NoIommu,
+    /// Emulated VT-d as [`Mode::Iommu`], with `/dev/iommu` (`iommufd` loaded) and VFIO device
+    /// cdevs (`/dev/vfio/devices/vfioN` for each device bound to vfio-pci); only on a guest
+    /// kernel with the rebuilt VFIO set ([`setup::GuestKernel::iommufd`]: 6.12).
+    Iommufd,
 }
 
 impl Mode {
-    /// `iommu` or `noiommu`: the value of `VFPOLL_TESTBED` and the default run dir's name.
+    /// `iommu`, `noiommu` or `iommufd`: the value of `VFPOLL_TESTBED` and the default run
+    /// dir's name.
     pub fn name(self) -> &'static str {
         match self {
             Mode::Iommu => "iommu",
             Mode::NoIommu => "noiommu",
+            Mode::Iommufd => "iommufd",
         }
+    }
+
+    /// The mode `name` names ([`Mode::name`]).
+    pub fn from_name(name: &str) -> Option<Mode> {
+        [Mode::Iommu, Mode::NoIommu, Mode::Iommufd]
+            .into_iter()
+            .find(|m| m.name() == name)
+    }
+
+    /// Whether the guest has the emulated VT-d (and QEMU may report vIOMMU faults).
+    pub fn viommu(self) -> bool {
+        matches!(self, Mode::Iommu | Mode::Iommufd)
     }
 }
 
@@ -143,7 +161,7 @@ pub fn main(ws: &Workspace, a: &VmArgs) -> Result<u8> {
     };
     if a.print_cmd {
         let assets = setup::current(ws, a.kernel)?;
-        let q = qemu_command(&assets, &boot);
+        let q = qemu_command(&assets, &boot)?;
         let _ = writeln!(io::stdout(), "{}", crate::util::show(&q));
         return Ok(0);
     }
@@ -204,7 +222,7 @@ pub fn cargo(ws: &Workspace) -> Command {
 /// outcome and written to [`IOMMU_FAULTS_FILE`]; the verdict is the caller's (a boot that
 /// expects none fails with [`fault_report`]).
 pub fn run_boot(ws: &Workspace, assets: &Assets, b: &Boot, _lock: &Lock) -> Result<Outcome> {
-    for m in &b.modules {
+    for m in &boot_modules(b) {
         if !assets.modules.contains(&module_name(m)) {
             return Err(err!(
                 "module {m} is not in the initramfs; it has: {}",
@@ -214,15 +232,12 @@ pub fn run_boot(ws: &Workspace, assets: &Assets, b: &Boot, _lock: &Lock) -> Resu
     }
     prepare_run_dir(b)?;
     write(&b.run_dir.join("out/job.sh"), job_script(ws, b))?;
-    let lib_modules = match b.mode {
-        Mode::Iommu => &assets.lib_modules_iommu,
-        Mode::NoIommu => &assets.lib_modules_noiommu,
-    };
+    let lib_modules = assets.boot_files(b.mode)?.1;
     write(
         &b.run_dir.join("out/lib-modules"),
         format!("{}\n", lib_modules.display()),
     )?;
-    let mut qemu = qemu_command(assets, b);
+    let mut qemu = qemu_command(assets, b)?;
     write(&b.run_dir.join("qemu-cmd.txt"), crate::util::show(&qemu) + "\n")?;
     eprintln!("vm: run dir {}", b.run_dir.display());
 
@@ -417,6 +432,14 @@ fn job_script(ws: &Workspace, b: &Boot) -> Vec<u8> {
             .as_bytes(),
         );
     }
+    if b.mode == Mode::Iommufd {
+        s.extend_from_slice(
+            format!(
+                "[ -c /dev/iommu ] || {{ echo \"vm: error: mode iommufd, but no /dev/iommu (iommufd.ko not loaded?)\"; exit {EXIT_NO_CODE}; }}\n"
+            )
+            .as_bytes(),
+        );
+    }
     s.extend_from_slice(b"cd ");
     s.extend(shell_quote_bytes(b.cwd.as_os_str().as_bytes()));
     s.extend_from_slice(format!(" || exit {EXIT_NO_CODE}\nexec").as_bytes());
@@ -433,8 +456,9 @@ fn opt_path(p: &Path) -> String {
     p.display().to_string().replace(',', ",,")
 }
 
-/// The QEMU command line of a boot. PCI slots are fixed (see the crate docs).
-pub fn qemu_command(assets: &Assets, b: &Boot) -> Command {
+/// The QEMU command line of a boot. PCI slots are fixed (see the crate docs). An error for
+/// mode `iommufd` on a kernel without it.
+pub fn qemu_command(assets: &Assets, b: &Boot) -> Result<Command> {
     let run = &b.run_dir;
     let mut q = Command::new("qemu-system-x86_64");
     q.args(["-machine", "q35", "-accel", "tcg", "-cpu", "max"])
@@ -462,20 +486,16 @@ pub fn qemu_command(assets: &Assets, b: &Boot) -> Command {
         } else {
             "quiet loglevel=1"
         },
-        b.modules.join(",")
+        boot_modules(b).join(",")
     );
-    let initrd = match b.mode {
-        Mode::Iommu => {
-            // Must come before the PCI devices it translates for.
-            q.args(["-device", "intel-iommu,intremap=on,caching-mode=on"]);
-            append.push_str(" intel_iommu=on");
-            &assets.initramfs_iommu
-        }
-        Mode::NoIommu => {
-            append.push_str(" vfio.enable_unsafe_noiommu_mode=1");
-            &assets.initramfs_noiommu
-        }
-    };
+    let initrd = assets.boot_files(b.mode)?.0;
+    if b.mode.viommu() {
+        // Must come before the PCI devices it translates for.
+        q.args(["-device", "intel-iommu,intremap=on,caching-mode=on"]);
+        append.push_str(" intel_iommu=on");
+    } else {
+        append.push_str(" vfio.enable_unsafe_noiommu_mode=1");
+    }
     q.arg("-kernel")
         .arg(&assets.vmlinux)
         .arg("-initrd")
@@ -571,11 +591,7 @@ pub fn qemu_command(assets: &Assets, b: &Boot) -> Command {
         "-device",
         &format!(
             "virtio-net-pci,netdev=hp2,mac=52:54:00:00:00:03,disable-legacy=on,addr=0xa,romfile={}",
-            if b.mode == Mode::Iommu {
-                ",iommu_platform=on"
-            } else {
-                ""
-            }
+            if b.mode.viommu() { ",iommu_platform=on" } else { "" }
         ),
     ]);
     q.args([
@@ -617,7 +633,17 @@ pub fn qemu_command(assets: &Assets, b: &Boot) -> Command {
             &format!("nvme,id={HOTPLUG_ID},bus={HOTPLUG_PORT},serial=vfpoll-r,drive={HOTPLUG_NODE}"),
         ]);
     }
-    q
+    Ok(q)
+}
+
+/// The modules the guest init loads: [`Boot::modules`], and `iommufd` first in mode
+/// `iommufd` (`/dev/iommu`), whatever `--modules` said.
+fn boot_modules(b: &Boot) -> Vec<String> {
+    let mut m = b.modules.clone();
+    if b.mode == Mode::Iommufd && !m.iter().any(|x| module_name(x) == "iommufd") {
+        m.insert(0, "iommufd".into());
+    }
+    m
 }
 
 /// Copies QEMU's stderr to `out` (ours), without the one warning every boot gives (the NIC hub
