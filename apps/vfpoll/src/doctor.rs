@@ -18,9 +18,14 @@ use crate::ctx::Ctx;
 /// `vfpoll doctor` options.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
-    /// Check for vfio's no-IOMMU mode instead of an IOMMU (unsafe: devices can DMA anywhere).
+    /// Check for vfio's no-IOMMU mode instead of an IOMMU (unsafe: devices can DMA anywhere);
+    /// the same as --iommu-backend noiommu.
     #[arg(long)]
     pub noiommu: bool,
+    /// Check for the run's IOMMU backend: auto (iommufd where /dev/iommu exists and every
+    /// device has a VFIO cdev, type1 otherwise), iommufd, type1 or noiommu.
+    #[arg(long, value_name = "BACKEND", default_value = "auto")]
+    pub iommu_backend: vfpoll_pci::vfio::Backend,
     /// Devices the run will use (repeatable). Default: every device on vfio-pci.
     #[arg(long = "device", value_name = "BDF")]
     pub devices: Vec<Bdf>,
@@ -122,6 +127,7 @@ pub fn check(host: &Host, a: &Args, who: &Process) -> Vec<Finding> {
     devices(host, a, &mut out);
     hugepages(host, a, &mut out);
     memlock(a, who, &mut out);
+    crate::doctor_backend::check(host, a, &mut out);
     out
 }
 
@@ -179,10 +185,17 @@ fn iommu(host: &Host, a: &Args, out: &mut Vec<Finding>) {
 }
 
 fn modules(host: &Host, a: &Args, out: &mut Vec<Finding>) {
+    let iommufd = crate::doctor_backend::uses_iommufd(host, a);
     for m in ["vfio", "vfio-pci", "vfio_iommu_type1"] {
         let ok = loaded(host, m);
         out.push(match (ok, m) {
             (true, _) => finding(Level::Ok, "modules", format!("{m} is loaded"), None),
+            (false, "vfio_iommu_type1") if iommufd => finding(
+                Level::Ok,
+                "modules",
+                "vfio_iommu_type1 is not loaded (not needed with iommufd)",
+                None,
+            ),
             (false, "vfio_iommu_type1") if a.noiommu => finding(
                 Level::Ok,
                 "modules",
@@ -205,7 +218,14 @@ fn modules(host: &Host, a: &Args, out: &mut Vec<Finding>) {
         });
     }
     let container = host.dev.join("vfio/vfio");
-    out.push(if !container.exists() {
+    out.push(if iommufd {
+        finding(
+            Level::Ok,
+            "/dev/vfio/vfio",
+            "not needed: the run uses iommufd",
+            None,
+        )
+    } else if !container.exists() {
         finding(
             Level::Fail,
             "/dev/vfio/vfio",
@@ -294,6 +314,16 @@ fn device(host: &Host, a: &Args, bdf: Bdf) -> Finding {
         }
         Ok(_) => {}
         Err(e) => return finding(Level::Fail, &check, e.to_string(), None),
+    }
+    if crate::doctor_backend::uses_iommufd(host, a) {
+        return finding(
+            Level::Ok,
+            &check,
+            format!(
+                "({what}) on vfio-pci, group {g} viable (opened through its VFIO cdev: see its cdev check)"
+            ),
+            None,
+        );
     }
     let Some(node) = bind::group_node(host, g) else {
         return fail(

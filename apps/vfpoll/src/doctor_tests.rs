@@ -23,6 +23,7 @@ const USER: Process = Process {
 fn args(noiommu: bool, devices: &[&str]) -> Args {
     Args {
         noiommu,
+        iommu_backend: Default::default(),
         devices: devices.iter().map(|d| d.parse().unwrap()).collect(),
         hugepages: 64,
     }
@@ -270,4 +271,59 @@ fn findings_print_with_their_fix() {
         f.to_string(),
         "FAIL  modules: vfio-pci is not loaded\n      fix: modprobe vfio-pci"
     );
+}
+
+/// [`ready`] on a kernel with iommufd: `/dev/iommu`, and the NVMe controllers' VFIO cdevs.
+fn ready_iommufd() -> Fake {
+    let f = ready();
+    f.write("dev/iommu", "");
+    for (bdf, n) in [("0000:00:03.0", 0), ("0000:00:04.0", 1)] {
+        std::fs::create_dir_all(
+            f.path("sys/devices/pci0000:00")
+                .join(bdf)
+                .join(format!("vfio-dev/vfio{n}")),
+        )
+        .unwrap();
+        f.write(&format!("dev/vfio/devices/vfio{n}"), "");
+    }
+    f
+}
+
+#[test]
+fn the_backend_a_run_uses_and_what_iommufd_needs() {
+    // No /dev/iommu: type1, and why.
+    let f = ready();
+    let out = check(&f.host(), &args(false, &[]), &ROOT);
+    let b = find(&out, "backend", "a run uses type1");
+    assert!(b.detail.contains("dev/iommu is missing"), "{b}");
+    // iommufd: the cdevs are checked, the type1 module and container are not needed.
+    let f = ready_iommufd();
+    std::fs::remove_dir_all(f.path("sys/module/vfio_iommu_type1")).ok();
+    let out = check(&f.host(), &args(false, &[]), &ROOT);
+    assert!(out.iter().all(|x| x.level == Level::Ok), "{}", show(&out));
+    let b = find(&out, "backend", "a run uses iommufd");
+    assert!(
+        b.detail.contains("0000:00:03.0 is vfio0") && b.detail.contains("0000:00:04.0 is vfio1"),
+        "{b}"
+    );
+    find(&out, "/dev/iommu", "cannot map a peer device's BAR");
+    find(&out, "0000:00:03.0 cdev", "dev/vfio/devices/vfio0 read-write");
+    find(&out, "0000:00:04.0", "opened through its VFIO cdev");
+    // Asked for type1 on the same machine: the container is checked again.
+    let mut a = args(false, &[]);
+    a.iommu_backend = vfpoll_pci::vfio::Backend::Type1;
+    let out = check(&f.host(), &a, &ROOT);
+    find(&out, "backend", "a run uses type1: asked for");
+    find(&out, "0000:00:03.0", "dev/vfio/3 read-write");
+    // Asked for iommufd where a device has no cdev: FAIL with the way out.
+    std::fs::remove_dir_all(f.path("sys/devices/pci0000:00/0000:00:04.0/vfio-dev")).unwrap();
+    a.iommu_backend = vfpoll_pci::vfio::Backend::Iommufd;
+    let out = check(&f.host(), &a, &ROOT);
+    let c = find(&out, "0000:00:04.0 cdev", "no VFIO device cdev");
+    assert_eq!(c.level, Level::Fail);
+    assert!(c.fix.as_deref().unwrap().contains("--iommu-backend type1"), "{c}");
+    // --noiommu with another backend contradicts itself.
+    a.noiommu = true;
+    let out = check(&f.host(), &a, &ROOT);
+    assert_eq!(find(&out, "backend", "contradict").level, Level::Fail);
 }

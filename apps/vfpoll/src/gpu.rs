@@ -64,9 +64,11 @@ struct XferArgs {
     /// Namespace.
     #[arg(long, short = 'n', default_value_t = 1)]
     nsid: u32,
-    /// Open the controller in VFIO's no-IOMMU mode.
+    /// Open the controller in VFIO's no-IOMMU mode (the same as --iommu-backend noiommu).
     #[arg(long, requires = "device")]
     noiommu: bool,
+    #[arg(long, value_name = "BACKEND", default_value = "auto", help = crate::iommu_backend::HELP)]
+    iommu_backend: vfpoll_pci::vfio::Backend,
     /// Use vfpoll's in-process NVMe model (one namespace of 4 KiB blocks, just large enough,
     /// seeded with a pattern) through the real driver: needs no NVMe and no VFIO.
     #[arg(long, conflicts_with_all = ["file", "hugepages"])]
@@ -241,6 +243,7 @@ fn open_source(a: &XferArgs, save: bool) -> anyhow::Result<Setup> {
     let dev = DeviceArgs {
         device,
         noiommu: a.noiommu,
+        iommu_backend: a.iommu_backend,
         page_size: a.page_size,
     };
     let (ctrl, dma, container) = dev.open()?;

@@ -14,6 +14,7 @@ use vfpoll_nvme::{Controller, Namespace, QpairOptions};
 
 use crate::ctx::Ctx;
 use crate::nvme_open::DeviceArgs;
+use vfpoll_pci::vfio::IommuMode;
 
 /// Arguments of `vfpoll identify`.
 #[derive(Debug, ClapArgs)]
@@ -27,15 +28,16 @@ pub struct Args {
 
 /// Runs `vfpoll identify`.
 pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
-    let (ctrl, dma, _container) = a.dev.open()?;
+    let (ctrl, dma, container) = a.dev.open()?;
+    let mode = container.mode();
     let caps = zone_capacities(&ctrl, &dma, a.dev.page_size);
     if a.json {
         println!(
             "{}",
-            serde_json::to_string_pretty(&to_json(&a.dev, &ctrl, &caps))?
+            serde_json::to_string_pretty(&to_json(&a.dev, mode, &ctrl, &caps))?
         );
     } else {
-        print!("{}", text(&a.dev, &ctrl, &caps));
+        print!("{}", text(&a.dev, mode, &ctrl, &caps));
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -137,12 +139,12 @@ fn size(bytes: u64) -> String {
     }
 }
 
-fn text(dev: &DeviceArgs, c: &Controller, caps: &Capacities) -> String {
+fn text(dev: &DeviceArgs, mode: IommuMode, c: &Controller, caps: &Capacities) -> String {
     let id = c.identify();
     let cap = c.cap();
     let mut s = String::new();
     let mut line = |k: &str, v: String| s.push_str(&format!("{k:<10}: {v}\n"));
-    line("device", format!("{} ({})", dev.device, dev.mode()));
+    line("device", format!("{} ({mode})", dev.device));
     line("vid", format!("{:#06x}", id.vid));
     line("ssvid", format!("{:#06x}", id.ssvid));
     line("sn", id.serial.clone());
@@ -327,11 +329,11 @@ fn format_json(n: &Namespace) -> serde_json::Value {
     }
 }
 
-fn to_json(dev: &DeviceArgs, c: &Controller, caps: &Capacities) -> serde_json::Value {
+fn to_json(dev: &DeviceArgs, mode: IommuMode, c: &Controller, caps: &Capacities) -> serde_json::Value {
     let id = c.identify();
-    json!({
+    let mut v = json!({
         "device": dev.device.to_string(),
-        "mode": if dev.noiommu { "noiommu" } else { "iommu" },
+        "mode": if mode.has_iommu() { "iommu" } else { "noiommu" },
         "vid": id.vid,
         "ssvid": id.ssvid,
         "serial": id.serial,
@@ -371,5 +373,7 @@ fn to_json(dev: &DeviceArgs, c: &Controller, caps: &Capacities) -> serde_json::V
                 "ozcs": z.identify.ozcs,
             })),
         })).collect::<Vec<_>>(),
-    })
+    });
+    v["backend"] = json!(mode.name());
+    v
 }

@@ -16,11 +16,13 @@ use clap::{Parser, Subcommand};
 mod bind;
 mod ctx;
 mod doctor;
+mod doctor_backend;
 mod format;
 mod fwd;
 mod gpu;
 mod hello;
 mod identify;
+mod iommu_backend;
 mod nic_common;
 mod nvme_open;
 mod perf;
@@ -85,7 +87,9 @@ enum Cmd {
     Reset(reset::Args),
     /// Show NVMe and NIC devices, IOMMU groups, hugepages, mounts and limits.
     ///
-    /// The IOMMU state (IOMMU units, vfio's no-IOMMU switch); the devices: NVMe controllers,
+    /// The IOMMU state (IOMMU units, vfio's no-IOMMU switch); the IOMMU backend a run would
+    /// use (--iommu-backend, auto by default: iommufd where /dev/iommu exists and every device on
+    /// vfio-pci has a VFIO cdev, the type1 container otherwise) and why; the devices: NVMe controllers,
     /// NICs, and anything else on vfio-pci or bound by vfpoll, with their driver (and the one they
     /// had before vfpoll bound them), NUMA node, IOMMU group, the other members of the group with
     /// their drivers, and how the kernel uses them; the hugepage pools per size and NUMA node;

@@ -10,16 +10,19 @@ use anyhow::Context as _;
 use clap::Args as ClapArgs;
 use vfpoll_dma::PageSize;
 use vfpoll_nic::{CompletionMode, Mempool, Port, PortOptions};
-use vfpoll_pci::vfio::{Container, IommuMode};
+use vfpoll_pci::vfio::Backend;
 use vfpoll_pci::Bdf;
 
 /// Options every NIC subcommand takes.
 #[derive(Debug, Clone, ClapArgs)]
 pub struct NicArgs {
     /// Use VFIO's no-IOMMU mode (the device sees physical addresses; needs root and
-    /// enable_unsafe_noiommu_mode). Without it, vfpoll uses the IOMMU.
+    /// enable_unsafe_noiommu_mode): the same as --iommu-backend noiommu. Without it, vfpoll uses
+    /// the IOMMU.
     #[arg(long)]
     pub noiommu: bool,
+    #[arg(long, value_name = "BACKEND", default_value = "auto", help = crate::iommu_backend::HELP)]
+    pub iommu_backend: Backend,
     /// Packet buffers in the pool (2 KiB each, on hugepages); every port's receive ring holds
     /// --ring of them all the time.
     #[arg(long, default_value_t = 4096, value_name = "BUFFERS")]
@@ -59,12 +62,7 @@ impl NicArgs {
                 self.link_timeout
             );
         }
-        let mode = if self.noiommu {
-            IommuMode::NoIommu
-        } else {
-            IommuMode::Type1
-        };
-        let container = Container::open(mode).context("opening the VFIO container")?;
+        let (container, _) = crate::iommu_backend::open(self.noiommu, self.iommu_backend, bdfs)?;
         let opts = PortOptions {
             rx_entries: self.ring,
             tx_entries: self.ring,

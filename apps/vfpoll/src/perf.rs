@@ -17,7 +17,7 @@ use vfpoll_engine::{
 };
 use vfpoll_nvme::{CompletionMode, Controller, ControllerOptions, QpairOptions};
 use vfpoll_nvme_model::{ModelConfig, NamespaceConfig, NvmeModel};
-use vfpoll_pci::vfio::{Container, IommuMode};
+use vfpoll_pci::vfio::Backend;
 use vfpoll_pci::Bdf;
 
 use crate::ctx::Ctx;
@@ -83,9 +83,13 @@ pub struct Args {
     /// Seed of offsets, mixes and the verify pattern [default: from the clock; printed].
     #[arg(long)]
     pub seed: Option<u64>,
-    /// No IOMMU: open the devices through vfio's no-IOMMU mode.
+    /// No IOMMU: open the devices through vfio's no-IOMMU mode (the same as --iommu-backend
+    /// noiommu).
     #[arg(long)]
     pub noiommu: bool,
+    #[arg(long, value_name = "BACKEND", default_value = "auto", help = crate::iommu_backend::HELP,
+          conflicts_with = "model")]
+    pub iommu_backend: Backend,
     /// Run against vfpoll's in-process NVMe model (one 64 MiB namespace of 512-byte blocks)
     /// instead of a device: needs no NVMe, no VFIO and no hugepages.
     #[arg(long, conflicts_with_all = ["devices", "noiommu"])]
@@ -277,12 +281,7 @@ fn open_devices(a: &Args, worker_cores: &[usize]) -> anyhow::Result<Devices> {
             page: PageSize::Base4K,
         });
     }
-    let mode = if a.noiommu {
-        IommuMode::NoIommu
-    } else {
-        IommuMode::Type1
-    };
-    let container = Container::open(mode).context("opening the VFIO container")?;
+    let (container, _) = crate::iommu_backend::open(a.noiommu, a.iommu_backend, &a.devices)?;
     let mut ctrls: Vec<(Controller, String)> = Vec::new();
     let mut dma: Option<DmaContext> = None;
     for &bdf in &a.devices {

@@ -6,6 +6,7 @@ use serde::Serialize;
 use vfpoll_hugepages::{self as hp, Memlock};
 use vfpoll_pci::bind::{self, NoIommu, VFIO_PCI};
 use vfpoll_pci::sysfs;
+use vfpoll_pci::vfio::Backend;
 
 use crate::ctx::Ctx;
 use crate::table;
@@ -16,6 +17,10 @@ pub struct Args {
     /// Print JSON (for scripts) instead of tables.
     #[arg(long)]
     pub json: bool,
+    /// Report the backend a run with this --iommu-backend would use (auto: iommufd where
+    /// /dev/iommu exists and every device on vfio-pci has a VFIO cdev, type1 otherwise).
+    #[arg(long, value_name = "BACKEND", default_value = "auto")]
+    pub iommu_backend: Backend,
 }
 
 /// Everything `status` shows.
@@ -23,6 +28,8 @@ pub struct Args {
 pub struct Report {
     /// IOMMU state.
     pub iommu: Iommu,
+    /// The IOMMU backend a run on the devices bound to vfio-pci would use, and why.
+    pub backend: BackendReport,
     /// NVMe controllers, NICs, and any other device on vfio-pci or bound by vfpoll.
     pub devices: Vec<Device>,
     /// Hugepage pools.
@@ -41,6 +48,19 @@ pub struct Iommu {
     /// vfio's no-IOMMU switch: `on`, `off`, `unsupported` (vfio.ko built without
     /// CONFIG_VFIO_NOIOMMU) or `vfio-not-loaded`.
     pub noiommu: &'static str,
+}
+
+/// Which IOMMU backend a run would use.
+#[derive(Debug, Serialize)]
+pub struct BackendReport {
+    /// What was asked for (`--iommu-backend`, `auto` by default).
+    pub requested: String,
+    /// What a run would use: `iommufd`, `type1` or `noiommu`.
+    pub backend: &'static str,
+    /// Why.
+    pub why: String,
+    /// Whether `/dev/iommu` exists (iommufd is loaded).
+    pub dev_iommu: bool,
 }
 
 /// Another member of a device's IOMMU group.
@@ -75,6 +95,8 @@ pub struct Device {
     pub iommu_group: Option<u32>,
     /// The VFIO group node, when there is one.
     pub group_node: Option<String>,
+    /// The VFIO device cdev (`/dev/vfio/devices/vfioN`), when there is one (iommufd opens it).
+    pub vfio_cdev: Option<String>,
     /// The other members of the group.
     pub group_peers: Vec<Peer>,
     /// How the kernel uses it (mounts, interfaces up).
@@ -118,15 +140,19 @@ pub struct MemlockReport {
     pub cap_ipc_lock: Option<bool>,
 }
 
-/// Gathers the report.
-pub fn gather(ctx: &Ctx) -> anyhow::Result<Report> {
+/// Gathers the report; `backend` is the `--iommu-backend` to report on.
+pub fn gather(ctx: &Ctx, backend: Backend) -> anyhow::Result<Report> {
     let host = &ctx.host;
+    let mut on_vfio = Vec::new();
     let records = bind::recorded(&ctx.state_dir);
     let mut devices = Vec::new();
     for d in sysfs::devices(host)? {
         let rec = records.iter().find(|r| r.bdf == d.bdf);
         if !(d.is_nvme() || d.is_network() || d.driver.as_deref() == Some(VFIO_PCI) || rec.is_some()) {
             continue;
+        }
+        if d.driver.as_deref() == Some(VFIO_PCI) {
+            on_vfio.push(d.bdf);
         }
         let mut group_peers = Vec::new();
         if let Some(g) = d.iommu_group {
@@ -150,6 +176,8 @@ pub fn gather(ctx: &Ctx) -> anyhow::Result<Report> {
                 .iommu_group
                 .and_then(|g| bind::group_node(host, g))
                 .map(|p| p.display().to_string()),
+            vfio_cdev: sysfs::vfio_cdev(host, d.bdf)
+                .map(|n| host.dev.join("vfio/devices").join(n).display().to_string()),
             group_peers,
             in_use: bind::kernel_uses(host, &d)?
                 .iter()
@@ -183,10 +211,17 @@ pub fn gather(ctx: &Ctx) -> anyhow::Result<Report> {
         })
         .collect();
     let lim = Memlock::current()?;
+    let choice = backend.choose(host, &on_vfio);
     Ok(Report {
         iommu: Iommu {
             units: bind::iommu_units(host),
             noiommu,
+        },
+        backend: BackendReport {
+            requested: backend.to_string(),
+            backend: choice.mode.name(),
+            why: choice.why,
+            dev_iommu: host.dev.join("iommu").exists(),
         },
         devices,
         hugepages,
@@ -225,7 +260,11 @@ pub fn render(r: &Report) -> String {
         "vfio-not-loaded" => "unknown (vfio not loaded)",
         s => s,
     };
-    out.push_str(&format!("IOMMU: {iommu}; no-IOMMU mode: {noiommu}\n\n"));
+    out.push_str(&format!("IOMMU: {iommu}; no-IOMMU mode: {noiommu}\n"));
+    out.push_str(&format!(
+        "IOMMU backend of a run (--iommu-backend {}): {} ({})\n\n",
+        r.backend.requested, r.backend.backend, r.backend.why
+    ));
 
     let rows: Vec<Vec<String>> = r
         .devices
@@ -349,7 +388,7 @@ pub fn render(r: &Report) -> String {
 
 /// Prints the report.
 pub fn run(ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
-    let r = gather(ctx)?;
+    let r = gather(ctx, a.iommu_backend)?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {

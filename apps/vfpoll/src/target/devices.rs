@@ -10,7 +10,7 @@ use vfpoll_dma::{DmaContext, FakeMapper, PageSize};
 use vfpoll_nvme::{CompletionMode, Controller, ControllerOptions, QpairOptions};
 use vfpoll_nvmf::backend::{Backend, MallocBackend, NvmeBackend};
 use vfpoll_nvmf::fabrics::NamespaceInfo;
-use vfpoll_pci::vfio::{Container, IommuMode};
+use vfpoll_pci::vfio::{Backend as IommuBackend, Container};
 use vfpoll_pci::Bdf;
 
 use super::plan::{NsPlan, Source};
@@ -30,14 +30,11 @@ pub struct Devices {
 impl Devices {
     /// Opens the VFIO container when NVMe namespaces are to be served (`nvme`); RAM alone
     /// needs no device, and its buffers are mapped for none.
-    pub fn new(nvme: bool, noiommu: bool, page_size: PageSize, irq: bool) -> anyhow::Result<Devices> {
+    /// `backend` chooses the IOMMU backend for devices bound to vfio-pci in general (the
+    /// namespaces' controllers are opened later, on reloads too).
+    pub fn new(nvme: bool, backend: IommuBackend, page_size: PageSize, irq: bool) -> anyhow::Result<Devices> {
         let (container, dma) = if nvme {
-            let mode = if noiommu {
-                IommuMode::NoIommu
-            } else {
-                IommuMode::Type1
-            };
-            let c = Container::open(mode).context("opening the VFIO container")?;
+            let (c, _) = crate::iommu_backend::open(false, backend, &[])?;
             let dma = DmaContext::new(c.clone());
             (Some(c), dma)
         } else {

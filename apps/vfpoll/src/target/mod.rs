@@ -62,6 +62,8 @@ pub struct Args {
     /// enable_unsafe_noiommu_mode).
     #[arg(long)]
     noiommu: bool,
+    #[arg(long, value_name = "BACKEND", default_value = "auto", help = crate::iommu_backend::HELP)]
+    iommu_backend: vfpoll_pci::vfio::Backend,
     /// Page size of the data buffers: 2M or 1G (hugepages), or 4K behind an IOMMU (a 128 KiB
     /// buffer then spans pages at one IOVA range; refused with --noiommu). A command moves up
     /// to 128 KiB. Default 2M.
@@ -114,7 +116,8 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
     // pages (2 MiB and 1 GiB pages hold a whole buffer).
     let max_transfer = 128 << 10;
     let workers = plan.cores.len();
-    let mut devices = Devices::new(plan.has_nvme(), plan.noiommu, page_size, plan.nvme_irq)?;
+    let backend = crate::iommu_backend::requested(plan.noiommu, a.iommu_backend)?;
+    let mut devices = Devices::new(plan.has_nvme(), backend, page_size, plan.nvme_irq)?;
     // One backend per worker and namespace: its own queue pair for an NVMe namespace, shared
     // storage for RAM.
     let mut subsystems = Vec::new();
