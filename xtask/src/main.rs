@@ -3,7 +3,7 @@
 //! ```text
 //! cargo xtask setup                      # host packages + guest assets (cached; once per machine)
 //! cargo xtask vm [OPTIONS] -- CMD ARGS   # boot the guest, run CMD in it, exit with its code
-//! cargo xtask test [--host-only] [--filter S] [--mode iommu|noiommu|both] [--kernel 6.1|6.12|all]
+//! cargo xtask test [--host-only] [--filter S] [--mode iommu|noiommu|iommufd|both|all] [--kernel 6.1|6.12|all]
 //! cargo xtask demo [--noiommu]           # vfpoll's main job on the test bed
 //! cargo xtask bench [--time SECS]        # vfpoll perf vs fio on the guest kernel, one table
 //! cargo xtask fuzz [--secs N]            # libFuzzer on vfpoll-nvmf's PDU parser and fabrics decoding
@@ -38,23 +38,27 @@
 //! | 0000:00:0b.0 | NVMe controller F               | 1b36:0010 | serial `vfpoll-f`, the namespace formats (`nvme-f-ns1.img` ... `ns7`): 1 512+8 extended, 2 512+8 separate metadata, 3 512+8 PI type 1, 4 4096+64 separate with PI type 1 (first bytes), 5 PI with a 64-bit guard, 6 zoned (4 KiB blocks, 1 MiB zones, 768 KiB capacity, 4 open / 6 active, ZASL 128 KiB), 7 plain 512 B for Format NVM |
 //! | 0000:00:0c.0 / 0000:01:00.0 | PCIe root port `rp1` / NVMe controller R | 1b36:000c / 1b36:0010 | only with `vm --hotplug` (the `recovery_removal` tests): serial `vfpoll-r`, nsid 1: 64 MiB, 512 B blocks (`nvme-r-ns1.img`, a `-blockdev` that outlives an unplug); `device_del`/`device_add` through QMP (`<run-dir>/qmp.sock`, or `/out/qmp` requests from the guest: `qmp.rs`) |
 //!
-//! Modes: `iommu` (default): emulated VT-d (`intel-iommu,caching-mode=on`, `intel_iommu=on`),
-//! one IOMMU group per device, type1 containers. `noiommu` (`--noiommu`): no vIOMMU, a rebuilt
-//! `vfio.ko` with `vfio.enable_unsafe_noiommu_mode=1` (`/dev/vfio/noiommu-N`; bus address =
-//! guest-physical address).
+//! Modes (`vm --mode`): `iommu` (default): emulated VT-d (`intel-iommu,caching-mode=on`,
+//! `intel_iommu=on`), one IOMMU group per device, type1 containers. `noiommu` (`--noiommu`): no
+//! vIOMMU, a rebuilt `vfio.ko` with `vfio.enable_unsafe_noiommu_mode=1` (`/dev/vfio/noiommu-N`;
+//! bus address = guest-physical address). `iommufd` (6.12 kernel only): emulated VT-d as in
+//! `iommu`, `iommufd` loaded first, so `/dev/iommu` exists and a device bound to vfio-pci gets
+//! `/dev/vfio/devices/vfioN` (the job does not start without `/dev/iommu`). 6.1 boots Debian's
+//! VFIO modules in `iommu` mode; 6.12 boots one rebuilt set (iommufd, cdev, no-IOMMU: see
+//! `setup_vfio.rs`) in every mode.
 //!
 //! Before the command: `nvme,e1000e,virtio_net,vfio-pci,vfio_iommu_type1` are loaded (`--modules`
 //! overrides), so the devices start on their kernel drivers and NVMe controllers are live;
 //! `/dev/hugepages` is hugetlbfs, no pages reserved unless `--hugepages N`. `/lib/modules` has
-//! every module of the guest kernel (with the rebuilt `vfio.ko` in no-IOMMU mode); the host
+//! every module of the guest kernel (with the rebuilt VFIO modules where the mode uses them); the host
 //! has no kmod: inside the guest use `busybox modprobe`.
 //!
 //! Environment of the command: `RUST_LOG`, `RUST_BACKTRACE` and every `VFPOLL_*` of the host,
-//! plus `VFPOLL_TESTBED=iommu|noiommu` and `VFPOLL_TESTBED_OUT=/out`.
+//! plus `VFPOLL_TESTBED=iommu|noiommu|iommufd` and `VFPOLL_TESTBED_OUT=/out`.
 //!
 //! # The run dir
 //!
-//! `target/testbed/run/<iommu|noiommu>` (or `--run-dir`; while another boot holds the default
+//! `target/testbed/run/<mode>` (or `--run-dir`; while another boot holds the default
 //! one, `<mode>-2`, `<mode>-3`, ...), recreated at each boot (unless `--keep-run-dir`) and kept
 //! after it: zero-filled sparse `nvme-a-ns1.img`, `nvme-a-ns2.img`, `nvme-b-ns1.img`, `nvme-s-ns1.img`,
 //! `nvme-f-ns1.img` to `nvme-f-ns7.img`, a zeroed
@@ -68,7 +72,7 @@
 //! - `#[test] #[ignore = "test bed"] fn guest_*()`: run in the guest, one boot per binary and
 //!   mode, as `<binary> --ignored --test-threads=1 --exact <the guest_ tests>`, in `tests/`.
 //! - `#[test] #[ignore = "test bed"] fn host_check_*()`: run on the host after that boot, with
-//!   `VFPOLL_RUN_DIR=<its run dir>` and `VFPOLL_RUN_MODE=iommu|noiommu`; they read the image
+//!   `VFPOLL_RUN_DIR=<its run dir>` and `VFPOLL_RUN_MODE=<mode>`; they read the image
 //!   files and `gpubar.shm`, the oracle no driver code can fake.
 //!
 //! Both runs get the same fresh `VFPOLL_SEED` (a decimal u64). The run dir of a binary `x` is

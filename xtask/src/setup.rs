@@ -13,10 +13,13 @@
 //! boots unless told otherwise) and its 6.12 (`linux-image-6.12-amd64`, the 6.12 LTS Debian 12
 //! carries in `bookworm-security`; where apt does not know it, `bookworm-backports`' kernel is
 //! taken). 6.12 differs where the test bed cares: its bzImage is zstd-compressed, its modules are
-//! `.ko.xz` (unpacked to plain `.ko` here, so busybox's depmod and modprobe and the `vfio.ko`
-//! swap work as with 6.1), and it is built with `CONFIG_VFIO_NOIOMMU` and `CONFIG_IOMMUFD`
-//! unset, so its `vfio.ko` is rebuilt as 6.1's is (the object list read from its own
-//! `drivers/vfio/Makefile` and `.config`: 6.12 adds `group.o` and `virqfd.o` to `vfio.ko`).
+//! `.ko.xz` (unpacked to plain `.ko` here, so busybox's depmod and modprobe and the module swaps
+//! work as with 6.1), and it is built with `CONFIG_VFIO_NOIOMMU` and `CONFIG_IOMMUFD` unset (so
+//! without `CONFIG_VFIO_DEVICE_CDEV` either). Its VFIO modules are therefore rebuilt as a set
+//! with all three ([`vfio`], `setup_vfio.rs`: `iommufd.ko`, `vfio.ko`, `vfio_iommu_type1.ko`,
+//! `vfio-pci-core.ko`, `vfio-pci.ko`), into a module tree of their own (`kroot-vfio`) and one
+//! initramfs (`initramfs-all.cpio`) that every mode boots, test-bed mode `iommufd` included
+//! ([`GuestKernel::iommufd`]).
 
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
