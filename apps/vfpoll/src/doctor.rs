@@ -128,6 +128,7 @@ pub fn check(host: &Host, a: &Args, who: &Process) -> Vec<Finding> {
     hugepages(host, a, &mut out);
     memlock(a, who, &mut out);
     crate::doctor_backend::check(host, a, &mut out);
+    crate::doctor_user::check(host, a, who, &mut out);
     out
 }
 

@@ -17,6 +17,7 @@ mod bind;
 mod ctx;
 mod doctor;
 mod doctor_backend;
+mod doctor_user;
 mod format;
 mod fwd;
 mod gpu;
@@ -67,6 +68,13 @@ enum Cmd {
     /// NVMe controller the kernel does not use). The driver each device had is recorded under
     /// /run/vfpoll for `vfpoll reset`. A failed step does not stop the others; the exit code is 1
     /// if any failed.
+    ///
+    /// With --user NAME (or a numeric user ID), also gives that user what a run without root
+    /// needs: the VFIO nodes of the devices (/dev/vfio/<group>, and /dev/vfio/devices/vfioN and
+    /// /dev/iommu where the kernel has them) and the hugetlbfs mount, chowned to it and recorded
+    /// for `vfpoll reset`; prints the memlock limit its runs need (the --hugepages reservation:
+    /// VFIO charges pinned memory to RLIMIT_MEMLOCK) and how to set it, and raises it for the
+    /// running processes of --pid. Refused with --noiommu: no-IOMMU mode needs root.
     Setup(setup::Args),
     /// Bind devices to vfio-pci, recording their kernel drivers.
     ///
@@ -82,7 +90,8 @@ enum Cmd {
     /// the driver recorded at bind time does not take it, loads that driver's module and probes
     /// once more. Without arguments, or with `all`, acts on every device vfpoll bound (recorded
     /// under /run/vfpoll); devices put on vfio-pci by something else (a VM, say) are left alone
-    /// unless named.
+    /// unless named. Also gives back what `setup --user` gave a user (ownership of the VFIO
+    /// nodes, /dev/iommu and the hugetlbfs mount): all of it, or the named devices' nodes.
     #[command(visible_alias = "unbind")]
     Reset(reset::Args),
     /// Show NVMe and NIC devices, IOMMU groups, hugepages, mounts and limits.
@@ -100,8 +109,11 @@ enum Cmd {
     /// Checks the IOMMU (or, with --noiommu, vfio's no-IOMMU mode); the vfio, vfio-pci and
     /// vfio_iommu_type1 modules; /dev/vfio/vfio; each device (--device; default: every device on
     /// vfio-pci): on vfio-pci, IOMMU group viable, group node read-write; free hugepages against
-    /// --hugepages; a hugetlbfs mount; the memlock limit. Prints OK, WARN or FAIL per finding,
-    /// with the command that fixes it.
+    /// --hugepages; a hugetlbfs mount; the memlock limit. Run by a user other than root, also
+    /// what that user lacks (the devices' iommufd nodes where the kernel has them, a hugetlbfs
+    /// mount it may write to, no-IOMMU mode, which needs root), with `sudo vfpoll setup --user`
+    /// as the fix where it is one. Prints OK, WARN or FAIL per finding, with the command that
+    /// fixes it.
     Doctor(doctor::Args),
     /// Measure NVMe I/O through vfpoll's driver (IOPS, bandwidth, latency), or verify data.
     ///
