@@ -51,6 +51,10 @@ pub(super) struct HealthClock {
     since_check: u32,
     last_tick: Instant,
     last_check: Instant,
+    /// When the last check read CSTS, and the queue pair's completion count then (see
+    /// [`QueuePair::check_health`]).
+    csts_at: Instant,
+    csts_completions: u64,
 }
 
 impl HealthClock {
@@ -62,6 +66,8 @@ impl HealthClock {
             since_check: 0,
             last_tick: now,
             last_check: now,
+            csts_at: now,
+            csts_completions: 0,
         }
     }
 
@@ -164,18 +170,31 @@ impl<B: IoBuffer> QueuePair<B> {
     #[cold]
     pub(super) fn check_health(&mut self, now: Instant, f: &mut impl FnMut(Done<B>)) -> usize {
         let epoch = self.epoch;
-        let s = crate::regs::Csts(self.ctrl.bar.read32(crate::regs::off::CSTS));
-        if s.device_gone() {
-            // Nothing answers: a vanished device no longer writes to memory either.
-            self.ctrl.fail(NvmeError::DeviceGone.to_string(), true);
-            return self.recover(f);
-        }
-        if s.fatal() {
-            // Only a reset clears CFS: asked for here, done on the recovery thread; this queue
-            // pair settles once the controller is disabled.
-            let why = NvmeError::ControllerFatal { csts: s.0 }.to_string();
-            self.ctrl.request_reset(why, epoch);
-            return 0;
+        // CSTS costs an MMIO read (a round trip over PCIe, an exit to the hypervisor in a VM,
+        // where it also contends with the emulated controller for the emulator's lock): a busy
+        // queue pair polled fast checks every MAX_TICK_POLLS polls, tens of thousands of times
+        // a second. A queue pair that reaped completions since the last read has seen the
+        // controller working (after CFS, or once the device is gone, nothing completes), so
+        // the read waits until completions stop or IDLE_INTERVAL passed; timeouts are still
+        // scanned at every check.
+        let completions = self.stats.completions;
+        let h = &mut self.health;
+        if completions == h.csts_completions || now.saturating_duration_since(h.csts_at) >= IDLE_INTERVAL {
+            h.csts_at = now;
+            h.csts_completions = completions;
+            let s = crate::regs::Csts(self.ctrl.bar.read32(crate::regs::off::CSTS));
+            if s.device_gone() {
+                // Nothing answers: a vanished device no longer writes to memory either.
+                self.ctrl.fail(NvmeError::DeviceGone.to_string(), true);
+                return self.recover(f);
+            }
+            if s.fatal() {
+                // Only a reset clears CFS: asked for here, done on the recovery thread; this
+                // queue pair settles once the controller is disabled.
+                let why = NvmeError::ControllerFatal { csts: s.0 }.to_string();
+                self.ctrl.request_reset(why, epoch);
+                return 0;
+            }
         }
         // Asynchronous events (a namespace changed): handled here, without waiting, so a
         // busy queue pair's next submission sees the new namespace table.
@@ -192,6 +211,12 @@ impl<B: IoBuffer> QueuePair<B> {
         if !self.aborts.is_empty() && self.collect_aborts() {
             return 0;
         }
+        self.check_timeouts(now, epoch)
+    }
+
+    /// Commands past their timeout: asked to abort (without waiting), or, when an abort was
+    /// asked for one timeout ago, a reset.
+    fn check_timeouts(&mut self, now: Instant, epoch: u64) -> usize {
         // Milliseconds since creation, plus one (0 means "not seen" in `Request::seen_ms`);
         // wrapping arithmetic keeps working past 49 days.
         let now = (now.saturating_duration_since(self.created).as_millis() as u32)
