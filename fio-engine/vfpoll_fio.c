@@ -8,7 +8,8 @@
  *
  * File names: DDDD.BB.DD.F/NSID, the PCI address of a controller bound to vfio-pci with its
  * colons written as dots (fio splits file names on ':'), then the namespace ID ("/1" may be
- * left out). Engine options: vfpoll_iommu=type1|none (VFIO mode, default type1),
+ * left out). Engine options: vfpoll_iommu=auto|iommufd|type1|none (VFIO's IOMMU backend,
+ * default auto: iommufd where /dev/iommu and VFIO device cdevs exist, type1 otherwise),
  * vfpoll_page=2m|1g|4k (DMA page size, default 2m: hugepages), vfpoll_sgl=1 (SGLs, not PRPs).
  *
  * How it maps onto libvfpoll's rules (one queue pair and one buffer pool per thread):
@@ -23,9 +24,9 @@
  *   - an io_u's tag is its index; completions are polled in getevents(), never waited for;
  *   - fio reaps one completion per getevents() by default (iodepth_batch_complete_max=1):
  *     one poll takes every completion the queue pairs have and keeps those fio did not ask for
- *     yet for its next calls, and commit() rings the doorbell for a batch of commands while
- *     enough others keep the controller busy, so a deep queue costs one poll and one doorbell
- *     per batch rather than per I/O (fio's batching options still apply on top).
+ *     yet for its next calls, and commit() leaves the doorbell to that poll, so a deep queue
+ *     costs one poll and one doorbell per batch rather than per I/O (fio's batching options
+ *     still apply on top).
  * thread=1 is required: fio's default (a process per job) would fork after the controller was
  * opened, and a VFIO device cannot be shared by two processes.
  */
@@ -59,7 +60,7 @@ static struct fio_option options[] = {
 		.lname = "vfpoll IOMMU mode",
 		.type = FIO_OPT_STR_STORE,
 		.off1 = offsetof(struct vfp_options, iommu),
-		.help = "VFIO mode: type1 (through the IOMMU, default) or none (no-IOMMU mode)",
+		.help = "IOMMU backend: auto (default: iommufd where the kernel offers it, type1 otherwise), iommufd, type1 or none (no-IOMMU mode)",
 		.category = FIO_OPT_C_ENGINE,
 		.group = FIO_OPT_G_INVALID,
 	},
@@ -121,8 +122,6 @@ struct vfp_file {
 struct vfp_qp {
 	struct vfp_ctrl *c;
 	vfpoll_qpair *qp;
-	/* Submitted since the last doorbell. */
-	unsigned int pending;
 };
 
 /* An io_u of a job, by io_u->index (the tag of its command). */
@@ -202,14 +201,18 @@ static bool parse_name(const char *name, char pci[16], uint32_t *nsid)
 static int parse_opts(struct thread_data *td, uint32_t *iommu, uint32_t *page)
 {
 	struct vfp_options *o = td->eo;
-	const char *m = o && o->iommu ? o->iommu : "type1";
+	const char *m = o && o->iommu ? o->iommu : "auto";
 	const char *p = o && o->page ? o->page : "2m";
-	if (!strcmp(m, "type1"))
+	if (!strcmp(m, "auto"))
+		*iommu = VFPOLL_IOMMU_AUTO;
+	else if (!strcmp(m, "iommufd"))
+		*iommu = VFPOLL_IOMMU_IOMMUFD;
+	else if (!strcmp(m, "type1"))
 		*iommu = VFPOLL_IOMMU_TYPE1;
 	else if (!strcmp(m, "none") || !strcmp(m, "noiommu"))
 		*iommu = VFPOLL_IOMMU_NONE;
 	else {
-		log_err(ENGINE ": vfpoll_iommu=%s: say type1 (through the IOMMU) or none (VFIO no-IOMMU mode)\n", m);
+		log_err(ENGINE ": vfpoll_iommu=%s: say auto, iommufd, type1 (through the IOMMU) or none (VFIO no-IOMMU mode)\n", m);
 		return 1;
 	}
 	if (!strcasecmp(p, "2m"))
@@ -248,7 +251,9 @@ static struct vfp_ctrl *get_ctrl(struct thread_data *td, const char *pci)
 		log_err(ENGINE ": job %s asks for vfpoll_iommu=%s vfpoll_page=%s, but an earlier job of this "
 			"fio process opened vfpoll's environment with other settings: all jobs share one, "
 			"give them the same vfpoll_iommu and vfpoll_page\n",
-			td->o.name, iommu == VFPOLL_IOMMU_NONE ? "none" : "type1",
+			td->o.name,
+			iommu == VFPOLL_IOMMU_NONE ? "none" : iommu == VFPOLL_IOMMU_IOMMUFD ? "iommufd"
+				: iommu == VFPOLL_IOMMU_AUTO ? "auto" : "type1",
 			page == VFPOLL_PAGE_1G ? "1g" : page == VFPOLL_PAGE_4K ? "4k" : "2m");
 		return NULL;
 	}
@@ -708,36 +713,21 @@ static enum fio_q_status vfp_queue(struct thread_data *td, struct io_u *io_u)
 		io_u->error = -rc;
 		return FIO_Q_COMPLETED;
 	}
-	q->pending++;
 	return FIO_Q_QUEUED;
 }
 
-/* Commands a commit leaves for a later doorbell while the controller has this many others. */
-#define RING_BATCH 8
-
 /*
- * One doorbell per queue pair for the batch fio queued, or none yet: while at least RING_BATCH
- * other commands of the queue pair keep the controller busy, up to RING_BATCH new ones wait,
- * and a poll in getevents() rings the doorbell for everything queued since (SPDK's delayed
- * submission does the same). fio commits after every io_u by default (iodepth_batch=1), and at
- * queue depth 32 one MMIO doorbell write per I/O cost 5x the IOPS on the test bed.
+ * No doorbell here: the next getevents() polls, and a poll rings the doorbell once for everything
+ * queued since (SPDK's fio plugin defers the same way: delay_cmd_submit). fio reaps before it
+ * waits for anything else (io_u_quiesce() before think time, under rate limits, at the end of a
+ * job), so a queued command never waits on fio. fio commits after every io_u by default; up to
+ * f8d5b17 the engine rang here whenever fewer than 8 other commands kept the controller busy,
+ * which after each burst of completions is every commit: an MMIO write per I/O, a third of fio's
+ * time at queue depth 32 on the test bed (in-guest perf profile, BENCHMARKS.md).
  */
 static int vfp_commit(struct thread_data *td)
 {
-	struct vfp_td *s = td->io_ops_data;
-	for (unsigned int i = 0; i < s->nqps; i++) {
-		struct vfp_qp *q = &s->qps[i];
-		int out = vfpoll_qpair_outstanding(q->qp);
-		unsigned int busy = out > (int)q->pending ? (unsigned int)out - q->pending : 0;
-		if (!q->pending || (busy >= RING_BATCH && q->pending < RING_BATCH))
-			continue;
-		q->pending = 0;
-		int rc = vfpoll_qpair_commit(q->qp);
-		if (rc < 0) {
-			vfp_err("vfpoll_qpair_commit", rc);
-			return rc;
-		}
-	}
+	(void)td;
 	return 0;
 }
 
@@ -809,7 +799,6 @@ static int vfp_getevents(struct thread_data *td, unsigned int min, unsigned int 
 				vfp_err("vfpoll_qpair_poll", n);
 				return n;
 			}
-			q->pending = 0;
 			s->stash_at = 0;
 			s->stashed = (unsigned int)n;
 			unstash(s, max, &got);
