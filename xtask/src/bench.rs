@@ -425,6 +425,7 @@ pub fn main(ws: &Workspace, a: &BenchArgs) -> Result<u8> {
             .map(OsString::from)
             .collect(),
         hotplug: false,
+        machine: vm::Machine::default(),
     };
     let load_before = loadavg();
     let lock = vm::lock_run_dir(&run_dir)?;

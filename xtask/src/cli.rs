@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::setup::{iommufd_refused, kernel_by_name, GuestKernel, DEFAULT_KERNEL, KERNELS};
+use crate::setup_qemu::{emulator_by_name, emulators_by_names, Emulator, DEFAULT_EMULATOR, EMULATORS};
 use crate::util::{err, Result};
 use crate::vm::Mode;
 
@@ -66,6 +67,13 @@ Options:
       --modules <A,B>    Modules to load before the command (empty: none)
                          [default: nvme,e1000e,virtio_net,vfio-pci,vfio_iommu_type1]
       --hugepages <N>    Reserve N 2 MiB hugepages before the command [default: 0]
+      --hugepages-1g <N> Reserve N 1 GiB hugepages at boot (kernel command line
+                         hugepagesz=1G hugepages=N; raise --mem to fit) [default: 0]
+      --numa <N>         N guest NUMA nodes sharing --mem and --smp evenly, and NVMe
+                         controller N (0000:81:00.0, behind an expander bridge) on the last
+                         one [default: 1, no NUMA]
+      --qemu <VERSION>   Emulator: 7.2 (the host's) or 10 (bookworm-backports', unpacked
+                         under target/testbed by setup) [default: 7.2]
       --run-dir <DIR>    Where images, gpubar.shm and out/ go
                          [default: target/testbed/run/<mode>]
       --keep-run-dir     Reuse the run dir as it is (images keep their data) instead of
@@ -103,6 +111,9 @@ Options:
       --kernel <NAME>      Guest kernels: 6.1 (every binary), 6.12 (the foundation and nvme
                            binaries in every mode, p2p in iommufd mode, as rows of their own),
                            or all [default: all]
+      --qemu <LIST>        Emulators, comma-separated: 7.2 (every binary), 10 (the nvme and
+                           formats binaries only, on the default kernel, as rows of their
+                           own), or all [default: all]
       --timeout <SECS>     Per guest boot [default: 900]
   -v, --verbose            Show the guest init's lines and kernel warnings
   -h, --help               Print this help";
@@ -173,6 +184,12 @@ pub struct VmArgs {
     pub hotplug: bool,
     /// `--kernel`.
     pub kernel: GuestKernel,
+    /// `--qemu`.
+    pub qemu: Emulator,
+    /// `--hugepages-1g`.
+    pub hugepages_1g: u32,
+    /// `--numa`.
+    pub numa_nodes: u32,
 }
 
 /// Options of `cargo xtask test`.
@@ -190,6 +207,8 @@ pub struct TestArgs {
     pub verbose: bool,
     /// Guest kernels to boot, the default first.
     pub kernels: Vec<GuestKernel>,
+    /// Emulators to boot, the default first.
+    pub qemus: Vec<Emulator>,
 }
 
 /// Parses the arguments after `cargo xtask`.
@@ -267,6 +286,9 @@ fn parse_vm(mut p: Parser) -> Result<Task> {
         command: Vec::new(),
         hotplug: false,
         kernel: DEFAULT_KERNEL,
+        qemu: DEFAULT_EMULATOR,
+        hugepages_1g: 0,
+        numa_nodes: 1,
     };
     while let Some(arg) = p.args.next() {
         let s = arg.to_string_lossy().into_owned();
@@ -294,6 +316,9 @@ fn parse_vm(mut p: Parser) -> Result<Task> {
             "--hugepages" => a.hugepages = number(name, &p.value(name, inline)?)?,
             "--run-dir" => a.run_dir = Some(p.value(name, inline)?.into()),
             "--kernel" => a.kernel = kernel_by_name(&p.value(name, inline)?)?,
+            "--qemu" => a.qemu = emulator_by_name(&p.value(name, inline)?)?,
+            "--hugepages-1g" => a.hugepages_1g = number(name, &p.value(name, inline)?)?,
+            "--numa" => a.numa_nodes = number(name, &p.value(name, inline)?)?,
             "--modules" => {
                 let v = p.value(name, inline)?;
                 a.modules = Some(v.split(',').filter(|m| !m.is_empty()).map(String::from).collect());
@@ -329,6 +354,7 @@ fn parse_test(mut p: Parser) -> Result<Task> {
         timeout: Duration::from_secs(900),
         verbose: false,
         kernels: KERNELS.to_vec(),
+        qemus: EMULATORS.to_vec(),
     };
     while let Some(s) = p.next_str()? {
         let (name, inline) = split_eq(&s);
@@ -344,6 +370,7 @@ fn parse_test(mut p: Parser) -> Result<Task> {
                     v => vec![kernel_by_name(v)?],
                 }
             }
+            "--qemu" => a.qemus = emulators_by_names(&p.value(name, inline)?)?,
             "--mode" => {
                 a.modes = match p.value(name, inline)?.as_str() {
                     "both" => vec![Mode::Iommu, Mode::NoIommu],
@@ -434,6 +461,22 @@ mod tests {
         assert_eq!(a.modules, Some(vec![]));
         assert_eq!(a.hugepages, 8);
         assert_eq!(a.command, args(&["sh", "-c", "exit 3"]));
+        assert_eq!(a.qemu, DEFAULT_EMULATOR);
+        let Task::Vm(a) = parse(args(&[
+            "vm",
+            "--qemu=10",
+            "--hugepages-1g",
+            "4",
+            "--numa",
+            "2",
+            "true",
+        ]))
+        .unwrap() else {
+            panic!("not vm")
+        };
+        assert_eq!(a.qemu, crate::setup_qemu::QEMU_10);
+        assert_eq!((a.hugepages_1g, a.numa_nodes), (4, 2));
+        assert!(parse(args(&["vm", "--qemu", "8", "true"])).is_err());
     }
 
     #[test]
@@ -461,7 +504,12 @@ mod tests {
         assert_eq!(a.modes, vec![Mode::NoIommu]);
         assert_eq!(a.filter.as_deref(), Some("nvme"));
         assert!(a.host_only);
+        assert_eq!(a.qemus, EMULATORS);
         assert!(parse(args(&["test", "--mode", "kvm"])).is_err());
+        let Task::Test(a) = parse(args(&["test", "--qemu", "10"])).unwrap() else {
+            panic!("not test")
+        };
+        assert_eq!(a.qemus, [crate::setup_qemu::QEMU_10]);
     }
 
     #[test]

@@ -47,6 +47,9 @@ pub fn main(ws: &Workspace, mode: Mode, verbose: bool) -> Result<u8> {
         command: ["sh", "-c", &script].iter().map(OsString::from).collect(),
         hotplug: false,
         kernel: crate::setup::DEFAULT_KERNEL,
+        qemu: crate::setup_qemu::DEFAULT_EMULATOR,
+        hugepages_1g: 0,
+        numa_nodes: 1,
     };
     vm::main(ws, &args)
 }

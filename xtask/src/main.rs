@@ -92,6 +92,7 @@ mod fuzz;
 mod json;
 mod qmp;
 mod setup;
+mod setup_qemu;
 mod test;
 mod util;
 mod vm;
@@ -136,7 +137,7 @@ fn main() -> ExitCode {
             let _ = writeln!(std::io::stdout(), "{text}");
             Ok(0)
         }
-        cli::Task::Setup => setup::setup(&ws).map(|_| 0),
+        cli::Task::Setup => setup::setup(&ws).and_then(|_| setup_qemu::setup(&ws)).map(|_| 0),
         cli::Task::Vm(args) => vm::main(&ws, &args),
         cli::Task::Test(args) => test::main(&ws, &args),
         cli::Task::Demo(mode, verbose) => demo::main(&ws, mode, verbose),

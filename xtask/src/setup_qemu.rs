@@ -140,14 +140,8 @@ impl Qemu {
             root.join("usr/lib/x86_64-linux-gnu"),
             root.join("lib/x86_64-linux-gnu"),
         ];
-        let ld_path = std::env::join_paths(
-            libs.iter().filter(|d| d.is_dir()).cloned().chain(
-                std::env::var_os("LD_LIBRARY_PATH")
-                    .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-                    .unwrap_or_default(),
-            ),
-        )
-        .unwrap_or_default();
+        // Only its own libraries: not the caller's (cargo's target/debug/deps, ...).
+        let ld_path = std::env::join_paths(libs.iter().filter(|d| d.is_dir())).unwrap_or_default();
         Qemu {
             emulator,
             binary: root.join("usr/bin").join(HOST_BINARY),

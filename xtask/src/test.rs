@@ -22,6 +22,7 @@ use crate::cli::TestArgs;
 use crate::fuzz;
 use crate::json;
 use crate::setup::{self, Assets};
+use crate::setup_qemu::{self, Qemu};
 use crate::util::{err, random_u64, run, secs, stdout_of, Context, Result};
 use crate::vm::{self, Boot, Mode, Outcome, DEFAULT_MODULES, EXIT_NO_CODE, EXIT_TIMEOUT};
 use crate::Workspace;
@@ -45,6 +46,15 @@ const OTHER_KERNEL_BINS: &[&str] = &["foundation", "nvme"];
 const IOMMUFD_BINS: &[&str] = &["foundation", "nvme", "p2p"];
 /// Test binaries whose boots get hot-pluggable NVMe controller R ([`Boot::hotplug`]).
 const HOTPLUG_BINS: &[&str] = &["recovery_removal"];
+/// Test binaries that also boot the emulators other than the host's QEMU 7.2 (`--qemu`), on
+/// the default kernel, in rows of their own: the NVMe suites, whose device model changed most.
+const OTHER_QEMU_BINS: &[&str] = &["nvme", "formats"];
+/// Test binaries whose boots get 1 GiB hugepages and two NUMA nodes ([`vm::Machine`]).
+const HUGE_1G_BINS: &[&str] = &["hugepages_1g"];
+/// Guest memory, 1 GiB pages and NUMA nodes of a [`HUGE_1G_BINS`] boot: 4 pages in 8 GiB (4 GiB
+/// per node). The kernel finds aligned free gigabytes for one page on node 0 (below 4 GiB the
+/// PCI hole, above it the node's struct pages) and three on node 1; with 6 GiB, none on node 0.
+const HUGE_1G_MACHINE: (&str, u32, u32) = ("8G", 4, 2);
 
 /// `cargo xtask test`.
 pub fn main(ws: &Workspace, a: &TestArgs) -> Result<u8> {
@@ -65,6 +75,21 @@ pub fn main(ws: &Workspace, a: &TestArgs) -> Result<u8> {
                 Ok((assets, note))
             });
             assets.extend(other);
+        }
+    }
+    let mut qemus = Vec::new();
+    if !a.host_only {
+        for &e in &a.qemus {
+            if e == setup_qemu::DEFAULT_EMULATOR {
+                qemus.push(Qemu::host());
+                continue;
+            }
+            let q = r.step(&format!("setup (qemu {})", e.name), || {
+                let q = setup_qemu::setup_emulator(ws, e)?;
+                let note = q.version()?;
+                Ok((q, note))
+            });
+            qemus.extend(q);
         }
     }
 
@@ -103,8 +128,8 @@ pub fn main(ws: &Workspace, a: &TestArgs) -> Result<u8> {
         fio_engine(ws, "debug").map(|so| ((), so.display().to_string()))
     });
 
-    if !assets.is_empty() {
-        test_bed(ws, a, &assets, &mut r);
+    if !assets.is_empty() && !qemus.is_empty() {
+        test_bed(ws, a, &assets, &qemus, &mut r);
     }
     Ok(r.summary())
 }
@@ -178,9 +203,11 @@ pub fn fio_engine(ws: &Workspace, profile: &str) -> Result<PathBuf> {
     Ok(dir.join("libvfpoll_fio.so"))
 }
 
-/// Part c: the guest boots and the host checks, on each kernel of `kernels` (the default one
-/// runs every binary, the others [`OTHER_KERNEL_BINS`]).
-fn test_bed(ws: &Workspace, a: &TestArgs, kernels: &[Assets], r: &mut Report) {
+/// Part c: the guest boots and the host checks, on each kernel of `kernels` and emulator of
+/// `qemus` (the default kernel on the host's QEMU runs every binary, another kernel
+/// [`OTHER_KERNEL_BINS`] on the host's QEMU, another emulator [`OTHER_QEMU_BINS`] on the
+/// default kernel).
+fn test_bed(ws: &Workspace, a: &TestArgs, kernels: &[Assets], qemus: &[Qemu], r: &mut Report) {
     let Some(()) = r.step("cargo build --bins", || {
         vm::build_bins(ws).map(|()| ((), String::new()))
     }) else {
@@ -225,12 +252,20 @@ fn test_bed(ws: &Workspace, a: &TestArgs, kernels: &[Assets], r: &mut Report) {
             continue;
         }
         let name = bin.name.as_str();
-        let kernels = kernels.iter().filter(|k| {
-            k.kernel == setup::DEFAULT_KERNEL
-                || OTHER_KERNEL_BINS.contains(&name)
-                || IOMMUFD_BINS.contains(&name)
-        });
-        for (assets, &mode) in kernels.flat_map(|k| a.modes.iter().map(move |m| (k, m))) {
+        let machines = kernels
+            .iter()
+            .flat_map(|k| qemus.iter().map(move |q| (k, q)))
+            .filter(|(k, q)| {
+                let default_kernel = k.kernel == setup::DEFAULT_KERNEL;
+                let host_qemu = q.emulator == setup_qemu::DEFAULT_EMULATOR;
+                match (default_kernel, host_qemu) {
+                    (true, true) => true,
+                    (false, true) => OTHER_KERNEL_BINS.contains(&name) || IOMMUFD_BINS.contains(&name),
+                    (true, false) => OTHER_QEMU_BINS.contains(&name),
+                    (false, false) => false,
+                }
+            });
+        for ((assets, qemu), &mode) in machines.flat_map(|kq| a.modes.iter().map(move |m| (kq, m))) {
             // Mode iommufd: IOMMUFD_BINS on a kernel with iommufd; other modes on another
             // kernel: OTHER_KERNEL_BINS.
             let row = match mode {
@@ -246,7 +281,7 @@ fn test_bed(ws: &Workspace, a: &TestArgs, kernels: &[Assets], r: &mut Report) {
                     host: &host,
                     faults: Faults::None,
                 };
-                run_pair(ws, a, assets, r, bin, mode, job);
+                run_pair(ws, a, (assets, qemu), r, bin, mode, job);
             }
             for t in &expect_fault {
                 if mode == Mode::Iommu {
@@ -255,14 +290,14 @@ fn test_bed(ws: &Workspace, a: &TestArgs, kernels: &[Assets], r: &mut Report) {
                         host: &[],
                         faults: Faults::Expected,
                     };
-                    run_pair(ws, a, assets, r, bin, mode, job);
+                    run_pair(ws, a, (assets, qemu), r, bin, mode, job);
                 } else {
                     let name = format!(
                         "guest {} {} ({}{})",
                         bin.name,
                         short_name(t),
                         mode.name(),
-                        kernel_tag(assets, ", ")
+                        machine_tag(assets, qemu, ", ")
                     );
                     r.record(&name, None, 0.0, "IOMMU mode only: no vIOMMU, no fault".into());
                 }
@@ -298,7 +333,7 @@ struct Job<'a> {
 fn run_pair(
     ws: &Workspace,
     a: &TestArgs,
-    assets: &Assets,
+    (assets, qemu): (&Assets, &Qemu),
     r: &mut Report,
     bin: &TestBin,
     mode: Mode,
@@ -307,7 +342,7 @@ fn run_pair(
     let Job { guest, host, faults } = job;
     // An expected-fault boot is named after its one test; a kernel other than the default
     // is named in the row and the run dir.
-    let (kl, kd) = (kernel_tag(assets, ", "), kernel_tag(assets, "-"));
+    let (kl, kd) = (machine_tag(assets, qemu, ", "), machine_tag(assets, qemu, "-"));
     let (label, dir_name) = match faults {
         Faults::None => (
             format!("{} ({}{kl})", bin.name, mode.name()),
@@ -340,10 +375,11 @@ fn run_pair(
         "--exact".into(),
     ];
     command.extend(guest.iter().map(OsString::from));
+    let huge_1g = HUGE_1G_BINS.contains(&bin.name.as_str());
     let boot = Boot {
         mode,
         timeout: a.timeout,
-        mem: "2G".into(),
+        mem: if huge_1g { HUGE_1G_MACHINE.0 } else { "2G" }.into(),
         smp: 2,
         modules: DEFAULT_MODULES.iter().map(|m| m.to_string()).collect(),
         hugepages: 0,
@@ -354,6 +390,11 @@ fn run_pair(
         env: vec![("VFPOLL_SEED".into(), seed.clone().into())],
         command,
         hotplug: HOTPLUG_BINS.contains(&bin.name.as_str()),
+        machine: vm::Machine {
+            qemu: qemu.clone(),
+            hugepages_1g: if huge_1g { HUGE_1G_MACHINE.1 } else { 0 },
+            numa_nodes: if huge_1g { HUGE_1G_MACHINE.2 } else { 1 },
+        },
     };
     eprintln!("test: {label}: {} guest tests, VFPOLL_SEED={seed}", guest.len());
     let lock = match vm::lock_run_dir(&run_dir) {
@@ -408,14 +449,19 @@ fn run_pair(
     });
 }
 
-/// `<sep><kernel name>` for a kernel other than the default, empty for the default (whose
-/// rows and run dirs keep their names).
-fn kernel_tag(assets: &Assets, sep: &str) -> String {
-    if assets.kernel == setup::DEFAULT_KERNEL {
-        String::new()
-    } else {
-        format!("{sep}{}", assets.kernel.name)
+/// `<sep><kernel name>` for a kernel other than the default and `<sep>qemu<name>` for an
+/// emulator other than the host's, empty for the defaults (whose rows and run dirs keep their
+/// names): `, 6.12`, `, qemu 10` in rows, `-6.12`, `-qemu10` in run dirs.
+fn machine_tag(assets: &Assets, qemu: &Qemu, sep: &str) -> String {
+    let mut t = String::new();
+    if assets.kernel != setup::DEFAULT_KERNEL {
+        t.push_str(&format!("{sep}{}", assets.kernel.name));
     }
+    if qemu.emulator != setup_qemu::DEFAULT_EMULATOR {
+        let space = if sep.contains(' ') { " " } else { "" };
+        t.push_str(&format!("{sep}qemu{space}{}", qemu.emulator.name));
+    }
+    t
 }
 
 /// What a boot's outcome means: the note of a pass, or why it failed. `marker` is what an

@@ -49,9 +49,14 @@ impl<T, E: fmt::Display> Context<T> for Result<T, E> {
     }
 }
 
-/// `cmd` as a shell would show it, for error messages and `--print-cmd`.
+/// `cmd` as a shell would show it, for error messages and `--print-cmd`: the variables set for
+/// it first (QEMU 10's `QEMU_MODULE_DIR`, ...), then the program and its arguments.
 pub fn show(cmd: &Command) -> String {
-    let mut words = vec![shell_quote(cmd.get_program())];
+    let mut words: Vec<String> = cmd
+        .get_envs()
+        .filter_map(|(k, v)| v.map(|v| format!("{}={}", k.to_string_lossy(), shell_quote(v))))
+        .collect();
+    words.push(shell_quote(cmd.get_program()));
     words.extend(cmd.get_args().map(shell_quote));
     words.join(" ")
 }

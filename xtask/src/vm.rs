@@ -111,7 +111,32 @@ pub struct Boot {
     pub command: Vec<OsString>,
     /// Add hot-pluggable NVMe controller R behind a PCIe root port (see the module docs).
     pub hotplug: bool,
+    /// The emulator, 1 GiB pages and NUMA nodes.
+    pub machine: Machine,
 }
+
+/// What a boot's machine is beyond the fixed devices: which QEMU runs it (`--qemu`), 1 GiB
+/// hugepages reserved on the kernel command line (`--hugepages-1g`) and guest NUMA nodes
+/// (`--numa`). The default is the host's QEMU 7.2, no 1 GiB pages, no NUMA.
+#[derive(Debug, Clone, Default)]
+pub struct Machine {
+    /// The emulator to run.
+    pub qemu: crate::setup_qemu::Qemu,
+    /// 1 GiB pages the guest kernel reserves at boot (`hugepagesz=1G hugepages=N`): gigantic
+    /// pages can only be had reliably before memory fragments. With NUMA nodes the kernel
+    /// spreads them over the nodes, round robin.
+    pub hugepages_1g: u32,
+    /// Guest NUMA nodes; 0 or 1: none declared. With 2 or more, memory (`-m`) and CPUs
+    /// (`-smp`) are split evenly over them, and NVMe controller N sits on the last node (see
+    /// [`NUMA_NVME_SERIAL`]).
+    pub numa_nodes: u32,
+}
+
+/// With NUMA nodes ([`Machine::numa_nodes`] >= 2): NVMe controller N (serial `vfpoll-n`, one
+/// 64 MiB namespace) sits behind a PCI Express expander bridge (`pxb-pcie`, bus 0x80,
+/// `numa_node` = the last node) and a root port, so it is 0000:81:00.0 in the guest and its
+/// `numa_node` in sysfs is that node (QEMU gives the expander's bus an ACPI `_PXM`).
+pub const NUMA_NVME_SERIAL: &str = "vfpoll-n";
 
 /// QEMU's id of hot-pluggable controller R (for `device_del`/`device_add`).
 pub const HOTPLUG_ID: &str = "nvmer";
@@ -158,6 +183,11 @@ pub fn main(ws: &Workspace, a: &VmArgs) -> Result<u8> {
         env: Vec::new(),
         command: a.command.clone(),
         hotplug: a.hotplug,
+        machine: Machine {
+            qemu: crate::setup_qemu::current(ws, a.qemu)?,
+            hugepages_1g: a.hugepages_1g,
+            numa_nodes: a.numa_nodes,
+        },
     };
     if a.print_cmd {
         let assets = setup::current(ws, a.kernel)?;
@@ -166,12 +196,13 @@ pub fn main(ws: &Workspace, a: &VmArgs) -> Result<u8> {
         return Ok(0);
     }
     let assets = setup::ensure_kernel(ws, a.kernel)?;
+    let mut boot = boot;
+    boot.machine.qemu = crate::setup_qemu::ensure(ws, a.qemu)?;
     if !a.no_build {
         build_bins(ws)?;
     }
     // Boots may run side by side (each is one TCG process): an explicit run dir is waited
     // for, the default one is replaced by `<mode>-2`, `<mode>-3`, ... while it is busy.
-    let mut boot = boot;
     let lock = if a.run_dir.is_some() {
         lock_run_dir(&boot.run_dir)?
     } else {
@@ -247,7 +278,7 @@ pub fn run_boot(ws: &Workspace, assets: &Assets, b: &Boot, _lock: &Lock) -> Resu
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .context("cannot start qemu-system-x86_64")?;
+        .context(format_args!("cannot start {}", b.machine.qemu.binary.display()))?;
     let stdout = child.stdout.take().expect("piped");
     let stderr = child.stderr.take().expect("piped");
     let log = fs::File::create(b.run_dir.join("console.log"))?;
@@ -336,6 +367,8 @@ pub const IMAGES: &[(&str, u64)] = &[
     ("nvme-f-ns7.img", 4),
     // Controller R, only with `Boot::hotplug`.
     ("nvme-r-ns1.img", 64),
+    // Controller N, only with NUMA nodes (`Machine::numa_nodes`).
+    ("nvme-n-ns1.img", 64),
 ];
 /// The ivshmem backing file (the GPU-BAR stand-in) and its size in MiB.
 pub const GPUBAR: (&str, u64) = ("gpubar.shm", 64);
@@ -460,7 +493,7 @@ fn opt_path(p: &Path) -> String {
 /// mode `iommufd` on a kernel without it.
 pub fn qemu_command(assets: &Assets, b: &Boot) -> Result<Command> {
     let run = &b.run_dir;
-    let mut q = Command::new("qemu-system-x86_64");
+    let mut q = b.machine.qemu.command();
     q.args(["-machine", "q35", "-accel", "tcg", "-cpu", "max"])
         .args(["-m", &b.mem, "-smp", &b.smp.to_string()])
         // `-nographic` would also make SeaBIOS print (and reset the terminal) on the serial
@@ -488,6 +521,7 @@ pub fn qemu_command(assets: &Assets, b: &Boot) -> Result<Command> {
         },
         boot_modules(b).join(",")
     );
+    numa_and_huge_1g(&mut q, &mut append, b);
     let initrd = assets.boot_files(b.mode)?.0;
     if b.mode.viommu() {
         // Must come before the PCI devices it translates for.
@@ -633,6 +667,9 @@ pub fn qemu_command(assets: &Assets, b: &Boot) -> Result<Command> {
             &format!("nvme,id={HOTPLUG_ID},bus={HOTPLUG_PORT},serial=vfpoll-r,drive={HOTPLUG_NODE}"),
         ]);
     }
+    if b.machine.numa_nodes >= 2 {
+        numa_nvme(&mut q, b, &drive("nvmen1", "nvme-n-ns1.img"));
+    }
     Ok(q)
 }
 
@@ -644,6 +681,72 @@ fn boot_modules(b: &Boot) -> Vec<String> {
         m.insert(0, "iommufd".into());
     }
     m
+}
+
+/// Guest NUMA nodes (memory backends, CPUs) and 1 GiB pages on the kernel command line
+/// ([`Machine`]).
+fn numa_and_huge_1g(q: &mut Command, append: &mut String, b: &Boot) {
+    let m = &b.machine;
+    if m.hugepages_1g > 0 {
+        append.push_str(&format!(" hugepagesz=1G hugepages={}", m.hugepages_1g));
+    }
+    if m.numa_nodes < 2 {
+        return;
+    }
+    let nodes = u64::from(m.numa_nodes);
+    // `-m` as MiB; each node gets an equal share, the last one the rest.
+    let total = mem_mib(&b.mem);
+    let smp = u64::from(b.smp);
+    for n in 0..nodes {
+        let mib = if n + 1 == nodes {
+            total - total / nodes * (nodes - 1)
+        } else {
+            total / nodes
+        };
+        q.args([
+            "-object",
+            &format!("memory-backend-ram,id=ram-node{n},size={mib}M"),
+        ]);
+        // CPUs split as evenly as they go; a node may have none when -smp < nodes.
+        let (first, last) = (n * smp / nodes, (n + 1) * smp / nodes);
+        let cpus = match last - first {
+            0 => String::new(),
+            1 => format!(",cpus={first}"),
+            _ => format!(",cpus={first}-{}", last - 1),
+        };
+        q.args(["-numa", &format!("node,nodeid={n}{cpus},memdev=ram-node{n}")]);
+    }
+}
+
+/// NVMe controller N on the last NUMA node (see [`NUMA_NVME_SERIAL`]); `drive` is its
+/// namespace's `-drive` option pair.
+fn numa_nvme(q: &mut Command, b: &Boot, drive: &[String; 2]) {
+    let node = b.machine.numa_nodes - 1;
+    q.args([
+        "-device",
+        &format!("pxb-pcie,id=pxbn,bus_nr=128,numa_node={node},bus=pcie.0,addr=0xd"),
+    ]);
+    q.args(["-device", "pcie-root-port,id=rpn,bus=pxbn,chassis=2,slot=0"]);
+    q.args([
+        "-device",
+        &format!("nvme,id=nvmen,bus=rpn,serial={NUMA_NVME_SERIAL}"),
+    ]);
+    q.args(drive);
+    q.args(["-device", "nvme-ns,drive=nvmen1,bus=nvmen,nsid=1"]);
+}
+
+/// QEMU's `-m` size as MiB (`2G`, `4096M`, `4096`: MiB without a suffix); 2 GiB when it cannot
+/// be read (QEMU then refuses the value itself).
+fn mem_mib(mem: &str) -> u64 {
+    let m = mem.trim();
+    let (num, unit) = m.split_at(m.find(|c: char| !c.is_ascii_digit()).unwrap_or(m.len()));
+    let n: u64 = num.parse().unwrap_or(2048);
+    match unit.to_ascii_uppercase().as_str() {
+        "G" | "GB" | "GIB" => n << 10,
+        "T" | "TB" | "TIB" => n << 20,
+        "K" | "KB" | "KIB" => n >> 10,
+        _ => n,
+    }
 }
 
 /// Copies QEMU's stderr to `out` (ours), without the one warning every boot gives (the NIC hub
@@ -1040,6 +1143,7 @@ mod tests {
             env: vec![("VFPOLL_SEED".into(), "42".into())],
             command: vec!["sh".into(), "-c".into(), "echo 'hi'; exit 3".into()],
             hotplug: false,
+            machine: Machine::default(),
         };
         let s = String::from_utf8(job_script(&ws, &b)).unwrap();
         assert!(s.contains("export PATH=/w/target/debug:/w/target/release:/usr/local/sbin:"));
@@ -1048,5 +1152,48 @@ mod tests {
         assert!(s.contains("echo 4 > /proc/sys/vm/nr_hugepages\n"));
         assert!(s.contains("cd '/w/my dir' || exit 125\n"));
         assert!(s.ends_with("exec sh -c 'echo '\\''hi'\\''; exit 3'\n"));
+    }
+
+    #[test]
+    fn numa_nodes_and_1g_pages() {
+        assert_eq!(mem_mib("8G"), 8192);
+        assert_eq!(mem_mib("3000M"), 3000);
+        assert_eq!(mem_mib("4096"), 4096);
+        let mut b = Boot {
+            mode: Mode::Iommu,
+            timeout: Duration::from_secs(1),
+            mem: "3000M".into(),
+            smp: 3,
+            modules: vec![],
+            hugepages: 0,
+            run_dir: "/r".into(),
+            keep_run_dir: false,
+            verbose: false,
+            cwd: "/".into(),
+            env: vec![],
+            command: vec![],
+            hotplug: false,
+            machine: Machine {
+                hugepages_1g: 4,
+                numa_nodes: 2,
+                ..Machine::default()
+            },
+        };
+        let args = |b: &Boot| {
+            let (mut q, mut append) = (Command::new("q"), String::new());
+            numa_and_huge_1g(&mut q, &mut append, b);
+            let args: Vec<String> = q.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
+            (args.join(" "), append)
+        };
+        let (q, append) = args(&b);
+        assert_eq!(append, " hugepagesz=1G hugepages=4");
+        assert_eq!(
+            q,
+            "-object memory-backend-ram,id=ram-node0,size=1500M -numa node,nodeid=0,cpus=0,memdev=ram-node0 \
+             -object memory-backend-ram,id=ram-node1,size=1500M -numa node,nodeid=1,cpus=1-2,memdev=ram-node1"
+        );
+        // One node: nothing declared.
+        b.machine = Machine::default();
+        assert_eq!(args(&b), (String::new(), String::new()));
     }
 }
