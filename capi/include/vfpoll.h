@@ -42,12 +42,21 @@
 #include <stdint.h>
 
 // IOMMU mode for `vfpoll_env_open`: devices reach memory through the IOMMU
-// (VFIO type1). The safe default.
+// (the VFIO type1 container). The safe default.
 #define VFPOLL_IOMMU_TYPE1 0
 
 // IOMMU mode: no IOMMU (VFIO no-IOMMU mode). Devices use physical addresses and can reach all
 // memory; needs root, hugepages and `enable_unsafe_noiommu_mode`.
 #define VFPOLL_IOMMU_NONE 1
+
+// IOMMU mode: through the IOMMU, driven by iommufd (`/dev/iommu`, devices opened through
+// their VFIO cdev `/dev/vfio/devices/vfioN`; Linux 6.6+). The same protection as type1; it
+// cannot map a peer device's BAR for P2P DMA (use `VFPOLL_IOMMU_TYPE1` for that).
+#define VFPOLL_IOMMU_IOMMUFD 2
+
+// IOMMU mode: `VFPOLL_IOMMU_IOMMUFD` where `/dev/iommu` exists and the kernel offers VFIO
+// cdevs (`/dev/vfio/devices` holds some), `VFPOLL_IOMMU_TYPE1` otherwise; never no-IOMMU.
+#define VFPOLL_IOMMU_AUTO 3
 
 // DMA page size: 4 KiB pages (no hugepages needed; IOMMU mode).
 #define VFPOLL_PAGE_4K 0
@@ -249,8 +258,8 @@ extern "C" {
 // not change it.
 const char *vfpoll_last_error(void);
 
-// Opens the environment: a VFIO container in `iommu_mode` (`VFPOLL_IOMMU_TYPE1` or
-// `VFPOLL_IOMMU_NONE`), with DMA memory of `page_size` pages (`VFPOLL_PAGE_2M`, `_1G` or
+// Opens the environment: a VFIO container in `iommu_mode` (`VFPOLL_IOMMU_TYPE1`,
+// `VFPOLL_IOMMU_IOMMUFD`, `VFPOLL_IOMMU_AUTO` or `VFPOLL_IOMMU_NONE`), with DMA memory of `page_size` pages (`VFPOLL_PAGE_2M`, `_1G` or
 // `_4K`) for queues and buffer pools. One per process is usual; controllers opened in it share
 // its IOMMU domain, so a buffer pool of one of them can be used with the others.
 //
@@ -259,7 +268,9 @@ const char *vfpoll_last_error(void);
 //
 // # Safety
 // `out` is NULL or points to writable memory for one pointer.
-int vfpoll_env_open(uint32_t iommu_mode, uint32_t page_size, struct vfpoll_env **out);
+int vfpoll_env_open(uint32_t iommu_mode,
+                    uint32_t page_size,
+                    struct vfpoll_env **out);
 
 // Closes an environment handle. Controllers, pools and queue pairs made in it stay usable:
 // the container closes when the last of them is gone. NULL is accepted (nothing happens).

@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 use vfpoll_dma::{DmaContext, PageSize};
 use vfpoll_nvme::format::{Access, PiFormat, PiMode, PiType, Refusal};
 use vfpoll_nvme::{zns, Controller, ControllerOptions, Namespace, MAX_QUEUE_ENTRIES};
-use vfpoll_pci::vfio::{Container, IommuMode};
-use vfpoll_pci::Bdf;
+use vfpoll_pci::vfio::{Backend, Container};
+use vfpoll_pci::{Bdf, Host};
 
 use crate::error::{Error, Res};
 use crate::types::*;
@@ -51,13 +51,15 @@ pub struct vfpoll_ctrl {
     pub(crate) env: Arc<Env>,
 }
 
-/// The IOMMU mode for a `VFPOLL_IOMMU_*` value.
-pub(crate) fn iommu_mode(v: u32) -> Res<IommuMode> {
+/// The IOMMU backend for a `VFPOLL_IOMMU_*` value.
+pub(crate) fn iommu_mode(v: u32) -> Res<Backend> {
     match v {
-        VFPOLL_IOMMU_TYPE1 => Ok(IommuMode::Type1),
-        VFPOLL_IOMMU_NONE => Ok(IommuMode::NoIommu),
+        VFPOLL_IOMMU_TYPE1 => Ok(Backend::Type1),
+        VFPOLL_IOMMU_NONE => Ok(Backend::NoIommu),
+        VFPOLL_IOMMU_IOMMUFD => Ok(Backend::Iommufd),
+        VFPOLL_IOMMU_AUTO => Ok(Backend::Auto),
         _ => Err(Error::inval(format!(
-            "IOMMU mode {v} is not VFPOLL_IOMMU_TYPE1 (0) or VFPOLL_IOMMU_NONE (1)"
+            "IOMMU mode {v} is not VFPOLL_IOMMU_TYPE1 (0), VFPOLL_IOMMU_NONE (1), VFPOLL_IOMMU_IOMMUFD (2) or VFPOLL_IOMMU_AUTO (3)"
         ))),
     }
 }
@@ -75,9 +77,12 @@ pub(crate) fn page_size(v: u32) -> Res<PageSize> {
 }
 
 impl vfpoll_env {
-    /// Opens a VFIO container in `mode`.
-    pub(crate) fn open(mode: IommuMode, page_size: PageSize) -> Res<Self> {
-        let container = Container::open(mode)?;
+    /// Opens a VFIO container with `backend` (auto: chosen for the devices on vfio-pci in
+    /// general, since the controllers are opened later).
+    pub(crate) fn open(backend: Backend, page_size: PageSize) -> Res<Self> {
+        let choice = backend.choose(&Host::default(), &[]);
+        log::info!("IOMMU backend: {choice}");
+        let container = Container::open(choice.mode)?;
         Ok(vfpoll_env {
             env: Arc::new(Env {
                 container: Some(container),

@@ -119,7 +119,11 @@ fn dma_errno(e: &DmaError) -> i32 {
 
 fn vfio_errno(e: &VfioError) -> i32 {
     match e {
-        VfioError::NoVfio { .. } => ENOENT,
+        VfioError::NoVfio { .. } | VfioError::NoIommufd { .. } => ENOENT,
+        VfioError::NoCdev { .. } => ENODEV,
+        VfioError::IommufdNoIommu { .. } => EINVAL,
+        VfioError::DeviceBusy { .. } => EBUSY,
+        VfioError::PeerBarUnderIommufd { .. } => EOPNOTSUPP,
         VfioError::Permission { .. } => EACCES,
         VfioError::NoIommuNotEnabled => EPERM,
         VfioError::ApiVersion(_) | VfioError::NoType1 => EOPNOTSUPP,

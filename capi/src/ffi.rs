@@ -54,8 +54,8 @@ pub extern "C" fn vfpoll_last_error() -> *const c_char {
     std::panic::catch_unwind(last_ptr).unwrap_or(c"".as_ptr())
 }
 
-/// Opens the environment: a VFIO container in `iommu_mode` (`VFPOLL_IOMMU_TYPE1` or
-/// `VFPOLL_IOMMU_NONE`), with DMA memory of `page_size` pages (`VFPOLL_PAGE_2M`, `_1G` or
+/// Opens the environment: a VFIO container in `iommu_mode` (`VFPOLL_IOMMU_TYPE1`,
+/// `VFPOLL_IOMMU_IOMMUFD`, `VFPOLL_IOMMU_AUTO` or `VFPOLL_IOMMU_NONE`), with DMA memory of `page_size` pages (`VFPOLL_PAGE_2M`, `_1G` or
 /// `_4K`) for queues and buffer pools. One per process is usual; controllers opened in it share
 /// its IOMMU domain, so a buffer pool of one of them can be used with the others.
 ///

@@ -714,3 +714,14 @@ fn the_callback_may_resubmit_to_its_queue_pair() {
     assert_eq!(destroy_qpair(qp), 0);
     assert_eq!(destroy_pool(pool), 0);
 }
+
+#[test]
+fn iommu_modes_map_to_backends() {
+    use crate::env::iommu_mode;
+    use vfpoll_pci::vfio::Backend;
+    assert_eq!(iommu_mode(VFPOLL_IOMMU_TYPE1).unwrap(), Backend::Type1);
+    assert_eq!(iommu_mode(VFPOLL_IOMMU_NONE).unwrap(), Backend::NoIommu);
+    assert_eq!(iommu_mode(VFPOLL_IOMMU_IOMMUFD).unwrap(), Backend::Iommufd);
+    assert_eq!(iommu_mode(VFPOLL_IOMMU_AUTO).unwrap(), Backend::Auto);
+    assert!(iommu_mode(4).is_err());
+}

@@ -7,11 +7,18 @@
 use std::ffi::c_char;
 
 /// IOMMU mode for `vfpoll_env_open`: devices reach memory through the IOMMU
-/// (VFIO type1). The safe default.
+/// (the VFIO type1 container). The safe default.
 pub const VFPOLL_IOMMU_TYPE1: u32 = 0;
 /// IOMMU mode: no IOMMU (VFIO no-IOMMU mode). Devices use physical addresses and can reach all
 /// memory; needs root, hugepages and `enable_unsafe_noiommu_mode`.
 pub const VFPOLL_IOMMU_NONE: u32 = 1;
+/// IOMMU mode: through the IOMMU, driven by iommufd (`/dev/iommu`, devices opened through
+/// their VFIO cdev `/dev/vfio/devices/vfioN`; Linux 6.6+). The same protection as type1; it
+/// cannot map a peer device's BAR for P2P DMA (use `VFPOLL_IOMMU_TYPE1` for that).
+pub const VFPOLL_IOMMU_IOMMUFD: u32 = 2;
+/// IOMMU mode: `VFPOLL_IOMMU_IOMMUFD` where `/dev/iommu` exists and the kernel offers VFIO
+/// cdevs (`/dev/vfio/devices` holds some), `VFPOLL_IOMMU_TYPE1` otherwise; never no-IOMMU.
+pub const VFPOLL_IOMMU_AUTO: u32 = 3;
 
 /// DMA page size: 4 KiB pages (no hugepages needed; IOMMU mode).
 pub const VFPOLL_PAGE_4K: u32 = 0;

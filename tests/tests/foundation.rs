@@ -384,11 +384,20 @@ fn guest_vfpoll_status_and_doctor_tell_the_truth() {
     let text = String::from_utf8_lossy(&human.stdout);
     println!("{text}");
     assert!(text.contains(NVME_A) && text.contains("vfio-pci"), "{text}");
-    let flag = if mode == IommuMode::NoIommu {
-        vec!["doctor", "--noiommu", "--device", NVME_A]
-    } else {
-        vec!["doctor", "--device", NVME_A]
-    };
+    if mode == IommuMode::Iommufd {
+        // The backend a run would use, and why: auto takes iommufd here.
+        assert!(
+            text.contains("IOMMU backend of a run (--iommu-backend auto): iommufd (auto: /dev/iommu exists"),
+            "{text}"
+        );
+        assert!(
+            json.contains("\"backend\": \"iommufd\"") && json.contains("/dev/vfio/devices/vfio"),
+            "{json}"
+        );
+    }
+    let mut flag = vec!["doctor"];
+    flag.extend_from_slice(backend_args());
+    flag.extend_from_slice(&["--device", NVME_A]);
     let doc = Command::new("vfpoll").args(&flag).output().unwrap();
     let text = String::from_utf8_lossy(&doc.stdout);
     println!("{text}");
@@ -397,6 +406,14 @@ fn guest_vfpoll_status_and_doctor_tell_the_truth() {
         "doctor found a failure on a ready machine:\n{text}\n{}",
         String::from_utf8_lossy(&doc.stderr)
     );
+    let uses = format!("backend: a run uses {}", mode.name());
+    assert!(text.contains(&uses), "{uses} missing from:\n{text}");
+    if mode == IommuMode::Iommufd {
+        assert!(
+            text.contains(&format!("OK    {NVME_A} cdev: /dev/vfio/devices/vfio")),
+            "{text}"
+        );
+    }
     // And it fails, with the fix, for a device that is not ready (NIC 1 stays on e1000e).
     let doc = Command::new("vfpoll")
         .args(&flag[..flag.len() - 1])

@@ -22,6 +22,7 @@ fn open_both() -> (Controller, Controller, DmaContext) {
         Controller::open_first(&c, bdf(NVME_A), ControllerOptions::default()).expect("controller A");
     let b =
         Controller::open(&c, bdf(NVME_B), dma.clone(), ControllerOptions::default()).expect("controller B");
+    assert_backend(&c);
     (a, b, dma)
 }
 
@@ -548,11 +549,8 @@ fn guest_submission_queue_in_the_cmb() {
 fn guest_cli_identify_and_hello() {
     bind_all(&[NVME_A]);
     reserve_hugepages(64);
-    let noiommu: &[&str] = if mode() == vfpoll_pci::vfio::IommuMode::NoIommu {
-        &["--noiommu"]
-    } else {
-        &[]
-    };
+    // The boot's backend, named explicitly (`--noiommu` in no-IOMMU mode).
+    let noiommu = backend_args();
     let run = |args: &[&str]| {
         let out = std::process::Command::new("vfpoll")
             .args(args)
@@ -568,6 +566,17 @@ fn guest_cli_identify_and_hello() {
         text
     };
     let json = run(&["identify", "--device", NVME_A, "--json"]);
+    let backend = format!("\"backend\": \"{}\"", mode().name());
+    assert!(json.contains(&backend), "{backend} missing from {json}");
+    if mode() == vfpoll_pci::vfio::IommuMode::Iommufd {
+        // Without the flag, auto picks iommufd here (/dev/iommu, and A has a VFIO cdev).
+        let out = std::process::Command::new("vfpoll")
+            .args(["identify", "--device", NVME_A, "--json"])
+            .output()
+            .unwrap();
+        let auto = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success() && auto.contains(&backend), "auto: {auto}");
+    }
     for want in [
         "\"serial\": \"vfpoll-a\"",
         "\"model\": \"QEMU NVMe Ctrl\"",

@@ -2,14 +2,20 @@
 //! the ivshmem BAR (the GPU-BAR stand-in) with no CPU copy, and moves data through controller
 //! B's CMB into a namespace of controller A. After the guest exits, the host compares the
 //! ivshmem backing file and the namespace images.
+//!
+//! In iommufd mode (Linux 6.12) the kernel cannot map a peer device's BAR into the IOAS: the
+//! registration must fail with the error that names `--iommu-backend type1`, and the same data
+//! then moves through hugepage staging buffers (what works there), so the host checks are the
+//! same. B's own CMB works in every mode (the controller reaches it without the IOMMU).
 
 use std::time::Duration;
 
 use vfpoll_dma::{DmaContext, PageSize};
+use vfpoll_dma::{DmaError, PeerRegion};
 use vfpoll_nvme::{
     AnyBuf, CmbBuf, Controller, ControllerOptions, DeviceBuf, QpairOptions, QueuePair, RegionBuf,
 };
-use vfpoll_pci::vfio::Container;
+use vfpoll_pci::vfio::{Container, IommuMode};
 use vfpoll_tests::*;
 
 const MIB: usize = 1 << 20;
@@ -64,6 +70,34 @@ fn read_back(qp: &mut QueuePair<AnyBuf>, dma: &DmaContext, nsid: u32, lba: u64, 
     v
 }
 
+/// Under iommufd, checks that a peer-BAR registration was refused with the documented error
+/// (and says so); elsewhere returns the region.
+fn peer_or_refusal(r: Result<PeerRegion, DmaError>, what: &str) -> Option<PeerRegion> {
+    if mode() != IommuMode::Iommufd {
+        return Some(r.unwrap_or_else(|e| panic!("registering {what}: {e}")));
+    }
+    let e = match r {
+        Ok(_) => panic!("iommufd mapped {what}: the kernel was expected to refuse a BAR's PFNMAP memory"),
+        Err(e) => e,
+    };
+    let mut msg = e.to_string();
+    let mut src = std::error::Error::source(&e);
+    while let Some(s) = src {
+        msg = format!("{msg}: {s}");
+        src = s.source();
+    }
+    println!("{what} under iommufd: {msg}");
+    assert!(
+        msg.contains("iommufd cannot map a peer device's BAR") && msg.contains("--iommu-backend type1"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("IOMMU_IOAS_MAP"),
+        "the kernel's refusal is named: {msg}"
+    );
+    None
+}
+
 /// Cuts the `(offset, len)` ranges (in order, disjoint, offsets in the BAR) out of `rest`,
 /// which keeps what follows the last one; the gaps between them are dropped.
 fn carve(rest: &mut DeviceBuf, ranges: impl Iterator<Item = (usize, usize)>) -> Vec<DeviceBuf> {
@@ -89,11 +123,41 @@ fn guest_nvme_reads_into_and_writes_from_the_ivshmem_bar() {
     let bar = unsafe { shm.map_bar(2) }.unwrap();
     // SAFETY: `bar` is this process's mapping of the BAR and outlives the registration (and
     // every piece of it below); the test reaches the BAR only through those pieces.
-    let peer = unsafe { dma.register_peer_bar(bar.as_ptr(), bar.len() as u64, shm.bar_bus_addr(2).unwrap()) }
-        .unwrap();
-    let mut bar_rest = DeviceBuf::whole(peer);
+    let peer = unsafe { dma.register_peer_bar(bar.as_ptr(), bar.len() as u64, shm.bar_bus_addr(2).unwrap()) };
     let mut qp = a.create_qpair::<AnyBuf>(&QpairOptions::default()).unwrap();
     let seed = seed();
+    let Some(peer) = peer_or_refusal(peer, "the ivshmem BAR") else {
+        // iommufd: NVMe -> hugepages -> BAR and BAR -> hugepages -> NVMe, the CPU copying.
+        for (i, &(off, lba, len)) in READS.iter().enumerate() {
+            let data = Pattern::new(seed, 10 + i as u64).bytes(len);
+            qp.write(1, lba, AnyBuf::Host(host_buf(&dma, &data)), 0)
+                .map_err(|r| r.error)
+                .unwrap();
+            wait(&mut qp, "write source data");
+            let staged = read_back(&mut qp, &dma, 1, lba, len);
+            assert!(staged == data, "staging buffer at LBA {lba}");
+            bar.copy_to(off, &staged).unwrap();
+        }
+        for (i, &(off, lba, len)) in WRITES.iter().enumerate() {
+            let data = Pattern::new(seed, 20 + i as u64).bytes(len);
+            bar.copy_to(off, &data).unwrap();
+            let mut staged = vec![0u8; len];
+            bar.copy_from(off, &mut staged).unwrap();
+            qp.write(1, lba, AnyBuf::Host(host_buf(&dma, &staged)), 2)
+                .map_err(|r| r.error)
+                .unwrap();
+            wait(&mut qp, "staged BAR -> NVMe write");
+            assert!(
+                read_back(&mut qp, &dma, 1, lba, len) == data,
+                "namespace at LBA {lba}: not what the BAR held"
+            );
+        }
+        assert_backend(&c);
+        assert_idle(&qp, "NVMe A");
+        write_manifest("p2p.txt", &[("mode".into(), mode_name().into())]);
+        return;
+    };
+    let mut bar_rest = DeviceBuf::whole(peer);
 
     // NVMe → BAR: put known data on the namespace, then read it straight into the BAR.
     for (i, &(_, lba, len)) in READS.iter().enumerate() {
@@ -208,11 +272,23 @@ fn guest_copy_through_the_cmb_of_b_into_a() {
     // SAFETY: the CMB mapping lives in B's controller, which outlives the registration, and
     // `in_cmb` (which owns these bytes) outlives it too and is not touched while A's command
     // holds them.
-    let peer = unsafe { dma.register_peer_bar(in_cmb.as_ptr(), len as u64, in_cmb.bus_addr(0)) }.unwrap();
-    qa.write(2, dst_lba, AnyBuf::Device(DeviceBuf::whole(peer)), 2)
-        .map_err(|r| r.error)
-        .unwrap();
-    wait(&mut qa, "A: B's CMB -> A's namespace 2");
+    let peer = unsafe { dma.register_peer_bar(in_cmb.as_ptr(), len as u64, in_cmb.bus_addr(0)) };
+    match peer_or_refusal(peer, "B's CMB") {
+        Some(peer) => {
+            qa.write(2, dst_lba, AnyBuf::Device(DeviceBuf::whole(peer)), 2)
+                .map_err(|r| r.error)
+                .unwrap();
+            wait(&mut qa, "A: B's CMB -> A's namespace 2");
+        }
+        None => {
+            // iommufd: A writes a hugepage copy of what B's CMB holds.
+            qa.write(2, dst_lba, AnyBuf::Host(host_buf(&dma, &seen)), 2)
+                .map_err(|r| r.error)
+                .unwrap();
+            wait(&mut qa, "A: staged copy of B's CMB -> A's namespace 2");
+            assert_backend(&c);
+        }
+    }
     assert!(
         read_back(&mut qa, &dma, 2, dst_lba, len) == data,
         "A's namespace 2 does not hold the copy"

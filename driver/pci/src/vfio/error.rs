@@ -155,7 +155,7 @@ pub enum VfioError {
     /// A sysfs lookup failed.
     #[error(transparent)]
     Sysfs(#[from] sysfs::SysfsError),
-    /// The device was released ([`Device::release`]): it was removed, or its removal was
+    /// The device was released ([`Device::release`](super::Device::release)): it was removed, or its removal was
     /// requested. Open it again once it is back.
     #[error("{bdf} was released (the kernel asked for it back: the device is being removed or unbound); open it again once it is back (`vfpoll bind {bdf}`)")]
     Released {

@@ -496,14 +496,19 @@ impl Container {
 
     /// Maps `len` bytes of a peer device's BAR, mmapped at `vaddr`, for device access at
     /// `iova`: [`Container::map_dma`], except that iommufd's refusal (it cannot pin a BAR's
-    /// PFNMAP memory) comes back as [`VfioError::PeerBarUnderIommufd`], which says what works.
+    /// PFNMAP memory: EFAULT) comes back as [`VfioError::PeerBarUnderIommufd`], which says what
+    /// works.
     ///
     /// # Safety
     /// As for [`Container::map_dma`].
     pub unsafe fn map_peer_bar(&self, vaddr: *mut u8, len: u64, iova: Iova) -> Result<(), VfioError> {
         // SAFETY: forwarded from our caller.
         match unsafe { self.map_dma(vaddr, len, iova) } {
-            Err(VfioError::Map { source, .. }) if self.mode == IommuMode::Iommufd => {
+            // EFAULT: pin_user_pages refuses VM_IO / VM_PFNMAP memory (mm/gup.c), which
+            // iommufd's pfn reader passes on (drivers/iommu/iommufd/pages.c).
+            Err(VfioError::Map { source, .. })
+                if self.mode == IommuMode::Iommufd && source.raw_os_error() == Some(libc::EFAULT) =>
+            {
                 Err(VfioError::PeerBarUnderIommufd { iova, len, source })
             }
             r => r,
