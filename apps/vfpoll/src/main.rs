@@ -70,7 +70,7 @@ enum Cmd {
     /// if any failed.
     ///
     /// With --user NAME (or a numeric user ID), also gives that user what a run without root
-    /// needs: the VFIO nodes of the devices (/dev/vfio/<group>, and /dev/vfio/devices/vfioN and
+    /// needs: the VFIO nodes of the devices (/dev/vfio/N, and /dev/vfio/devices/vfioN and
     /// /dev/iommu where the kernel has them) and the hugetlbfs mount, chowned to it and recorded
     /// for `vfpoll reset`; prints the memlock limit its runs need (the --hugepages reservation:
     /// VFIO charges pinned memory to RLIMIT_MEMLOCK) and how to set it, and raises it for the

@@ -43,7 +43,7 @@ pub struct Args {
     #[arg(long)]
     pub dry_run: bool,
     /// Give this user (login name or numeric user ID) what a run without root needs: the VFIO
-    /// nodes of the bound devices (/dev/vfio/<group>, and /dev/vfio/devices/vfioN and /dev/iommu
+    /// nodes of the bound devices (/dev/vfio/N, and /dev/vfio/devices/vfioN and /dev/iommu
     /// where the kernel has them) and the hugetlbfs mount, chowned to it (recorded under
     /// /run/vfpoll; `vfpoll reset` gives them back); prints the memlock limit its runs need
     /// (the --hugepages reservation) and how to set it.
