@@ -101,6 +101,11 @@ pub struct Args {
     /// them: every doorbell update is an MMIO write.
     #[arg(long)]
     pub no_shadow_doorbell: bool,
+    /// Ring the completion-queue head doorbell at the end of every poll that reaped
+    /// completions, instead of deferring it until half the queue could be in use (the
+    /// driver's default, QpairOptions::defer_cq_doorbell).
+    #[arg(long)]
+    pub no_cq_defer: bool,
     /// Put each queue pair's submission queue in the controller memory buffer (CMBSZ.SQS):
     /// the controller reads commands from its own memory. Needs a device with a CMB.
     #[arg(long, conflicts_with = "model")]
@@ -365,6 +370,7 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
             sgl: a.sgl,
             sq_in_cmb: a.cmb_sq,
             completion: completion_mode(&a),
+            defer_cq_doorbell: !a.no_cq_defer,
             ..Default::default()
         },
         buffer_page: devices.page,

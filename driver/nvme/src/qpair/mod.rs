@@ -77,6 +77,12 @@ pub struct QpairOptions {
     /// completing them with [`NvmeError::Reset`]. Costs a copy of each command (64 bytes) at
     /// submission; a command interrupted by a second reset completes with the error.
     pub resubmit_on_reset: bool,
+    /// Defer the completion-queue head doorbell: consumed entries are released in batches, the
+    /// doorbell rung only once released entries plus commands in flight could fill half the
+    /// queue (one MMIO write, or shadow-doorbell update, per many completions). Off: rung at
+    /// the end of every poll that consumed entries (once per poll batch, as SPDK does). On by
+    /// default; the switch is for measuring what the deferral buys on a given device.
+    pub defer_cq_doorbell: bool,
 }
 
 impl Default for QpairOptions {
@@ -91,6 +97,7 @@ impl Default for QpairOptions {
             protection: PiMode::Controller,
             completion: CompletionMode::Poll,
             resubmit_on_reset: false,
+            defer_cq_doorbell: true,
         }
     }
 }
@@ -362,7 +369,7 @@ impl<B: IoBuffer> QueuePair<B> {
             free_cids: (0..n as u16).rev().collect(),
             live: 0,
             extra_commands: 0,
-            cq_release_at: entries / 2,
+            cq_release_at: if opts.defer_cq_doorbell { entries / 2 } else { 1 },
             created: Instant::now(),
             lists_off,
             list_pages,
