@@ -1,11 +1,15 @@
-//! The 6.12 guest kernel's VFIO modules, rebuilt with iommufd and the VFIO device cdev.
+//! The guest kernels' VFIO modules, rebuilt out of tree where Debian left out what the test bed
+//! needs. Both kernels' packages come from apt at the kernel's exact version ([`fetch_kdev`]:
+//! `linux-source`, `linux-headers`, `linux-kbuild`); nothing of the kernel is committed.
 //!
-//! Debian builds 6.12 with `# CONFIG_IOMMUFD is not set`, hence without
-//! `CONFIG_VFIO_DEVICE_CDEV` (it depends on `IOMMUFD`), and without `CONFIG_VFIO_NOIOMMU`: no
-//! `/dev/iommu`, no `/dev/vfio/devices/vfioN`, no no-IOMMU mode. All three live in modules, so
-//! they are rebuilt here, out of tree, from `linux-source-6.12` (the same version as the kernel),
-//! its headers (`Module.symvers`, `.config`) and [`CONFIG_CHANGES`] on top of the kernel's
-//! `.config`:
+//! 6.1 ([`build_vfio_noiommu`], [`noiommu_modules`]): `vfio.ko` alone, with
+//! `CONFIG_VFIO_NOIOMMU`, which only the no-IOMMU initramfs and module tree use.
+//!
+//! 6.12 ([`build`], [`module_tree`]): Debian builds it with `# CONFIG_IOMMUFD is not set`,
+//! hence without `CONFIG_VFIO_DEVICE_CDEV` (it depends on `IOMMUFD`), and without
+//! `CONFIG_VFIO_NOIOMMU`: no `/dev/iommu`, no `/dev/vfio/devices/vfioN`, no no-IOMMU mode. All
+//! three live in modules, so this set is rebuilt against the kernel's headers (`Module.symvers`,
+//! `.config`) with [`CONFIG_CHANGES`] on top of its `.config`, and every 6.12 mode boots it:
 //!
 //! - `iommufd.ko` (`drivers/iommu/iommufd`), new. It needs `interval_tree_span_iter_*`
 //!   (`lib/interval_tree.c` under `CONFIG_INTERVAL_TREE_SPAN_ITER`, which only `IOMMUFD`
@@ -38,7 +42,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use super::{busybox_depmod, contains, fetch_kdev, link_tree, num_cpus, Apt, KernelDir};
+use super::{busybox_depmod, contains, dpkg_x, link_tree, num_cpus, Apt, KernelDir};
 use crate::util::{err, mkdir, read_opt, run_quiet, write, Context, Fnv, Note, Result};
 use crate::Workspace;
 
@@ -381,6 +385,217 @@ fn dependents_left(dep: &str) -> Vec<String> {
     left
 }
 
+/// What [`fetch_kdev`] unpacked.
+struct KdevSource {
+    /// `usr/src/linux-headers-<kver>` (its Makefile fixed to include the common headers from
+    /// here): what `make -C` builds out-of-tree modules against.
+    headers: PathBuf,
+    /// `linux-source-<series>`, with only the paths asked for.
+    root: PathBuf,
+    /// `6.1`, `6.12`.
+    series: String,
+    /// The Debian version of the kernel packages.
+    version: String,
+}
+
+/// Fetches `linux-source-<series>`, the kernel's headers (`linux-headers-<kver>`, its common
+/// part) and `linux-kbuild` at the kernel's version into `kdev/` (replacing what is there),
+/// and unpacks `paths` of the source tarball (which is deleted then).
+fn fetch_kdev(apt: &mut Apt, ws: &Workspace, kd: &KernelDir, paths: &[&str]) -> Result<KdevSource> {
+    let kver = &kd.kver;
+    let version =
+        read_opt(&kd.package_version()).ok_or_else(|| err!("missing {}", kd.package_version().display()))?;
+    let version = version.trim();
+    // 6.1.0-56-amd64 -> series 6.1; the common headers (linux-headers-6.1.0-56-common) and
+    // kbuild (linux-kbuild-6.1, or linux-kbuild-6.12.117+deb12 for 6.12) as the headers name them.
+    let series = kver.split('.').take(2).collect::<Vec<_>>().join(".");
+    let headers_pkg = format!("linux-headers-{kver}");
+    let common = apt.dependency(&headers_pkg, "linux-headers-")?;
+    let kbuild = apt.dependency(&headers_pkg, "linux-kbuild-")?;
+    let pkgs = [
+        format!("linux-source-{series}={version}"),
+        format!("{headers_pkg}={version}"),
+        format!("{common}={version}"),
+        format!("{kbuild}={version}"),
+    ];
+    let debs_dir = ws.testbed().join("debs");
+    let _ = fs::remove_dir_all(&debs_dir);
+    let debs = apt.download(&debs_dir, &pkgs)?;
+    let kdev = kd.kdev();
+    let _ = fs::remove_dir_all(&kdev);
+    for deb in &debs {
+        dpkg_x(deb, &kdev)?;
+    }
+    fs::remove_dir_all(&debs_dir)?;
+
+    // Debian's headers Makefile includes the common headers by absolute path.
+    let headers = kdev.join(format!("usr/src/linux-headers-{kver}"));
+    let makefile = headers.join("Makefile");
+    let text = fs::read_to_string(&makefile).context(makefile.display())?;
+    let fixed = text.replace(
+        "include /usr/src/",
+        &format!("include {}/usr/src/", kdev.display()),
+    );
+    write(&makefile, fixed)?;
+
+    let tarball = kdev.join(format!("usr/src/linux-source-{series}.tar.xz"));
+    run_quiet(
+        Command::new("tar")
+            .arg("-xJf")
+            .arg(&tarball)
+            .args(paths.iter().map(|p| format!("linux-source-{series}/{p}")))
+            .current_dir(&kdev),
+    )?;
+    fs::remove_file(&tarball)?;
+    Ok(KdevSource {
+        headers,
+        root: kdev.join(format!("linux-source-{series}")),
+        series,
+        version: version.to_string(),
+    })
+}
+
+/// Rebuilds `vfio.ko` with `CONFIG_VFIO_NOIOMMU`: the whole no-IOMMU mode lives in `vfio.ko`
+/// (6.1: `vfio_main.c`, `container.c`; 6.12 also `group.c`), so `vfio-pci.ko` and
+/// `vfio_iommu_type1.ko` stay Debian's. The objects are those `drivers/vfio/Makefile` puts into
+/// `vfio.ko` under the kernel's own `.config`.
+pub fn build_vfio_noiommu(apt: &mut Apt, ws: &Workspace, kd: &KernelDir) -> Result<((), Note)> {
+    if kd.vfio_ko().exists() {
+        return Ok(((), Note::Cached));
+    }
+    let kver = &kd.kver;
+    let KdevSource {
+        headers,
+        root,
+        series,
+        version,
+    } = fetch_kdev(apt, ws, kd, &["drivers/vfio"])?;
+    let kdev = kd.kdev();
+    let src = root.join("drivers/vfio");
+    let build = mkdir(kdev.join("vfio-noiommu"))?;
+    for e in fs::read_dir(&src).context(src.display())? {
+        let p = e?.path();
+        if p.is_file() && p.extension().is_some_and(|x| x == "c" || x == "h") {
+            fs::copy(&p, build.join(p.file_name().unwrap_or_default())).context(p.display())?;
+        }
+    }
+    let makefile = src.join("Makefile");
+    let config_path = kd.kroot().join(format!("boot/config-{kver}"));
+    let config = fs::read_to_string(&config_path).context(config_path.display())?;
+    let objects = vfio_objects(
+        &fs::read_to_string(&makefile).context(makefile.display())?,
+        &config,
+    );
+    if !objects.iter().any(|o| o == "container.o") {
+        return Err(err!(
+            "{}: vfio.ko would have no container.o (CONFIG_VFIO_CONTAINER), which holds the \
+             no-IOMMU container; objects: {objects:?}",
+            makefile.display()
+        ));
+    }
+    write(
+        &build.join("Kbuild"),
+        format!(
+            "ccflags-y += -DCONFIG_VFIO_NOIOMMU=1\n\
+             obj-m += vfio.o\n\
+             vfio-y += {}\n",
+            objects.join(" ")
+        ),
+    )?;
+    run_quiet(
+        Command::new("make")
+            .arg("-C")
+            .arg(&headers)
+            .arg(format!("M={}", build.display()))
+            .arg(format!("-j{}", num_cpus()))
+            // 6.12 would add BTF with pahole (not on the host); the module loads without it,
+            // and its debug info is stripped below anyway.
+            .arg("CONFIG_DEBUG_INFO_BTF_MODULES=")
+            .arg("modules"),
+    )?;
+    let ko = fs::read(build.join("vfio.ko"))?;
+    if !contains(&ko, b"parm=enable_unsafe_noiommu_mode") {
+        return Err(err!("the rebuilt vfio.ko lacks enable_unsafe_noiommu_mode"));
+    }
+    if !contains(&ko, format!("vermagic={kver} ").as_bytes()) {
+        return Err(err!("the rebuilt vfio.ko has the wrong vermagic"));
+    }
+    // Debian ships its modules without debug info; so does this one.
+    run_quiet(
+        Command::new("strip")
+            .arg("--strip-debug")
+            .arg(build.join("vfio.ko")),
+    )?;
+    fs::copy(build.join("vfio.ko"), kd.vfio_ko())?;
+    Ok((
+        (),
+        Note::Text(format!(
+            "from linux-source-{series} {version}: {}",
+            objects.join(" ")
+        )),
+    ))
+}
+
+/// The objects `drivers/vfio/Makefile` (`makefile`) links into `vfio.ko` under `.config`
+/// (`config`): `vfio-y += a.o b.o` always, `vfio-$(CONFIG_X) += c.o` where `CONFIG_X=y`.
+fn vfio_objects(makefile: &str, config: &str) -> Vec<String> {
+    let enabled = |opt: &str| config.lines().any(|l| l.trim() == format!("{opt}=y"));
+    let joined = makefile.replace("\\\n", " ");
+    let mut objects = Vec::new();
+    for line in joined.lines() {
+        let Some((lhs, rhs)) = line.split_once("+=").or_else(|| line.split_once(":=")) else {
+            continue;
+        };
+        let lhs = lhs.trim();
+        let take = match lhs.strip_prefix("vfio-") {
+            Some("y") => true,
+            Some(cond) => cond
+                .strip_prefix("$(")
+                .and_then(|c| c.strip_suffix(')'))
+                .is_some_and(enabled),
+            None => false,
+        };
+        if take {
+            objects.extend(rhs.split_whitespace().map(str::to_string));
+        }
+    }
+    objects
+}
+
+/// `kroot-noiommu/lib/modules/<kver>`: hard links to every module of `kroot` but `vfio.ko`,
+/// which is the rebuilt one, so that `modprobe` in a no-IOMMU guest never loads Debian's.
+/// The index files are copies (vfio.ko's dependencies and symbols are the same).
+pub fn noiommu_modules(kd: &KernelDir) -> Result<((), Note)> {
+    if kd.noiommu_done().exists() {
+        return Ok(((), Note::Cached));
+    }
+    let root = kd.noiommu_root();
+    let _ = fs::remove_dir_all(&root);
+    let src = kd.module_dir();
+    let dst = root.join("lib/modules").join(&kd.kver);
+    let mut n = 0;
+    link_tree(&src, &dst, Path::new(""), &mut |rel, from, to| {
+        n += 1;
+        let name = rel.file_name().unwrap_or_default().to_string_lossy();
+        if rel == Path::new("kernel/drivers/vfio/vfio.ko") {
+            fs::copy(kd.vfio_ko(), to).map(drop)
+        } else if name.starts_with("modules.") {
+            fs::copy(from, to).map(drop)
+        } else {
+            fs::hard_link(from, to).or_else(|_| fs::copy(from, to).map(drop))
+        }
+    })?;
+    let vfio = dst.join("kernel/drivers/vfio/vfio.ko");
+    if !contains(
+        &fs::read(&vfio).context(vfio.display())?,
+        b"parm=enable_unsafe_noiommu_mode",
+    ) {
+        return Err(err!("{}: not the rebuilt vfio.ko", vfio.display()));
+    }
+    write(&kd.noiommu_done(), "")?;
+    Ok(((), Note::Text(format!("{n} files"))))
+}
+
 /// Copies the directory tree `src` to `dst` (regular files and directories only).
 fn copy_tree(src: &Path, dst: &Path) -> Result<()> {
     mkdir(dst)?;
@@ -399,6 +614,39 @@ fn copy_tree(src: &Path, dst: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn vfio_objects_follow_makefile_and_config() {
+        // Linux 6.1's drivers/vfio/Makefile (virqfd is a module of its own there).
+        let m61 = "vfio_virqfd-y := virqfd.o\n\nobj-$(CONFIG_VFIO) += vfio.o\n\n\
+                   vfio-y += vfio_main.o \\\n\t  iova_bitmap.o \\\n\t  container.o\n\n\
+                   obj-$(CONFIG_VFIO_VIRQFD) += vfio_virqfd.o\n";
+        assert_eq!(
+            vfio_objects(m61, "CONFIG_VFIO=m\nCONFIG_VFIO_VIRQFD=m\n"),
+            ["vfio_main.o", "iova_bitmap.o", "container.o"]
+        );
+        // Linux 6.12's, with Debian's choices: no cdev, no iommufd, no debugfs.
+        let m612 = "obj-$(CONFIG_VFIO) += vfio.o\n\nvfio-y += vfio_main.o \\\n\
+                    \t  iova_bitmap.o\n\
+                    vfio-$(CONFIG_VFIO_DEVICE_CDEV) += device_cdev.o\n\
+                    vfio-$(CONFIG_VFIO_GROUP) += group.o\n\
+                    vfio-$(CONFIG_IOMMUFD) += iommufd.o\n\
+                    vfio-$(CONFIG_VFIO_CONTAINER) += container.o\n\
+                    vfio-$(CONFIG_VFIO_VIRQFD) += virqfd.o\n\
+                    vfio-$(CONFIG_VFIO_DEBUGFS) += debugfs.o\n";
+        let config = "CONFIG_VFIO=m\nCONFIG_VFIO_GROUP=y\nCONFIG_VFIO_CONTAINER=y\n\
+                      # CONFIG_IOMMUFD is not set\nCONFIG_VFIO_VIRQFD=y\n";
+        assert_eq!(
+            vfio_objects(m612, config),
+            [
+                "vfio_main.o",
+                "iova_bitmap.o",
+                "group.o",
+                "container.o",
+                "virqfd.o"
+            ]
+        );
+    }
 
     #[test]
     fn config_changes_check_the_kernel_config() {
