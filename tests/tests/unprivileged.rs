@@ -156,21 +156,38 @@ fn guest_unprivileged_user_runs_the_tools_after_setup_user() {
         .to_string_lossy()
         .into_owned();
     let node = format!("/dev/vfio/{group}");
+    // In iommufd mode the run opens /dev/iommu and the device's cdev instead of the group node.
+    let iommufd = testbed() == "iommufd";
+    let denied: Vec<String> = if iommufd {
+        vec![
+            "FAIL  /dev/iommu: /dev/iommu is not read-write for this user".into(),
+            format!("FAIL  {NVME_A} cdev: /dev/vfio/devices/vfio"),
+        ]
+    } else {
+        vec![format!(
+            "FAIL  {NVME_A}: (nvme 1b36:0010) {node} is not read-write for this user"
+        )]
+    };
 
     // Before setup --user: the doctor says what is missing and the fix; the tools fail clearly.
     let d = user("", &["doctor", "--device", NVME_A]);
+    let mut want: Vec<String> = denied.clone();
+    want.extend([
+        format!("fix: sudo vfpoll setup --user {USER} --bind {NVME_A}"),
+        "FAIL  memlock: limit ".into(),
+        format!("root raises it: sudo vfpoll setup --user {USER} --hugepages 64 --pid $$"),
+        format!("OK    user: running as {USER} (uid {UID}) without root"),
+    ]);
+    fails_with(&d, &want.iter().map(String::as_str).collect::<Vec<_>>());
+    let first = if iommufd { "/dev/iommu" } else { node.as_str() };
+    let id = user("", &["identify", "--device", NVME_A]);
     fails_with(
-        &d,
+        &id,
         &[
-            &format!("{node} is not read-write for this user"),
-            &format!("fix: sudo vfpoll setup --user {USER} --bind {NVME_A}"),
-            "FAIL  memlock: limit ",
-            &format!("root raises it: sudo vfpoll setup --user {USER} --hugepages 64 --pid $$"),
-            &format!("OK    user: running as {USER} (uid {UID}) without root"),
+            &format!("cannot open {first}: permission denied"),
+            "vfpoll setup --user",
         ],
     );
-    let id = user("", &["identify", "--device", NVME_A]);
-    fails_with(&id, &["permission denied", "vfpoll setup --user"]);
 
     // Root gives the user the device (and /dev/iommu and the cdev where the kernel has them).
     let s = root(&["setup", "--user", USER, "--hugepages", "64", "--bind", NVME_A]);
@@ -189,7 +206,7 @@ fn guest_unprivileged_user_runs_the_tools_after_setup_user() {
         t.contains(&format!("`{USER} - memlock 65536` to /etc/security/limits.conf")),
         "{t}"
     );
-    if std::path::Path::new("/dev/iommu").exists() {
+    if iommufd {
         assert!(
             t.contains(&format!("user {USER} (uid {UID}): /dev/iommu: gave it")),
             "{t}"
@@ -231,7 +248,13 @@ fn guest_unprivileged_user_runs_the_tools_after_setup_user() {
     );
     succeeds(&root(&["bind", NVME_A]));
     let id = user("", &["identify", "--device", NVME_A]);
-    fails_with(&id, &[&node, "permission denied", "vfpoll setup --user"]);
+    fails_with(
+        &id,
+        &[
+            &format!("cannot open {first}: permission denied"),
+            "vfpoll setup --user",
+        ],
+    );
     succeeds(&root(&["reset"]));
 }
 

@@ -3,9 +3,9 @@
 //! The general checks ([`crate::doctor`]) find a device node or the memlock limit wanting; for a
 //! user, their fix is `sudo vfpoll setup --user NAME` (which gives the nodes and raises limits,
 //! see [`crate::setup::user`]), so [`check`] rewrites those fixes and adds what only a user
-//! lacks: the iommufd nodes (`/dev/iommu`, `/dev/vfio/devices/vfioN`, which the automatic
-//! backend takes where they exist), a hugetlbfs mount it may write to, and no-IOMMU mode, which
-//! needs root whatever the files say. Access is judged from each file's owner, group and mode
+//! lacks: a hugetlbfs mount it may write to, and no-IOMMU mode, which needs root whatever the
+//! files say. (The iommufd nodes, `/dev/iommu` and `/dev/vfio/devices/vfioN`, are checked by
+//! [`crate::doctor_backend`] when the run uses iommufd; their fixes are sharpened here too.) Access is judged from each file's owner, group and mode
 //! against this process's IDs and groups (`/proc/self/status`), so the tests need no root.
 
 use std::fs;
@@ -148,48 +148,6 @@ pub fn check(host: &Host, a: &Args, who: &Process, out: &mut Vec<Finding>) {
         return;
     }
 
-    // iommufd: the automatic backend takes it where /dev/iommu and the devices' cdevs exist.
-    let iommu = host.dev.join("iommu");
-    let cdevs: Vec<(Bdf, std::path::PathBuf)> = devices
-        .iter()
-        .filter_map(|&b| Some((b, user::cdev_node(host, b)?)))
-        .collect();
-    if iommu.exists() && !cdevs.is_empty() {
-        let mut lacking: Vec<String> = Vec::new();
-        if !may(&iommu, 0o6) {
-            lacking.push(iommu.display().to_string());
-        }
-        let mut bdfs: Vec<String> = Vec::new();
-        for (b, c) in &cdevs {
-            if !may(c, 0o6) {
-                lacking.push(format!("{} ({b})", c.display()));
-                bdfs.push(format!(" --bind {b}"));
-            }
-        }
-        out.push(if lacking.is_empty() {
-            let names: Vec<String> = cdevs.iter().map(|(_, c)| c.display().to_string()).collect();
-            finding(
-                Level::Ok,
-                "iommufd",
-                format!("{} and {} read-write for this user", iommu.display(), names.join(", ")),
-                None,
-            )
-        } else {
-            finding(
-                Level::Fail,
-                "iommufd",
-                format!(
-                    "{} not read-write for this user, and the automatic backend (--iommu-backend auto) takes iommufd here",
-                    lacking.join(", ")
-                ),
-                Some(format!(
-                    "{setup}{} (chowns them to {name}); or pass --iommu-backend type1 if the group nodes are {name}'s",
-                    bdfs.concat()
-                )),
-            )
-        });
-    }
-
     // hugetlbfs: anonymous hugepages need no mount; file-backed DMA memory needs a writable one.
     if let Ok(mounts) = hp::hugetlbfs_mounts(host) {
         let paths: Vec<String> = mounts.iter().map(|m| m.path.display().to_string()).collect();
@@ -219,22 +177,26 @@ pub fn check(host: &Host, a: &Args, who: &Process, out: &mut Vec<Finding>) {
 /// Points the fixes of the general checks at `setup --user` where a user runs the doctor.
 fn rewrite_fixes(a: &Args, who: &Process, name: &str, setup: &str, out: &mut [Finding]) {
     let mib = a.hugepages;
+    let denied = "is not read-write for this user";
     for f in out.iter_mut().filter(|f| f.level == Level::Fail) {
-        if f.check == "/dev/vfio/vfio" && f.detail.ends_with("is not read-write for this user") {
+        // A device's group node (check `BDF`) or VFIO cdev (check `BDF cdev`).
+        let device = f.check.split(' ').next().and_then(|b| b.parse::<Bdf>().ok());
+        if f.check == "/dev/vfio/vfio" && f.detail.ends_with(denied) {
             f.fix = Some(format!(
                 "sudo chmod 0666 /dev/vfio/vfio (the kernel's own mode; {setup} does it)"
             ));
-        } else if f.check.parse::<Bdf>().is_ok()
-            && f.detail.ends_with("is not read-write for this user")
-            && f.detail.contains("/noiommu-")
-        {
+        } else if f.check == "/dev/iommu" && f.detail.ends_with(denied) {
+            f.fix = Some(format!(
+                "{setup} (chowns /dev/iommu and the devices' nodes to {name}), or run with --iommu-backend type1 \
+                 if the group nodes are {name}'s, or run as root"
+            ));
+        } else if device.is_some() && f.detail.ends_with(denied) && f.detail.contains("/noiommu-") {
             f.fix = Some(
                 "run as root: a no-IOMMU group's node opens only with CAP_SYS_RAWIO, whoever owns it".into(),
             );
-        } else if f.check.parse::<Bdf>().is_ok() && f.detail.ends_with("is not read-write for this user") {
+        } else if let Some(bdf) = device.filter(|_| f.detail.ends_with(denied)) {
             f.fix = Some(format!(
-                "{setup} --bind {} (chowns the device's VFIO nodes to {name}; vfpoll reset gives them back), or run as root",
-                f.check
+                "{setup} --bind {bdf} (chowns the device's VFIO nodes to {name}; vfpoll reset gives them back), or run as root"
             ));
         } else if f.check == "memlock" {
             let kib = mib << 10;
