@@ -106,11 +106,11 @@ Options:
       --filter <SUBSTR>    Only tests whose name (or binary name) contains SUBSTR; also passed
                            to `cargo test --workspace`
       --mode <MODE>        iommu, noiommu, iommufd, both (iommu and noiommu) or all (the
-                           three; iommufd only on the 6.12 kernel, for the foundation, nvme
-                           and p2p binaries) [default: all]
+                           three; iommufd only on the 6.12 kernel, for the foundation, nvme,
+                           p2p and unprivileged binaries) [default: all]
       --kernel <NAME>      Guest kernels: 6.1 (every binary), 6.12 (the foundation and nvme
-                           binaries in every mode, p2p in iommufd mode, as rows of their own),
-                           or all [default: all]
+                           binaries in every mode, p2p and unprivileged in iommufd mode, as
+                           rows of their own), or all [default: all]
       --qemu <LIST>        Emulators, comma-separated: 7.2 (every binary), 10 (the nvme and
                            formats binaries only, on the default kernel, as rows of their
                            own), or all [default: all]
