@@ -272,3 +272,50 @@ fn guest_a_node_short_of_1g_pages_is_refused_by_name() {
     let nodes = numa::page_nodes(r.as_ptr(), r.len(), GIB).unwrap();
     assert!(nodes[0] == 0 || nodes[0] == 1, "{nodes:?}");
 }
+
+#[test]
+#[ignore = "test bed"]
+fn guest_perf_verifies_on_1g_buffer_pages() {
+    bind_all(&[NVME_N]);
+    reserve_hugepages(64);
+    let before = free_1g(0) + free_1g(1);
+    let mut args = vec![
+        "perf",
+        "--device",
+        NVME_N,
+        "--page-size",
+        "1g",
+        "--verify",
+        "-w",
+        "randwrite",
+        "-q",
+        "8",
+        "--size",
+        "4m",
+        "--seed",
+        "11",
+    ];
+    args.extend(backend_args());
+    let out = run("vfpoll", &args);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("verify: OK"), "{text}");
+    assert_eq!(free_1g(0) + free_1g(1), before, "perf gave its 1 GiB page back");
+    // 4 KiB buffers without an IOMMU are refused, by name.
+    if mode() == vfpoll_pci::vfio::IommuMode::NoIommu {
+        let e = std::process::Command::new("vfpoll")
+            .args([
+                "perf",
+                "--device",
+                NVME_N,
+                "--page-size",
+                "4k",
+                "--ios",
+                "10",
+                "--noiommu",
+            ])
+            .output()
+            .unwrap();
+        assert!(!e.status.success());
+        assert!(String::from_utf8_lossy(&e.stderr).contains("needs an IOMMU"));
+    }
+}

@@ -22,6 +22,7 @@ use vfpoll_pci::Bdf;
 
 use crate::ctx::Ctx;
 use crate::units::parse_nonzero_bytes as parse_size;
+use crate::units::parse_page_size;
 
 #[path = "perf_reset.rs"]
 mod reset;
@@ -106,6 +107,11 @@ pub struct Args {
     /// driver's default, QpairOptions::defer_cq_doorbell).
     #[arg(long)]
     pub no_cq_defer: bool,
+    /// Page size of the data buffers: 2M or 1G (hugepages; 1 GiB pages are reserved at boot,
+    /// `hugepagesz=1G hugepages=N`), or 4K behind an IOMMU (refused with --noiommu). Default:
+    /// the controller's, 2M.
+    #[arg(long, value_parser = parse_page_size, conflicts_with = "model")]
+    pub page_size: Option<PageSize>,
     /// Put each queue pair's submission queue in the controller memory buffer (CMBSZ.SQS):
     /// the controller reads commands from its own memory. Needs a device with a CMB.
     #[arg(long, conflicts_with = "model")]
@@ -304,10 +310,17 @@ fn open_devices(a: &Args, worker_cores: &[usize]) -> anyhow::Result<Devices> {
         };
         ctrls.push((ctrl, bdf.to_string()));
     }
+    let page = a.page_size.unwrap_or(opts.page_size);
+    if page == PageSize::Base4K && dma.is_some_and(|d| d.kind() == vfpoll_dma::MapKind::NoIommu) {
+        bail!(
+            "--page-size 4K needs an IOMMU: without one the kernel may move 4 KiB pages while the device \
+             writes them; use 2M or 1G"
+        );
+    }
     Ok(Devices {
         ctrls,
         _model: None,
-        page: opts.page_size,
+        page,
     })
 }
 
