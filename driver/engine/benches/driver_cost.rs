@@ -211,11 +211,15 @@ fn callgrind(o: &Opts, qd: u16) -> Option<Instr> {
     ));
     let ios = 20_000u64.min(o.ios);
     let mut cmd = Command::new("valgrind");
+    // Exact names: a pattern such as `*complete_batch*` also matches the completion callback
+    // (`complete_batch::{{closure}}`) when the compiler keeps it out of line, and entering a
+    // matching function toggles collection *off* until it returns, so the callback (the
+    // pool's `free`, the error count) went uncounted.
     cmd.args([
         "--tool=callgrind",
-        "--toggle-collect=*drv_submit*",
-        "--toggle-collect=*drv_flush*",
-        "--toggle-collect=*complete_batch*",
+        "--toggle-collect=driver_cost::drv_submit",
+        "--toggle-collect=driver_cost::drv_flush",
+        "--toggle-collect=driver_cost::complete_batch",
     ])
     .arg(format!("--callgrind-out-file={}", out.display()))
     .arg(&exe)
@@ -251,9 +255,11 @@ fn callgrind(o: &Opts, qd: u16) -> Option<Instr> {
         .filter(|l| l.contains("driver_cost.rs:driver_cost::") && !l.contains("=>"))
         .filter_map(|l| l.split_whitespace().next()?.replace(',', "").parse::<u64>().ok())
         .sum();
+    // The inclusive line of exactly `driver_cost::<name>` (not a call line, not its closure).
     let count = |name: &str| -> Option<u64> {
+        let fun = format!(":driver_cost::{name}");
         text.lines()
-            .find(|l| l.contains(name) && !l.contains("wait_posted"))
+            .find(|l| !l.contains("=>") && l.split_whitespace().any(|f| f.ends_with(&fun)))
             .and_then(|l| l.split_whitespace().next())
             .and_then(|n| n.replace(',', "").parse().ok())
     };
