@@ -110,10 +110,9 @@ enum Cmd {
     /// vfio_iommu_type1 modules; /dev/vfio/vfio; each device (--device; default: every device on
     /// vfio-pci): on vfio-pci, IOMMU group viable, group node read-write; free hugepages against
     /// --hugepages; a hugetlbfs mount; the memlock limit. Run by a user other than root, also
-    /// what that user lacks (the devices' iommufd nodes where the kernel has them, a hugetlbfs
-    /// mount it may write to, no-IOMMU mode, which needs root), with `sudo vfpoll setup --user`
-    /// as the fix where it is one. Prints OK, WARN or FAIL per finding, with the command that
-    /// fixes it.
+    /// what only a user lacks (a hugetlbfs mount it may write to; no-IOMMU mode, which needs
+    /// root), and the fix of a node or memlock finding becomes `sudo vfpoll setup --user NAME`
+    /// with its options. Prints OK, WARN or FAIL per finding, with the command that fixes it.
     Doctor(doctor::Args),
     /// Measure NVMe I/O through vfpoll's driver (IOPS, bandwidth, latency), or verify data.
     ///
