@@ -1197,3 +1197,44 @@ mod tests {
         assert_eq!(args(&b), (String::new(), String::new()));
     }
 }
+
+    #[test]
+    fn iommufd_mode_loads_iommufd_and_needs_dev_iommu() {
+        let ws = Workspace {
+            root: "/w".into(),
+            target: "/w/target".into(),
+        };
+        let mut b = Boot {
+            mode: Mode::Iommufd,
+            timeout: Duration::from_secs(1),
+            mem: "2G".into(),
+            smp: 2,
+            modules: vec!["nvme".into(), "vfio-pci".into()],
+            hugepages: 0,
+            run_dir: "/r".into(),
+            keep_run_dir: false,
+            verbose: false,
+            cwd: "/".into(),
+            env: vec![],
+            command: vec!["true".into()],
+            hotplug: false,
+            machine: Machine::default(),
+        };
+        assert_eq!(boot_modules(&b), ["iommufd", "nvme", "vfio-pci"]);
+        let s = String::from_utf8(job_script(&ws, &b)).unwrap();
+        assert!(s.contains("export VFPOLL_TESTBED=iommufd\n"));
+        let check = s.find("[ -c /dev/iommu ] || ").expect("no /dev/iommu check");
+        assert!(check < s.find("exec true").unwrap(), "{s}");
+        assert!(Mode::Iommufd.viommu() && Mode::Iommu.viommu() && !Mode::NoIommu.viommu());
+        // Named already: not loaded twice; other modes load what they are told.
+        b.modules = vec!["iommufd".into()];
+        assert_eq!(boot_modules(&b), ["iommufd"]);
+        b.mode = Mode::Iommu;
+        b.modules = vec![];
+        assert!(boot_modules(&b).is_empty());
+        let s = String::from_utf8(job_script(&ws, &b)).unwrap();
+        assert!(!s.contains("/dev/iommu"), "{s}");
+        for m in [Mode::Iommu, Mode::NoIommu, Mode::Iommufd] {
+            assert_eq!(Mode::from_name(m.name()), Some(m));
+        }
+    }
