@@ -64,7 +64,8 @@ Options:
       --timeout <SECS>   Kill the guest after SECS seconds [default: 600]
       --mem <SIZE>       Guest memory, as QEMU's -m takes it [default: 2G]
       --smp <N>          Guest CPUs [default: 2]
-      --modules <A,B>    Modules to load before the command (empty: none)
+      --modules <A,B>    Modules to load before the command (empty: none; mode iommufd
+                         loads iommufd first whatever this says)
                          [default: nvme,e1000e,virtio_net,vfio-pci,vfio_iommu_type1]
       --hugepages <N>    Reserve N 2 MiB hugepages before the command [default: 0]
       --hugepages-1g <N> Reserve N 1 GiB hugepages at boot (kernel command line
