@@ -602,7 +602,12 @@ fn guest_cli_identify_and_hello() {
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("vfpoll bind"), "{err}");
+    assert!(
+        !out.status.success() && err.contains("vfpoll bind"),
+        "{:?}: {err}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout)
+    );
     bind_all(&[IVSHMEM]);
     let out = std::process::Command::new("vfpoll")
         .args(["identify", "--device", IVSHMEM])

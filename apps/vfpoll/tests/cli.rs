@@ -256,3 +256,70 @@ fn bind_and_reset_messages() {
         "reset 0000:00:03.0: not on vfio-pci (nvme); left alone\n"
     );
 }
+
+#[test]
+fn status_says_which_iommu_backend_a_run_uses_and_why() {
+    let f = guest(true);
+    f.vfio(None).group_node("3");
+    let link = f.path("sys/devices/pci0000:00/0000:00:03.0/driver");
+    std::fs::remove_file(&link).unwrap();
+    std::os::unix::fs::symlink(f.path("sys/bus/pci/drivers/vfio-pci"), link).unwrap();
+    // No /dev/iommu: auto takes type1, and says why.
+    let s = stdout(&vfpoll(&f, &["status"]));
+    assert!(
+        s.contains("IOMMU backend of a run (--iommu-backend auto): type1 (auto: ")
+            && s.contains("dev/iommu is missing (iommufd is not loaded: `modprobe iommufd`"),
+        "{s}"
+    );
+    // /dev/iommu and A's cdev: iommufd.
+    f.write("dev/iommu", "");
+    std::fs::create_dir_all(f.path("sys/devices/pci0000:00/0000:00:03.0/vfio-dev/vfio0")).unwrap();
+    f.write("dev/vfio/devices/vfio0", "");
+    let s = stdout(&vfpoll(&f, &["status"]));
+    assert!(
+        s.contains("IOMMU backend of a run (--iommu-backend auto): iommufd (auto: ")
+            && s.contains("0000:00:03.0 is vfio0"),
+        "{s}"
+    );
+    let o = vfpoll(&f, &["status", "--json"]);
+    let j: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(j["backend"]["backend"], "iommufd");
+    assert_eq!(j["backend"]["requested"], "auto");
+    assert_eq!(j["backend"]["dev_iommu"], true);
+    assert!(
+        j["devices"][0]["vfio_cdev"]
+            .as_str()
+            .unwrap()
+            .ends_with("dev/vfio/devices/vfio0"),
+        "{j}"
+    );
+    assert_eq!(j["devices"][1]["vfio_cdev"], serde_json::Value::Null);
+    // Another backend asked for: taken as it is.
+    let s = stdout(&vfpoll(&f, &["status", "--iommu-backend", "type1"]));
+    assert!(s.contains("(--iommu-backend type1): type1 (asked for"), "{s}");
+    // A name clap does not know, and a contradiction: refused with the choices / the reason.
+    let o = vfpoll(&f, &["status", "--iommu-backend", "vfio"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("use one of auto, iommufd, type1, noiommu"),
+        "{}",
+        stderr(&o)
+    );
+    let o = vfpoll(
+        &f,
+        &[
+            "identify",
+            "--device",
+            "0000:00:03.0",
+            "--noiommu",
+            "--iommu-backend",
+            "iommufd",
+        ],
+    );
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("--noiommu means --iommu-backend noiommu"),
+        "{}",
+        stderr(&o)
+    );
+}
