@@ -111,6 +111,7 @@ fn dma_errno(e: &DmaError) -> i32 {
         | DmaError::NullPointer
         | DmaError::ForeignBuffer { .. } => EINVAL,
         DmaError::InUse { .. } => EBUSY,
+        DmaError::PeerMap { .. } => EOPNOTSUPP,
         DmaError::PhysAddrNeedsRoot => EPERM,
         DmaError::HugepageSizeUnsupported { .. } => EOPNOTSUPP,
         _ => EIO,

@@ -342,6 +342,21 @@ pub enum DmaError {
         source: MapperSource,
     },
 
+    /// The IOMMU backend cannot map a peer device's BAR ([`crate::register_peer_bar`]): iommufd
+    /// in Linux 6.12 cannot pin a BAR's PFNMAP memory. The source says what works instead.
+    #[error(
+        "IOMMU map of {len:#x} bytes of a peer device's BAR at IOVA {iova} was refused by this IOMMU backend"
+    )]
+    PeerMap {
+        /// IOVA asked for.
+        iova: Iova,
+        /// Length asked for.
+        len: u64,
+        /// The cause, with the way out.
+        #[source]
+        source: MapperSource,
+    },
+
     /// The IOMMU refused to unmap.
     #[error("IOMMU unmap of {len:#x} bytes at IOVA {iova} failed ({source}); the range stays mapped until the VFIO container is closed")]
     Unmap {

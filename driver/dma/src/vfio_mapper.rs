@@ -4,7 +4,7 @@
 
 use std::ops::RangeInclusive;
 
-use vfpoll_pci::vfio::{Container, IommuInfo, IommuMode};
+use vfpoll_pci::vfio::{Container, IommuInfo, IommuMode, VfioError};
 use vfpoll_pci::Iova;
 
 use crate::error::DmaError;
@@ -41,10 +41,17 @@ impl DmaMapper for Container {
     /// `VfioError::PeerBarUnderIommufd`, which names the backend that can map a BAR.
     unsafe fn map_peer(&self, vaddr: *mut u8, len: u64, iova: Iova) -> Result<(), DmaError> {
         // SAFETY: the caller upholds `DmaMapper::map_peer`'s contract, which is `map_peer_bar`'s.
-        unsafe { self.map_peer_bar(vaddr, len, iova) }.map_err(|e| DmaError::Map {
-            iova,
-            len,
-            source: Box::new(e),
+        unsafe { self.map_peer_bar(vaddr, len, iova) }.map_err(|e| match e {
+            e @ VfioError::PeerBarUnderIommufd { .. } => DmaError::PeerMap {
+                iova,
+                len,
+                source: Box::new(e),
+            },
+            e => DmaError::Map {
+                iova,
+                len,
+                source: Box::new(e),
+            },
         })
     }
 
@@ -66,7 +73,7 @@ mod tests {
     use vfpoll_pci::vfio::{Container, IommuMode};
     use vfpoll_pci::Host;
 
-    use crate::{DmaContext, MapKind, PageSize};
+    use crate::{DmaContext, DmaError, MapKind, PageSize};
 
     /// A fake sysfs + /dev/vfio with one NVMe in group 3, bound to vfio-pci.
     fn bed() -> (tempfile::TempDir, Host, Arc<FakeVfio>) {
@@ -167,7 +174,8 @@ mod tests {
             ctx.register_peer_bar(bar.as_ptr(), bar.len() as u64, vfpoll_pci::BusAddr(0xfe00_0000))
         }
         .unwrap_err();
-        let msg = format!("{:#}", anyhow_like(&e));
+        assert!(matches!(e, DmaError::PeerMap { .. }), "{e}");
+        let msg = anyhow_like(&e);
         assert!(
             msg.contains("iommufd cannot map a peer device's BAR") && msg.contains("--iommu-backend type1"),
             "{msg}"
