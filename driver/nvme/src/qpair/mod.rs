@@ -160,6 +160,8 @@ pub struct QpairStats {
 /// An I/O submission + completion queue pair with its request trackers. See the module docs.
 pub struct QueuePair<B: IoBuffer> {
     ring: Ring,
+    /// The submission fast path's namespace (`submit.rs`).
+    hot: submit::HotNs,
     mem: QueueMem,
     slots: Box<[Slot<B>]>,
     free_cids: Vec<u16>,
@@ -364,6 +366,7 @@ impl<B: IoBuffer> QueuePair<B> {
         log::debug!("I/O queue pair {qid}: {entries} entries, max transfer {max_xfer}, {list_pages} list page(s) per command");
         let mut qp = QueuePair {
             ring,
+            hot: submit::HotNs::NONE,
             mem,
             slots: (0..n).map(|_| Slot::new()).collect(),
             free_cids: (0..n as u16).rev().collect(),
@@ -432,6 +435,8 @@ impl<B: IoBuffer> QueuePair<B> {
             .map(|n| n.format.unwrap_or(crate::format::NsFormat::plain(n.lba_size)))
             .collect();
         self.ns_gen = gen;
+        // Made again from the new view by the next submission that takes the checked path.
+        self.hot = submit::HotNs::NONE;
     }
 
     /// This queue pair's view of every namespace under `protection`.

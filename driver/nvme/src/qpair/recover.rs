@@ -271,6 +271,7 @@ impl<B: IoBuffer> QueuePair<B> {
                                 }
                             }
                             self.queues = Queues::Down;
+                            self.hot = super::submit::HotNs::NONE;
                             self.failed = Some(format!(
                                 "queue {qid} could not be re-created after a controller reset: {e}"
                             ));
@@ -315,6 +316,7 @@ impl<B: IoBuffer> QueuePair<B> {
             self.outstanding()
         );
         self.failed = Some(why.clone());
+        self.hot = super::submit::HotNs::NONE;
         let mut n = 0;
         for t in self.slots.iter_mut() {
             t.owner = UNUSED;

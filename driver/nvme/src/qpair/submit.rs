@@ -6,6 +6,8 @@
 //! [`super::xfer::describe`]. Nothing is announced to the controller until the doorbell rings
 //! in `poll` or `flush_submissions`.
 
+use std::sync::atomic::Ordering;
+
 use vfpoll_pci::BusAddr;
 
 use super::slot::{Op, Request, UNUSED};
@@ -18,6 +20,43 @@ use crate::error::{NvmeError, Result};
 
 /// A refused submission: why, and the buffers back.
 type Refused<B> = (NvmeError, B, Option<B>);
+
+/// The submission fast path's namespace: the few fields of one namespace's view that decide
+/// whether a read or write fits one command with PRP1 alone, precomputed so that each check
+/// is one compare, and the command's constant bits. Made from the view (`make_hot`, when a
+/// submission to a namespace it can describe takes the checked path), reset to [`HotNs::NONE`]
+/// whenever the view is rebuilt or the queue pair fails, so a request that fits it has passed
+/// exactly the checks the checked path makes.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct HotNs {
+    /// The NSID, widened: [`HotNs::NONE`]'s `u64::MAX` matches no `u32` a caller can give.
+    nsid: u64,
+    /// The namespace's size in blocks.
+    blocks: u64,
+    /// Bytes per block - 1 (a power of two).
+    mask: usize,
+    /// log2(bytes per block).
+    shift: u32,
+    /// The longest buffer one command moves (at most a page: PRP1 alone).
+    max_len: usize,
+    /// CDW12 bits of the format: PRINFO (NVM Command Set 1.0 §3.2.4).
+    dw12_flags: u64,
+    /// CDW14 = the LBA's low 32 bits (the initial reference tag) when all-ones, 0 when 0.
+    ref_mask: u64,
+}
+
+impl HotNs {
+    /// No hot namespace: every submission takes the checked path.
+    pub(super) const NONE: HotNs = HotNs {
+        nsid: u64::MAX,
+        blocks: 0,
+        mask: 0,
+        shift: 0,
+        max_len: 0,
+        dw12_flags: 0,
+        ref_mask: 0,
+    };
+}
 
 impl<B: IoBuffer> QueuePair<B> {
     /// Reads `buf.len()` bytes from `slba` of `nsid` into `buf`: a whole number of blocks of the
@@ -88,12 +127,95 @@ impl<B: IoBuffer> QueuePair<B> {
             })
     }
 
+    /// A read, write or compare: the hot namespace's template when everything about the request
+    /// fits it ([`HotNs`]), the checked path otherwise.
     #[inline]
     fn submit_data(&mut self, op: Op, nsid: u32, slba: u64, buf: B, tag: u64) -> Result<(), Rejected<B>> {
+        if let Some((slot, blocks, prp1)) = self.hot_fits(nsid, slba, &buf) {
+            let h = self.hot;
+            let (opcode, fua) = op.io_opcode();
+            self.issue_popped(slot, tag, op, Some(buf), None, |cid| {
+                // `rw_words` for a one-page PRP transfer, from the template.
+                [
+                    opcode as u64 | (cid as u64) << 16 | h.nsid << 32,
+                    0,
+                    0,
+                    prp1,
+                    0,
+                    slba,
+                    (blocks - 1) | (fua as u64) << 30 | h.dw12_flags,
+                    (slba & h.ref_mask) as u32 as u64,
+                ]
+            });
+            return Ok(());
+        }
+        self.submit_data_checked(op, nsid, slba, buf, tag)
+    }
+
+    /// Whether a request of `buf` at `slba` of `nsid` fits the hot namespace's template: the
+    /// namespace, a whole number of blocks that one command moves, in range, a dword-aligned
+    /// buffer inside one page (PRP1 alone describes it), a free slot, which it takes. The same
+    /// checks as `submit`'s, each one compare against a precomputed field.
+    #[inline(always)]
+    fn hot_fits(&mut self, nsid: u32, slba: u64, buf: &B) -> Option<(u16, u64, u64)> {
+        let h = &self.hot;
+        // The namespace table may have changed since the template was made (see `sync_view`).
+        if nsid as u64 != h.nsid || self.ctrl.ns_gen.load(Ordering::Acquire) != self.ns_gen {
+            return None;
+        }
+        let len = buf.len();
+        // 1..=max_len bytes, whole blocks.
+        if len.wrapping_sub(1) >= h.max_len || len & h.mask != 0 {
+            return None;
+        }
+        let blocks = (len >> h.shift) as u64;
+        match slba.checked_add(blocks) {
+            Some(end) if end <= h.blocks => {}
+            _ => return None,
+        }
+        let start = buf.bus_addr(0).get();
+        if start & 3 != 0 || (start as usize & (PAGE_SIZE - 1)) + len > PAGE_SIZE {
+            return None;
+        }
+        let slot = self.free_cids.pop()?;
+        Some((slot, blocks, start))
+    }
+
+    /// Every submission of a data buffer that is not the hot template's: the general checks
+    /// (and their errors), other namespaces, formats with metadata, split requests.
+    #[inline(never)]
+    fn submit_data_checked(
+        &mut self,
+        op: Op,
+        nsid: u32,
+        slba: u64,
+        buf: B,
+        tag: u64,
+    ) -> Result<(), Rejected<B>> {
         match self.submit(op, nsid, slba, buf, None, tag) {
             Ok(()) => Ok(()),
             Err((error, buf, _)) => Err(Rejected { error, buf }),
         }
+    }
+
+    /// Makes namespace `i` of the view the hot one, when the template can describe its
+    /// commands: a usable format that moves data only, a power-of-two block, PRPs (not SGLs),
+    /// and a queue pair that has not failed.
+    pub(super) fn make_hot(&mut self, i: usize) {
+        let ns = &self.namespaces[i];
+        self.hot = if ns.plain && ns.shift != xfer::NOT_POW2 && !self.use_sgl && self.failed.is_none() {
+            HotNs {
+                nsid: ns.nsid as u64,
+                blocks: ns.blocks,
+                mask: ns.block_bytes - 1,
+                shift: ns.shift,
+                max_len: ns.one_command.min(PAGE_SIZE),
+                dw12_flags: ns.prinfo as u64,
+                ref_mask: if ns.ref_tag { u32::MAX as u64 } else { 0 },
+            }
+        } else {
+            HotNs::NONE
+        };
     }
 
     /// The common submission: checks, then one command (the request fits one whatever the
@@ -149,6 +271,9 @@ impl<B: IoBuffer> QueuePair<B> {
             Ok(dp) => dp,
             Err(e) => return Err((e, buf, meta)),
         };
+        if self.hot.nsid != nsid as u64 {
+            self.make_hot(i);
+        }
         let (opcode, fua) = op.io_opcode();
         self.issue(slot, tag, op, Some(buf), None, |cid| {
             rw_words(Rw {
@@ -245,6 +370,20 @@ impl<B: IoBuffer> QueuePair<B> {
     ) {
         debug_assert_eq!(self.free_cids.last(), Some(&slot));
         self.free_cids.pop();
+        self.issue_popped(slot, tag, op, buf, meta, words);
+    }
+
+    /// `issue` for a slot already taken off `free_cids`.
+    #[inline(always)]
+    fn issue_popped(
+        &mut self,
+        slot: u16,
+        tag: u64,
+        op: Op,
+        buf: Option<B>,
+        meta: Option<B>,
+        words: impl FnOnce(u16) -> [u64; 8],
+    ) {
         let s = &mut self.slots[slot as usize];
         let cid = s.claim(slot, slot);
         s.req = Request::new(tag, 1, op);
