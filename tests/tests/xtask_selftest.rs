@@ -42,6 +42,12 @@ fn sysfs(path: impl AsRef<Path>) -> String {
 }
 
 /// The block device of namespace `nsid` of the NVMe controller at `bdf` (kernel driver).
+///
+/// Under the controller, the namespace is `nvme<C>n<N>` (its block device), or, where the
+/// controller may be one of several in its NVM subsystem (Identify Controller CMIC bit 1, which
+/// QEMU 10 sets on every controller and QEMU 7.2 only on those of an explicit `nvme-subsys`), a
+/// path `nvme<S>c<C>n<N>` of the kernel's native multipath, whose block device is the
+/// subsystem's `nvme<S>n<N>`.
 fn namespace_dev(bdf: &str, nsid: u32) -> PathBuf {
     let ctrls = Path::new("/sys/bus/pci/devices").join(bdf).join("nvme");
     let ctrl = fs::read_dir(&ctrls)
@@ -51,9 +57,34 @@ fn namespace_dev(bdf: &str, nsid: u32) -> PathBuf {
         .unwrap()
         .file_name();
     let ctrl = ctrl.to_string_lossy();
-    let ns = format!("{ctrl}n{nsid}");
-    assert_eq!(sysfs(ctrls.join(&*ctrl).join(&ns).join("nsid")), nsid.to_string());
-    Path::new("/dev").join(ns)
+    let dir = ctrls.join(&*ctrl);
+    let plain = format!("{ctrl}n{nsid}");
+    let path_of = |name: &str| -> Option<String> {
+        // nvme<S>c<C>n<N> -> nvme<S>n<N>
+        let rest = name.strip_prefix("nvme")?;
+        let (subsys, rest) = rest.split_once('c')?;
+        let (_, n) = rest.split_once('n')?;
+        (n == nsid.to_string()).then(|| format!("nvme{subsys}n{n}"))
+    };
+    let (entry, dev) = if dir.join(&plain).exists() {
+        (plain.clone(), plain)
+    } else {
+        fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .filter_map(|e| e.ok())
+            .find_map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                path_of(&name).map(|dev| (name, dev))
+            })
+            .unwrap_or_else(|| {
+                panic!(
+                    "{}: no namespace {nsid} ({plain} or a multipath path)",
+                    dir.display()
+                )
+            })
+    };
+    assert_eq!(sysfs(dir.join(&entry).join("nsid")), nsid.to_string());
+    Path::new("/dev").join(dev)
 }
 
 #[test]
