@@ -1,6 +1,6 @@
 //! Completions: the polled hot path that hands finished requests back with their buffers.
 
-use super::slot::{SLOT_BITS, SLOT_MASK, UNUSED};
+use super::slot::{SLOT_MASK, UNUSED};
 use super::{Done, QueuePair};
 use crate::buffer::IoBuffer;
 use crate::error::NvmeError;
@@ -35,7 +35,7 @@ impl<B: IoBuffer> QueuePair<B> {
             let Some(c) = self.ring.pop(&self.mem) else { break };
             consumed += 1;
             let slot = (c.cid & SLOT_MASK) as usize;
-            let gen = (c.cid >> SLOT_BITS) as u8;
+            let gen = c.cid & !SLOT_MASK;
             let Some(t) = self
                 .slots
                 .get_mut(slot)
@@ -64,7 +64,8 @@ impl<B: IoBuffer> QueuePair<B> {
             if req.parts == 0 {
                 let (tag, error, op) = (req.tag, req.error, req.op);
                 let buf = s.buf.take();
-                let meta = s.meta.take();
+                // Most requests have no metadata buffer: a look, no move.
+                let meta = if s.meta.is_some() { s.meta.take() } else { None };
                 self.free_cids.push(rid as u16);
                 self.live -= 1;
                 delivered += 1;
@@ -85,9 +86,7 @@ impl<B: IoBuffer> QueuePair<B> {
                 }
             }
         }
-        if consumed != 0 {
-            self.stats.completions += consumed as u64;
-        }
+        self.stats.completions += consumed as u64;
         // The completion-queue head doorbell is deferred: consumed entries are released in
         // batches (one MMIO write per many completions, which matters most at low queue depth).
         // It is rung as soon as released-but-unannounced entries plus commands in flight could
@@ -125,7 +124,7 @@ impl<B: IoBuffer> QueuePair<B> {
             let Some(c) = self.ring.pop(&self.mem) else { break };
             consumed += 1;
             let slot = (c.cid & SLOT_MASK) as usize;
-            let gen = (c.cid >> SLOT_BITS) as u8;
+            let gen = c.cid & !SLOT_MASK;
             let Some(t) = self
                 .slots
                 .get_mut(slot)

@@ -16,7 +16,9 @@ use crate::status::Status;
 pub(super) struct Slot<B> {
     /// The request the command in flight in this slot belongs to (`UNUSED`: none).
     pub owner: u16,
-    pub gen: u8,
+    /// The generation, where it sits in the command id (bits 15:12): one add makes the next
+    /// (the `u16` wraps the 4 bits), one mask of a completion's id compares with it.
+    pub gen: u16,
     /// The request living here (`parts == 0`: none).
     pub req: Request,
     /// Its data buffer, owned by the queue pair until the request completes.
@@ -49,13 +51,13 @@ impl<B> Slot<B> {
     #[inline]
     pub(super) fn claim(&mut self, slot: u16, rid: u16) -> u16 {
         self.owner = rid;
-        self.gen = (self.gen + 1) & 0xf;
+        self.gen = self.gen.wrapping_add(1 << SLOT_BITS);
         self.cid(slot)
     }
 
     /// The command id of the command now in this slot (number `slot`).
     pub(super) const fn cid(&self, slot: u16) -> u16 {
-        slot | (self.gen as u16) << SLOT_BITS
+        slot | self.gen
     }
 }
 
