@@ -134,7 +134,7 @@ impl<B: IoBuffer> QueuePair<B> {
         if let Some((slot, blocks, prp1)) = self.hot_fits(nsid, slba, &buf) {
             let h = self.hot;
             let (opcode, fua) = op.io_opcode();
-            self.issue_popped(slot, tag, op, Some(buf), None, |cid| {
+            self.issue_popped(slot, tag, op, Some(buf), None, false, |cid| {
                 // `rw_words` for a one-page PRP transfer, from the template.
                 [
                     opcode as u64 | (cid as u64) << 16 | h.nsid << 32,
@@ -200,10 +200,16 @@ impl<B: IoBuffer> QueuePair<B> {
 
     /// Makes namespace `i` of the view the hot one, when the template can describe its
     /// commands: a usable format that moves data only, a power-of-two block, PRPs (not SGLs),
-    /// and a queue pair that has not failed.
+    /// no copy of each command for resubmission, and a queue pair that has not failed.
     pub(super) fn make_hot(&mut self, i: usize) {
         let ns = &self.namespaces[i];
-        self.hot = if ns.plain && ns.shift != xfer::NOT_POW2 && !self.use_sgl && self.failed.is_none() {
+        // Not with `resubmit_on_reset`: its copy of each command stays on the checked path.
+        let eligible = ns.plain
+            && ns.shift != xfer::NOT_POW2
+            && !self.use_sgl
+            && self.saved.is_empty()
+            && self.failed.is_none();
+        self.hot = if eligible {
             HotNs {
                 nsid: ns.nsid as u64,
                 blocks: ns.blocks,
@@ -370,11 +376,15 @@ impl<B: IoBuffer> QueuePair<B> {
     ) {
         debug_assert_eq!(self.free_cids.last(), Some(&slot));
         self.free_cids.pop();
-        self.issue_popped(slot, tag, op, buf, meta, words);
+        let save = !self.saved.is_empty();
+        self.issue_popped(slot, tag, op, buf, meta, save, words);
     }
 
-    /// `issue` for a slot already taken off `free_cids`.
+    /// `issue` for a slot already taken off `free_cids`; `save`: keep a copy of the command
+    /// (`QpairOptions::resubmit_on_reset`; the hot template is never made with the option on,
+    /// so its path passes a constant `false`).
     #[inline(always)]
+    #[expect(clippy::too_many_arguments, reason = "inlined into its two callers")]
     fn issue_popped(
         &mut self,
         slot: u16,
@@ -382,6 +392,7 @@ impl<B: IoBuffer> QueuePair<B> {
         op: Op,
         buf: Option<B>,
         meta: Option<B>,
+        save: bool,
         words: impl FnOnce(u16) -> [u64; 8],
     ) {
         let s = &mut self.slots[slot as usize];
@@ -390,7 +401,7 @@ impl<B: IoBuffer> QueuePair<B> {
         s.buf = buf;
         s.meta = meta;
         self.ring.push(&mut self.mem, &words(cid));
-        if !self.saved.is_empty() {
+        if save {
             self.save_last(slot);
         }
         self.stats.requests += 1;
