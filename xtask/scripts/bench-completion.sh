@@ -5,7 +5,7 @@
 # repository root, release build first:
 #   cargo build --release -p vfpoll
 #   cargo xtask vm --no-build --hugepages 64 --run-dir /tmp/irqrun -- xtask/scripts/bench-completion.sh
-V=target/release/vfpoll
+V=${V:-target/release/vfpoll}
 B=0000:00:04.0
 M=""
 if [ "${VFPOLL_TESTBED:-}" = noiommu ]; then M=--noiommu; fi
