@@ -113,8 +113,8 @@ Options:
                            binaries in every mode, p2p and unprivileged in iommufd mode, as
                            rows of their own), or all [default: all]
       --qemu <LIST>        Emulators, comma-separated: 7.2 (every binary), 10 (the nvme,
-                           formats and xtask_selftest binaries only, on the default kernel,
-                           as rows of their own), or all [default: all]
+                           formats, p2p, recovery_reset and xtask_selftest binaries only, on
+                           the default kernel, as rows of their own), or all [default: all]
       --timeout <SECS>     Per guest boot [default: 900]
   -v, --verbose            Show the guest init's lines and kernel warnings
   -h, --help               Print this help";

@@ -47,10 +47,12 @@ const IOMMUFD_BINS: &[&str] = &["foundation", "nvme", "p2p", "unprivileged"];
 /// Test binaries whose boots get hot-pluggable NVMe controller R ([`Boot::hotplug`]).
 const HOTPLUG_BINS: &[&str] = &["recovery_removal"];
 /// Test binaries that also boot the emulators other than the host's QEMU 7.2 (`--qemu`), on
-/// the default kernel, in rows of their own: the NVMe suites, whose device model changed most,
-/// and the harness's self-test, whose expected-fault boot proves that the vIOMMU fault check
-/// every other row relies on ([`vm::is_iommu_fault`]) reads that emulator's messages.
-const OTHER_QEMU_BINS: &[&str] = &["nvme", "formats", "xtask_selftest"];
+/// the default kernel, in rows of their own: the NVMe suites, whose device model changed most
+/// (with p2p's DMA to a CMB and a peer BAR through the vIOMMU, and recovery_reset's controller
+/// resets), and the harness's self-test, whose expected-fault boot proves that the vIOMMU fault
+/// check every other row relies on ([`vm::is_iommu_fault`]) reads that emulator's messages.
+/// Each is a short boot (12-50 s).
+const OTHER_QEMU_BINS: &[&str] = &["nvme", "formats", "p2p", "recovery_reset", "xtask_selftest"];
 /// Test binaries whose boots get 1 GiB hugepages and two NUMA nodes ([`vm::Machine`]).
 const HUGE_1G_BINS: &[&str] = &["hugepages_1g"];
 /// Guest memory, 1 GiB pages and NUMA nodes of a [`HUGE_1G_BINS`] boot: 4 pages in 8 GiB (4 GiB
