@@ -59,8 +59,17 @@ fn shutdown_all_keeps_each_controllers_wait_and_a_drop_waits_for_it() {
         (r, t0.elapsed())
     });
     // While the handler is shutting `c` down (its normal wait is 0.5 s), `c` is dropped: the drop
-    // must not get its BAR back before the handler is done with it.
-    std::thread::sleep(Duration::from_millis(100));
+    // must not get its BAR back before the handler is done with it. The drop waits until the
+    // handler has begun on `c` (CC.SHN = 01b): a fixed sleep let a handler thread that a loaded
+    // host started late find `c` shut down by its drop already (two abrupt shutdowns).
+    let c_bar = c.model.bar0();
+    while Cc(c_bar.read32(off::CC)).0 >> 14 & 0b11 == 0 {
+        assert!(
+            t0.elapsed() < Duration::from_millis(400),
+            "the handler never began on c"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
     let Rig {
         ctrl,
         model: c_model,
