@@ -302,6 +302,7 @@ impl ShadowPages {
             sq,
             cq,
             ei: page,
+            words: [sq, page + sq, cq, page + cq].map(|off| self.base.wrapping_add(off).cast::<u32>()),
         };
         s.store(sq, 0);
         s.store(cq, 0);
@@ -322,9 +323,12 @@ pub(crate) struct ShadowSlot {
     sq: usize,
     cq: usize,
     ei: usize,
+    /// The SQ shadow doorbell, the SQ EventIdx, the CQ shadow doorbell and the CQ EventIdx
+    /// words (at `sq`, `ei + sq`, `cq`, `ei + cq`): `update` loads no offset.
+    words: [*mut u32; 4],
 }
 
-// SAFETY: `base` points into the pages `pages` keeps alive (Send and Sync); a slot touches only
+// SAFETY: `base` and `words` point into the pages `pages` keeps alive (Send and Sync); a slot touches only
 // its own queue's words, through `&self` methods used by the one thread that owns the queue.
 unsafe impl Send for ShadowSlot {}
 
@@ -346,6 +350,7 @@ impl ShadowSlot {
         unsafe { p.write_volatile(v.to_le()) }
     }
 
+    #[cfg(test)]
     fn load(&self, off: usize) -> u32 {
         let p = self.base.wrapping_add(off).cast::<u32>();
         // SAFETY: as in `store`; the controller writes EventIdx words, hence volatile.
@@ -357,14 +362,24 @@ impl ShadowSlot {
     /// Linux implements it (`nvme_dbbuf_need_event`).
     #[inline]
     pub(crate) fn update(&self, cq: bool, value: u16) -> bool {
-        let off = if cq { self.cq } else { self.sq };
+        let (db, ei) = if cq {
+            (self.words[2], self.words[3])
+        } else {
+            (self.words[0], self.words[1])
+        };
         wmb();
-        let old = self.load(off) as u16;
-        self.store(off, value as u32);
+        // SAFETY: `db` is this queue's shadow doorbell word (`words`, made in `slot` from
+        // offsets checked there to lie in the first page; `new` checked the region holds two
+        // pages), 4-byte aligned; the region lives as long as `pages`. Only this queue writes it.
+        let old = u32::from_le(unsafe { db.read_volatile() }) as u16;
+        // SAFETY: as above.
+        unsafe { db.write_volatile((value as u32).to_le()) };
         // The shadow write must be visible before the EventIdx read (the controller orders the
         // other way round): a full fence.
         fence(Ordering::SeqCst);
-        let event = self.load(self.ei + off) as u16;
+        // SAFETY: `ei` is this queue's EventIdx word in the second page, likewise checked and
+        // aligned; the controller writes it, hence volatile.
+        let event = u32::from_le(unsafe { ei.read_volatile() }) as u16;
         value.wrapping_sub(event).wrapping_sub(1) < value.wrapping_sub(old)
     }
 }
