@@ -26,12 +26,12 @@ impl<B: IoBuffer> QueuePair<B> {
         }
         let mut delivered = 0;
         let mut consumed = 0u32;
-        // No more requests can complete than are in flight: once those are delivered the loop
-        // ends without looking at the next entry (at QD1 that look was a fifth of the poll).
-        // An entry for no request (`bogus`: a duplicate, a stray id) is consumed when it comes
-        // before a real one, or by a poll with nothing in flight, which looks as far as `max`.
-        let limit = if self.live == 0 { max } else { max.min(self.live) };
-        while delivered < limit {
+        // No more requests can complete than are in flight: once the last one is delivered the
+        // loop ends without looking at the next entry (at QD1 that look was a fifth of the
+        // poll; the test is on the count just decremented). An entry for no request (`bogus`:
+        // a duplicate, a stray id) is consumed when it comes before a real one, or by a poll
+        // with nothing in flight, which looks as far as `max`.
+        while delivered < max {
             let Some(c) = self.ring.pop(&self.mem) else { break };
             consumed += 1;
             let slot = (c.cid & SLOT_MASK) as usize;
@@ -83,6 +83,9 @@ impl<B: IoBuffer> QueuePair<B> {
                     // and a `Done` that can only be `Ok` never goes through memory (the
                     // error variant is large).
                     self.deliver_error(op, error, tag, buf, meta, &mut f);
+                }
+                if self.live == 0 {
+                    break;
                 }
             }
         }
