@@ -24,9 +24,9 @@
  *   - an io_u's tag is its index; completions are polled in getevents(), never waited for;
  *   - fio reaps one completion per getevents() by default (iodepth_batch_complete_max=1):
  *     one poll takes every completion the queue pairs have and keeps those fio did not ask for
- *     yet for its next calls, and commit() leaves the doorbell to that poll, so a deep queue
- *     costs one poll and one doorbell per batch rather than per I/O (fio's batching options
- *     still apply on top).
+ *     yet for its next calls, and commit() leaves the doorbell to that poll unless the
+ *     controller would idle, so a deep queue costs one poll and about one doorbell per batch
+ *     rather than per I/O (fio's batching options still apply on top).
  * thread=1 is required: fio's default (a process per job) would fork after the controller was
  * opened, and a VFIO device cannot be shared by two processes.
  */
@@ -122,6 +122,8 @@ struct vfp_file {
 struct vfp_qp {
 	struct vfp_ctrl *c;
 	vfpoll_qpair *qp;
+	/* Queued since the last doorbell. */
+	unsigned int pending;
 };
 
 /* An io_u of a job, by io_u->index (the tag of its command). */
@@ -713,21 +715,36 @@ static enum fio_q_status vfp_queue(struct thread_data *td, struct io_u *io_u)
 		io_u->error = -rc;
 		return FIO_Q_COMPLETED;
 	}
+	q->pending++;
 	return FIO_Q_QUEUED;
 }
 
 /*
- * No doorbell here: the next getevents() polls, and a poll rings the doorbell once for everything
- * queued since (SPDK's fio plugin defers the same way: delay_cmd_submit). fio reaps before it
- * waits for anything else (io_u_quiesce() before think time, under rate limits, at the end of a
- * job), so a queued command never waits on fio. fio commits after every io_u by default; up to
- * f8d5b17 the engine rang here whenever fewer than 8 other commands kept the controller busy,
- * which after each burst of completions is every commit: an MMIO write per I/O, a third of fio's
- * time at queue depth 32 on the test bed (in-guest perf profile, BENCHMARKS.md).
+ * A doorbell here only for a queue pair whose controller has nothing else to do: otherwise the
+ * next getevents() polls, and a poll rings the doorbell once for everything queued since (SPDK's
+ * fio plugin defers the same way: delay_cmd_submit). fio reaps before it waits for anything else
+ * (io_u_quiesce() before think time, under rate limits, at the end of a job), so a queued command
+ * never waits on fio. fio commits after every io_u by default. At queue depth 1 every commit
+ * rings (the controller starts while fio does its bookkeeping); at depth 32 the first commit
+ * after a burst of completions rings and the rest of the burst goes with the next poll. Up to
+ * f8d5b17 the engine rang whenever fewer than 8 other commands kept the controller busy: a ring
+ * per commit for the first 8 after each burst, a third of fio's time at depth 32 on the test bed
+ * (in-guest perf profile, BENCHMARKS.md).
  */
 static int vfp_commit(struct thread_data *td)
 {
-	(void)td;
+	struct vfp_td *s = td->io_ops_data;
+	for (unsigned int i = 0; i < s->nqps; i++) {
+		struct vfp_qp *q = &s->qps[i];
+		if (!q->pending || vfpoll_qpair_outstanding(q->qp) > (int)q->pending)
+			continue;
+		q->pending = 0;
+		int rc = vfpoll_qpair_commit(q->qp);
+		if (rc < 0) {
+			vfp_err("vfpoll_qpair_commit", rc);
+			return rc;
+		}
+	}
 	return 0;
 }
 
@@ -799,6 +816,7 @@ static int vfp_getevents(struct thread_data *td, unsigned int min, unsigned int 
 				vfp_err("vfpoll_qpair_poll", n);
 				return n;
 			}
+			q->pending = 0;
 			s->stash_at = 0;
 			s->stashed = (unsigned int)n;
 			unstash(s, max, &got);
