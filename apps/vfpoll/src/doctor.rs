@@ -95,7 +95,8 @@ impl Process {
     }
 }
 
-fn finding(level: Level, check: &str, detail: impl Into<String>, fix: Option<String>) -> Finding {
+/// A finding of `level` for `check`.
+pub(crate) fn finding(level: Level, check: &str, detail: impl Into<String>, fix: Option<String>) -> Finding {
     Finding {
         level,
         check: check.to_owned(),
@@ -104,7 +105,8 @@ fn finding(level: Level, check: &str, detail: impl Into<String>, fix: Option<Str
     }
 }
 
-fn rw(p: &Path) -> bool {
+/// Whether this process may read and write `p`.
+pub(crate) fn rw(p: &Path) -> bool {
     eaccess(p, AccessFlags::R_OK | AccessFlags::W_OK).is_ok()
 }
 

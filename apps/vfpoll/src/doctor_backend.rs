@@ -3,27 +3,11 @@
 //! needs: for iommufd, `/dev/iommu` and each device's VFIO cdev, read-write (the type1
 //! container and group nodes are checked in `doctor.rs`).
 
-use std::path::Path;
-
-use nix::unistd::{eaccess, AccessFlags};
 use vfpoll_pci::bind::VFIO_PCI;
 use vfpoll_pci::vfio::{BackendChoice, IommuMode};
 use vfpoll_pci::{sysfs, Bdf, Host};
 
-use crate::doctor::{Args, Finding, Level};
-
-fn finding(level: Level, check: &str, detail: impl Into<String>, fix: Option<String>) -> Finding {
-    Finding {
-        level,
-        check: check.to_owned(),
-        detail: detail.into(),
-        fix,
-    }
-}
-
-fn rw(p: &Path) -> bool {
-    eaccess(p, AccessFlags::R_OK | AccessFlags::W_OK).is_ok()
-}
+use crate::doctor::{finding, rw, Args, Finding, Level};
 
 /// The devices of the run: `--device`, or every device on vfio-pci.
 fn run_devices(host: &Host, a: &Args) -> Vec<Bdf> {

@@ -15,7 +15,7 @@ use vfpoll_pci::bind::{self, VFIO_PCI};
 use vfpoll_pci::sysfs;
 use vfpoll_pci::{Bdf, Host};
 
-use crate::doctor::{Args, Finding, Level, Process};
+use crate::doctor::{finding, Args, Finding, Level, Process};
 use crate::setup::user::{self, Owner, NOIOMMU_NEEDS_ROOT};
 
 /// `CAP_SYS_RAWIO` and `CAP_SYS_ADMIN` (`include/uapi/linux/capability.h`).
@@ -68,15 +68,6 @@ fn allows(o: &Owner, uid: u32, groups: &[u32], want: u32) -> bool {
         o.mode
     };
     bits & want == want
-}
-
-fn finding(level: Level, check: &str, detail: impl Into<String>, fix: Option<String>) -> Finding {
-    Finding {
-        level,
-        check: check.to_owned(),
-        detail: detail.into(),
-        fix,
-    }
 }
 
 /// The user's checks; adds to `out` and sharpens the fixes already there. Nothing for root.
