@@ -1,5 +1,6 @@
-//! QMP for the test bed: QEMU's control socket of a boot (`<run-dir>/qmp.sock`), and an agent
-//! that runs QMP commands a guest test asks for.
+//! QMP for the test bed: QEMU's control socket of a boot (`<run-dir>/qmp.sock`, or a short
+//! path under the temp dir when that one is too long for a socket: [`socket_path`]), and an
+//! agent that runs QMP commands a guest test asks for.
 //!
 //! The guest cannot reach the host's socket, so requests travel over the `out` share (9p,
 //! uncached: each side sees the other's files at once). A guest test (see `vfpoll-tests`'
@@ -39,6 +40,25 @@ use crate::util::{err, Result};
 
 /// The socket's file name in the run dir.
 pub const SOCKET: &str = "qmp.sock";
+/// The longest path a UNIX socket address holds (`sun_path` is 108 bytes, NUL included).
+const SUN_PATH_MAX: usize = 107;
+
+/// Where a boot's QMP socket lives: `<run_dir>/qmp.sock` when that path fits a UNIX socket
+/// address, else `<temp dir>/vfpoll-qmp-<hash of run_dir>.sock` (a checkout under a long path
+/// with a long run-dir name would otherwise make QEMU refuse to start: `-qmp unix:` cannot
+/// bind a longer path). The same run dir always gets the same socket.
+pub fn socket_path(run_dir: &Path) -> PathBuf {
+    let own = run_dir.join(SOCKET);
+    if own.as_os_str().len() <= SUN_PATH_MAX {
+        return own;
+    }
+    // FNV-1a over the run dir's bytes: stable across runs, no dependency.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in run_dir.as_os_str().as_encoded_bytes() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    std::env::temp_dir().join(format!("vfpoll-qmp-{h:016x}.sock"))
+}
 /// The request directory's name in the run dir's `out/`.
 pub const REQUEST_DIR: &str = "qmp";
 /// How often the agent looks for requests.
@@ -186,11 +206,11 @@ pub struct Agent {
 
 impl Agent {
     /// Starts the agent for a boot whose run dir is `run_dir` (QEMU started with
-    /// `-qmp unix:<run_dir>/qmp.sock,server=on,wait=off`).
+    /// `-qmp unix:<socket_path(run_dir)>,server=on,wait=off`).
     pub fn start(run_dir: &Path) -> Result<Agent> {
         let dir = run_dir.join("out").join(REQUEST_DIR);
         fs::create_dir_all(&dir)?;
-        let socket = run_dir.join(SOCKET);
+        let socket = socket_path(run_dir);
         let log = run_dir.join("qmp.log");
         let stop = Arc::new(AtomicBool::new(false));
         let s = Arc::clone(&stop);
@@ -303,6 +323,29 @@ mod tests {
         assert!(parse_request("").is_err());
         let e = parse_request("{}\nsleep 3\n").unwrap_err().to_string();
         assert!(e.contains("wait <EVENT> <ms>"), "{e}");
+    }
+
+    #[test]
+    fn a_run_dir_too_long_for_a_socket_gets_a_short_stable_socket_elsewhere() {
+        let short = Path::new("/w/target/testbed/run/nvme-iommu");
+        assert_eq!(socket_path(short), short.join(SOCKET));
+        let long = PathBuf::from(format!(
+            "/{}/run/xtask_selftest-fault-x-iommu-qemu10",
+            "d".repeat(90)
+        ));
+        let s = socket_path(&long);
+        assert!(s.as_os_str().len() <= SUN_PATH_MAX, "{}", s.display());
+        assert!(s.starts_with(std::env::temp_dir()), "{}", s.display());
+        assert_eq!(s, socket_path(&long), "the same run dir gets the same socket");
+        assert_ne!(
+            s,
+            socket_path(&long.with_extension("2")),
+            "another run dir another one"
+        );
+        // A path that just fits stays in the run dir.
+        let fits = PathBuf::from(format!("/{}", "e".repeat(SUN_PATH_MAX - 1 - SOCKET.len() - 1)));
+        assert_eq!(socket_path(&fits), fits.join(SOCKET));
+        assert_eq!(socket_path(&fits).as_os_str().len(), SUN_PATH_MAX);
     }
 
     /// A fake QEMU on a socket pair: greeting, replies, an event sent between the command and

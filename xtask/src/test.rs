@@ -354,8 +354,8 @@ fn run_pair(
         ),
         Faults::Expected => {
             let t = short_name(&guest[0]);
-            // The run dir drops the common prefix: QEMU's `<run-dir>/qmp.sock` must stay
-            // under the 108 bytes of a UNIX socket path.
+            // The run dir drops the common prefix, to keep paths short (a QMP socket path
+            // longer than a UNIX socket address moves to the temp dir: qmp::socket_path).
             let short = t.strip_prefix(EXPECT_FAULT_PREFIX).unwrap_or(t);
             (
                 format!("{} {t} ({}{kl})", bin.name, mode.name()),

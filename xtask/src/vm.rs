@@ -5,7 +5,8 @@
 //! `/out/exit-code`. The serial console carries the command's output (stdout and stderr merged)
 //! and a few `vm: ` lines of the init, which are hidden unless `--verbose`.
 //!
-//! QEMU's QMP socket is `<run-dir>/qmp.sock`; a guest test asks for QMP commands (device_del,
+//! QEMU's QMP socket is `<run-dir>/qmp.sock` (or a short path when that one is too long:
+//! [`crate::qmp::socket_path`]); a guest test asks for QMP commands (device_del,
 //! device_add) through files in `/out/qmp/` that an agent of this process serves (see
 //! [`crate::qmp`]). With [`Boot::hotplug`], NVMe controller R (serial `vfpoll-r`, one 64 MiB
 //! namespace) sits behind a PCIe root port (slot 00:0c.0, so R is 0000:01:00.0 in the guest) and
@@ -397,7 +398,7 @@ fn prepare_run_dir(b: &Boot) -> Result<()> {
     if qmp_dir.exists() {
         fs::remove_dir_all(&qmp_dir).context(qmp_dir.display())?;
     }
-    remove_file(&dir.join(crate::qmp::SOCKET))?;
+    remove_file(&crate::qmp::socket_path(&dir))?;
     for &(f, mib) in IMAGES.iter().chain([&GPUBAR]) {
         let p = dir.join(f);
         if !p.exists() {
@@ -504,7 +505,7 @@ pub fn qemu_command(assets: &Assets, b: &Boot) -> Result<Command> {
             "-qmp",
             &format!(
                 "unix:{},server=on,wait=off",
-                opt_path(&run.join(crate::qmp::SOCKET))
+                opt_path(&crate::qmp::socket_path(run))
             ),
         ]);
     // norandmaps: under TCG an exec at fresh random addresses is retranslated, 2.5-3x slower.
