@@ -492,7 +492,10 @@ fn verdict(
     let code = match out.code {
         0 => None,
         EXIT_TIMEOUT => Some(format!("timeout after {} s", timeout.as_secs())),
-        EXIT_NO_CODE => Some("the guest reported no exit code".to_string()),
+        EXIT_NO_CODE => Some(match &out.qemu_error {
+            Some(e) => format!("QEMU exited before the guest ran the job: {e}"),
+            None => "the guest reported no exit code".to_string(),
+        }),
         c => Some(format!("guest exit code {c}")),
     };
     let report = || vm::fault_report(&out.iommu_faults, &run_dir.join(vm::IOMMU_FAULTS_FILE));
@@ -696,11 +699,26 @@ mod tests {
             boot: Some(Duration::from_secs(5)),
             iommu_faults: faults.iter().map(|s| s.to_string()).collect(),
             qemu_signal: None,
+            qemu_error: None,
         }
     }
 
     fn judge(out: &Outcome, faults: Faults, marker: Option<&str>) -> std::result::Result<String, String> {
         verdict(out, Duration::from_secs(900), faults, marker, Path::new("/run/x")).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn qemu_that_refused_to_start_is_named_as_the_cause() {
+        let mut out = outcome(vm::EXIT_NO_CODE, &[]);
+        out.boot = None;
+        let e = judge(&out, Faults::None, None).unwrap_err();
+        assert_eq!(e, "the guest reported no exit code");
+        out.qemu_error = Some("qemu-system-x86_64: -qmp unix:/long: UNIX socket path too long".into());
+        let e = judge(&out, Faults::Expected, Some("iova=0x1")).unwrap_err();
+        assert!(
+            e.starts_with("QEMU exited before the guest ran the job: qemu-system"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -160,6 +160,8 @@ pub struct Outcome {
     pub iommu_faults: Vec<String>,
     /// The signal that ended QEMU itself (not the harness's timeout kill): QEMU crashed.
     pub qemu_signal: Option<i32>,
+    /// QEMU exited with an error before the job started: its last stderr line.
+    pub qemu_error: Option<String>,
 }
 
 /// `cargo xtask vm`.
@@ -307,7 +309,14 @@ pub fn run_boot(ws: &Workspace, assets: &Assets, b: &Boot, _lock: &Lock) -> Resu
         Err(e) => eprintln!("vm: warning: the QMP agent did not start: {e}"),
     }
     let started = console.join().unwrap_or(None);
-    let iommu_faults = errors.join().unwrap_or_default();
+    let QemuStderr {
+        faults: iommu_faults,
+        last,
+    } = errors.join().unwrap_or_default();
+    // QEMU that exits with an error before the guest ran its job refused the command line or
+    // a resource (a socket path, an image lock): that line is the reason, not the guest.
+    let qemu_error = (started.is_none() && !timed_out && status.code().is_some_and(|c| c != 0))
+        .then(|| last.unwrap_or_else(|| format!("QEMU exited with {status}")));
 
     let code = if timed_out {
         eprintln!("vm: timeout after {}: guest killed", secs(b.timeout));
@@ -349,6 +358,7 @@ pub fn run_boot(ws: &Workspace, assets: &Assets, b: &Boot, _lock: &Lock) -> Resu
         boot,
         iommu_faults,
         qemu_signal,
+        qemu_error,
     })
 }
 
@@ -753,20 +763,31 @@ fn mem_mib(mem: &str) -> u64 {
 /// Copies QEMU's stderr to `out` (ours), without the one warning every boot gives (the NIC hub
 /// has no host-side port, on purpose); returns the lines that are vIOMMU faults
 /// ([`is_iommu_fault`]), which are copied too.
-fn filter_stderr(stderr: impl Read, mut out: impl Write) -> Vec<String> {
-    let mut faults = Vec::new();
+fn filter_stderr(stderr: impl Read, mut out: impl Write) -> QemuStderr {
+    let mut seen = QemuStderr::default();
     for mut line in BufReader::new(stderr).split(b'\n').map_while(|l| l.ok()) {
         if contains(&line, b"is not connected to host network") {
             continue;
         }
         let text = String::from_utf8_lossy(&line);
         if is_iommu_fault(&text) {
-            faults.push(text.trim_end().to_string());
+            seen.faults.push(text.trim_end().to_string());
+        } else if !text.trim().is_empty() {
+            seen.last = Some(text.trim_end().to_string());
         }
         line.push(b'\n');
         let _ = out.write_all(&line);
     }
-    faults
+    seen
+}
+
+/// What [`filter_stderr`] kept of QEMU's stderr.
+#[derive(Debug, Default, PartialEq)]
+struct QemuStderr {
+    /// The vIOMMU fault lines ([`is_iommu_fault`]), in order.
+    faults: Vec<String>,
+    /// The last other non-empty line (why QEMU refused to start, when it did).
+    last: Option<String>,
 }
 
 /// What QEMU 7.2 prints on stderr when a device's DMA is refused: the `error_report_once`
@@ -1119,8 +1140,10 @@ mod tests {
             QEMU_FAULT_LINES[0], QEMU_FAULT_LINES[3]
         );
         let mut copied = Vec::new();
-        let faults = filter_stderr(io::Cursor::new(stderr), &mut copied);
+        let seen = filter_stderr(io::Cursor::new(stderr), &mut copied);
+        let faults = seen.faults;
         assert_eq!(faults, [QEMU_FAULT_LINES[0], QEMU_FAULT_LINES[3]]);
+        assert_eq!(seen.last.as_deref(), Some("something else"));
         assert_eq!(
             String::from_utf8(copied).unwrap(),
             format!(
@@ -1128,7 +1151,9 @@ mod tests {
                 QEMU_FAULT_LINES[0], QEMU_FAULT_LINES[3]
             )
         );
-        assert!(filter_stderr(io::Cursor::new("just a warning\n"), io::sink()).is_empty());
+        let only = filter_stderr(io::Cursor::new("just a warning\n\n"), io::sink());
+        assert!(only.faults.is_empty());
+        assert_eq!(only.last.as_deref(), Some("just a warning"));
         let r = fault_report(&faults, Path::new("/r/iommu-faults.txt"));
         assert!(r.contains("(2 line(s))") && r.contains("never mapped"), "{r}");
         assert!(
