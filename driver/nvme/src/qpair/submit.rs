@@ -39,6 +39,14 @@ pub(super) struct HotNs {
     shift: u32,
     /// The longest buffer one command moves (at most a page: PRP1 alone).
     max_len: usize,
+    /// The length of the last request that fitted (every application has one or two),
+    /// checked against `max_len` and `mask` when it was stored: a request of that length
+    /// passes the length checks with one compare (`hot_len` checks any other).
+    len: usize,
+    /// Its blocks.
+    len_blocks: u64,
+    /// `(PAGE_SIZE - len) / 4`: the highest dword in a page its buffer may start at.
+    room: usize,
     /// CDW12 bits of the format: PRINFO (NVM Command Set 1.0 §3.2.4).
     dw12_flags: u64,
     /// CDW14 = the LBA's low 32 bits (the initial reference tag) when all-ones, 0 when 0.
@@ -53,6 +61,10 @@ impl HotNs {
         mask: 0,
         shift: 0,
         max_len: 0,
+        // Never matched: no NSID matches `nsid` first.
+        len: 0,
+        len_blocks: 0,
+        room: 0,
         dw12_flags: 0,
         ref_mask: 0,
     };
@@ -164,21 +176,39 @@ impl<B: IoBuffer> QueuePair<B> {
             return None;
         }
         let len = buf.len();
-        // 1..=max_len bytes, whole blocks.
-        if len.wrapping_sub(1) >= h.max_len || len & h.mask != 0 {
-            return None;
-        }
-        let blocks = (len >> h.shift) as u64;
+        // 1..=max_len bytes, whole blocks: checked when `len` was stored, or now.
+        let (blocks, room) = if len == h.len {
+            (h.len_blocks, h.room)
+        } else {
+            self.hot_len(len)?
+        };
         match slba.checked_add(blocks) {
-            Some(end) if end <= h.blocks => {}
+            Some(end) if end <= self.hot.blocks => {}
             _ => return None,
         }
+        // Dword-aligned and inside one page, in one compare: a misaligned start's low two bits
+        // rotate to the top, above any room.
         let start = buf.bus_addr(0).get();
-        if start & 3 != 0 || (start as usize & (PAGE_SIZE - 1)) + len > PAGE_SIZE {
+        if (start as usize & (PAGE_SIZE - 1)).rotate_right(2) > room {
             return None;
         }
         let slot = self.free_cids.pop()?;
         Some((slot, blocks, start))
+    }
+
+    /// The hot template's length checks for a length other than the last one's: 1..=max_len
+    /// bytes, whole blocks. One that passes is stored as the last (with its blocks and room).
+    #[inline(never)]
+    fn hot_len(&mut self, len: usize) -> Option<(u64, usize)> {
+        let h = &mut self.hot;
+        if len.wrapping_sub(1) >= h.max_len || len & h.mask != 0 {
+            return None;
+        }
+        h.len = len;
+        h.len_blocks = (len >> h.shift) as u64;
+        // `max_len` is at most a page.
+        h.room = (PAGE_SIZE - len) / 4;
+        Some((h.len_blocks, h.room))
     }
 
     /// Every submission of a data buffer that is not the hot template's: the general checks
@@ -208,7 +238,8 @@ impl<B: IoBuffer> QueuePair<B> {
             && ns.shift != xfer::NOT_POW2
             && !self.use_sgl
             && self.saved.is_empty()
-            && self.failed.is_none();
+            && self.failed.is_none()
+            && ns.block_bytes <= ns.one_command.min(PAGE_SIZE);
         self.hot = if eligible {
             HotNs {
                 nsid: ns.nsid as u64,
@@ -216,6 +247,10 @@ impl<B: IoBuffer> QueuePair<B> {
                 mask: ns.block_bytes - 1,
                 shift: ns.shift,
                 max_len: ns.one_command.min(PAGE_SIZE),
+                // One block to start with (a length that passes the checks: `eligible`).
+                len: ns.block_bytes,
+                len_blocks: 1,
+                room: (PAGE_SIZE - ns.block_bytes) / 4,
                 dw12_flags: ns.prinfo as u64,
                 ref_mask: if ns.ref_tag { u32::MAX as u64 } else { 0 },
             }
