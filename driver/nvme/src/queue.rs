@@ -52,6 +52,10 @@ pub(crate) struct Ring {
     pub unrung: u16,
     /// Completions consumed since the last CQ doorbell.
     pub unacked: u16,
+    /// Completions consumed before those (`unacked` is added here whenever it goes back to 0):
+    /// the count of completions consumed is `released + unacked`, so consuming one costs only
+    /// the `unacked` increment.
+    released: u64,
     sq_db: Mmio,
     cq_db: Mmio,
     /// Shadow doorbells, when Doorbell Buffer Config is on: the MMIO doorbell is written only
@@ -71,6 +75,7 @@ impl Ring {
             entries,
             unrung: 0,
             unacked: 0,
+            released: 0,
             sq_db: window(regs::sq_tail_doorbell(qid, stride)),
             cq_db: window(regs::cq_head_doorbell(qid, stride)),
             shadow: None,
@@ -88,6 +93,7 @@ impl Ring {
         self.phase = PHASE;
         self.sq_head = 0;
         self.unrung = 0;
+        self.released += self.unacked as u64;
         self.unacked = 0;
         if let Some(s) = &self.shadow {
             s.reset();
@@ -188,6 +194,11 @@ impl Ring {
         Some(c)
     }
 
+    /// Completions consumed since the queue was created.
+    pub(crate) fn consumed(&self) -> u64 {
+        self.released + self.unacked as u64
+    }
+
     /// Whether the controller has posted the next completion (no side effect).
     #[inline]
     pub(crate) fn has_completion(&self, mem: &QueueMem) -> bool {
@@ -201,6 +212,7 @@ impl Ring {
         if self.unacked == 0 {
             return false;
         }
+        self.released += self.unacked as u64;
         self.unacked = 0;
         if let Some(s) = &self.shadow {
             if !s.update(true, self.cq_head) {

@@ -25,7 +25,8 @@ impl<B: IoBuffer> QueuePair<B> {
             return self.recover(&mut f);
         }
         let mut delivered = 0;
-        let mut consumed = 0u32;
+        // Whether this poll consumed an entry: `unacked` moved (it only grows in the loop).
+        let unacked = self.ring.unacked;
         // No more requests can complete than are in flight: once the last one is delivered the
         // loop ends without looking at the next entry (at QD1 that look was a fifth of the
         // poll; the test is on the count just decremented). An entry for no request (`bogus`:
@@ -33,7 +34,6 @@ impl<B: IoBuffer> QueuePair<B> {
         // with nothing in flight, which looks as far as `max`.
         while delivered < max {
             let Some(c) = self.ring.pop(&self.mem) else { break };
-            consumed += 1;
             let slot = (c.cid & SLOT_MASK) as usize;
             let gen = c.cid & !SLOT_MASK;
             let Some(t) = self
@@ -85,34 +85,41 @@ impl<B: IoBuffer> QueuePair<B> {
                     self.deliver_error(op, error, tag, buf, meta, &mut f);
                 }
                 if self.live == 0 {
-                    break;
+                    // The last command in flight: no health count (below), proof that the
+                    // controller works, with nothing left to time out.
+                    self.release_cq();
+                    return delivered;
                 }
             }
         }
-        self.stats.completions += consumed as u64;
-        // The completion-queue head doorbell is deferred: consumed entries are released in
-        // batches (one MMIO write per many completions, which matters most at low queue depth).
-        // It is rung as soon as released-but-unannounced entries plus commands in flight could
-        // fill half the queue, so the controller always has room to post (this check runs at
-        // every poll, busy or not, so a controller waiting for room is never left waiting).
-        let taken = self.slots.len() - self.free_cids.len();
+        let consumed = self.ring.unacked != unacked;
+        self.release_cq();
+        // Every few polls, a look at the clock; every few milliseconds, one for commands past
+        // their deadline and a failed, reset or vanished controller (`health.rs`). Counted:
+        // polls with commands still in flight, and empty polls (so an idle queue pair notices
+        // too). Not counted: a poll that reaped the last command in flight (returned above).
+        if (!consumed || self.outstanding() != 0) && self.health.count_poll() {
+            delivered += self.health_tick(&mut f);
+        }
+        delivered
+    }
+
+    /// The completion-queue head doorbell is deferred: consumed entries are released in
+    /// batches (one MMIO write per many completions, which matters most at low queue depth).
+    /// It is rung as soon as released-but-unannounced entries plus commands in flight could
+    /// fill half the queue, so the controller always has room to post (this check runs at
+    /// every poll, busy or not, so a controller waiting for room is never left waiting).
+    #[inline(always)]
+    fn release_cq(&mut self) {
         let unacked = self.ring.unacked as usize;
-        if unacked != 0 && unacked + taken >= self.cq_release_at && self.current() {
+        // unacked + taken >= R, as one compare (`cq_release_bias`), then the rare rest.
+        if unacked + self.cq_release_bias >= self.free_cids.len() && unacked != 0 && self.current() {
             if self.ring.ring_cq() {
                 self.stats.cq_doorbells += 1;
             } else {
                 self.stats.shadow_only += 1;
             }
         }
-        // Every few polls, a look at the clock; every few milliseconds, one for commands past
-        // their deadline and a failed, reset or vanished controller (`health.rs`). Counted:
-        // polls with commands still in flight, and empty polls (so an idle queue pair notices
-        // too). Not counted: a poll that reaped the last command in flight, proof that the
-        // controller works, with nothing left to time out.
-        if (consumed == 0 || self.outstanding() != 0) && self.health.count_poll() {
-            delivered += self.health_tick(&mut f);
-        }
-        delivered
     }
 
     /// Delivers up to `max` completed requests to `f`; returns them and the completion entries
@@ -182,9 +189,6 @@ impl<B: IoBuffer> QueuePair<B> {
                     });
                 }
             }
-        }
-        if consumed != 0 {
-            self.stats.completions += consumed as u64;
         }
         (delivered, consumed)
     }

@@ -177,7 +177,7 @@ impl<B: IoBuffer> QueuePair<B> {
         // controller working (after CFS, or once the device is gone, nothing completes), so
         // the read waits until completions stop or IDLE_INTERVAL passed; timeouts are still
         // scanned at every check.
-        let completions = self.stats.completions;
+        let completions = self.ring.consumed();
         let h = &mut self.health;
         if completions == h.csts_completions || now.saturating_duration_since(h.csts_at) >= IDLE_INTERVAL {
             h.csts_at = now;

@@ -170,9 +170,10 @@ pub struct QueuePair<B: IoBuffer> {
     /// Commands beyond one per request (the parts of split requests after their first):
     /// `QpairStats::commands` is `requests` plus this.
     extra_commands: u64,
-    /// Released-but-unannounced completion entries plus taken slots at which `poll` rings the
-    /// completion doorbell: half the queue.
-    cq_release_at: usize,
+    /// `poll` rings the completion doorbell once released-but-unannounced completion entries
+    /// plus taken slots reach half the queue (`R`): `unacked + (slots - free) >= R`, kept as
+    /// `unacked + cq_release_bias >= free` with `cq_release_bias = slots - R` (one compare).
+    cq_release_bias: usize,
     /// When the queue pair was created: the origin of `Request::seen_ms`.
     created: Instant,
     lists_off: usize,
@@ -372,7 +373,8 @@ impl<B: IoBuffer> QueuePair<B> {
             free_cids: (0..n as u16).rev().collect(),
             live: 0,
             extra_commands: 0,
-            cq_release_at: if opts.defer_cq_doorbell { entries / 2 } else { 1 },
+            // n >= entries / 2 >= 1 for entries >= 2: no underflow.
+            cq_release_bias: n - if opts.defer_cq_doorbell { entries / 2 } else { 1 },
             created: Instant::now(),
             lists_off,
             list_pages,
@@ -518,6 +520,7 @@ impl<B: IoBuffer> QueuePair<B> {
     pub fn stats(&self) -> QpairStats {
         QpairStats {
             commands: self.stats.requests + self.extra_commands,
+            completions: self.ring.consumed(),
             ..self.stats
         }
     }
