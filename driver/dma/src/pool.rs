@@ -175,14 +175,26 @@ impl DmaBuf {
 pub struct DmaPool {
     region: ManuallyDrop<DmaRegion>,
     layout: PoolLayout,
-    /// Free buffer indices; capacity `count`, never reallocated.
-    free: Vec<u32>,
-    /// The CPU and bus address of every buffer, worked out once (`alloc` then costs two loads).
-    addrs: Box<[(NonNull<u8>, BusAddr)]>,
+    /// The free buffers, each with its CPU and bus address worked out once (`alloc` is a pop,
+    /// `free` a push of what the `DmaBuf` carries); capacity `count`, never reallocated.
+    free: Vec<FreeBuf>,
+    /// The region's start, as an address: a buffer is this pool's when its pointer lies in
+    /// `base..base + span` (see [`DmaPool::owns`]).
+    base: usize,
+    /// `count * buf_size`: the bytes the buffers cover.
+    span: usize,
     _not_sync: PhantomData<Cell<()>>,
 }
 
-// SAFETY: the pool owns its region (Send); the pointers in `addrs` point into that region and
+/// A free buffer on the stack: what `alloc` puts in a [`DmaBuf`] (all but the length).
+#[derive(Debug, Clone, Copy)]
+struct FreeBuf {
+    ptr: NonNull<u8>,
+    bus: BusAddr,
+    index: u32,
+}
+
+// SAFETY: the pool owns its region (Send); the pointers in `free` point into that region and
 // are only copied into `DmaBuf` handles (themselves Send), never dereferenced by the pool outside
 // its `&mut self`/`&self` methods, which go through the region.
 unsafe impl Send for DmaPool {}
@@ -212,20 +224,21 @@ impl DmaPool {
         debug_assert!(layout.bufs_per_page != 0 || region.iova().is_some());
         // Reversed, so the first alloc hands out buffer 0.
         let mut free = Vec::with_capacity(layout.count);
-        free.extend((0..layout.count as u32).rev());
-        let addrs = (0..layout.count)
-            .map(|i| {
-                let off = layout.offset(i);
-                let ptr =
-                    NonNull::new(region.as_ptr().wrapping_add(off)).expect("region pointer is non-null");
-                (ptr, region.bus_addr(off))
-            })
-            .collect();
+        free.extend((0..layout.count).rev().map(|i| {
+            let off = layout.offset(i);
+            let ptr = NonNull::new(region.as_ptr().wrapping_add(off)).expect("region pointer is non-null");
+            FreeBuf {
+                ptr,
+                bus: region.bus_addr(off),
+                index: i as u32,
+            }
+        }));
         DmaPool {
+            base: region.as_ptr() as usize,
+            span: layout.offset(layout.count),
             region: ManuallyDrop::new(region),
             layout,
             free,
-            addrs,
             _not_sync: PhantomData,
         }
     }
@@ -233,8 +246,7 @@ impl DmaPool {
     /// Takes a buffer; `None` when all are out. Never allocates.
     #[inline]
     pub fn alloc(&mut self) -> Option<DmaBuf> {
-        let index = self.free.pop()?;
-        let (ptr, bus) = self.addrs[index as usize];
+        let FreeBuf { ptr, bus, index } = self.free.pop()?;
         Some(DmaBuf {
             index,
             len: self.layout.buf_size as u32,
@@ -263,13 +275,22 @@ impl DmaPool {
             return;
         }
         debug_assert!(self.free.len() < self.free.capacity());
-        self.free.push(buf.index);
+        self.free.push(FreeBuf {
+            ptr: buf.ptr,
+            bus: buf.bus,
+            index: buf.index,
+        });
     }
 
+    /// Whether `buf` is one of this pool's buffers: its pointer lies in the buffers' span of
+    /// this pool's region. As strong as comparing with the pool's own record of the buffer: a
+    /// `DmaBuf` is made only by `alloc` (its fields are private, and only `len` ever changes),
+    /// so a pointer into this region is this pool's buffer `index`; the regions of live pools
+    /// are distinct memory, and a pool dropped with buffers out leaks its region (never
+    /// reused), so no other pool's buffer points here.
+    #[inline(always)]
     fn owns(&self, buf: &DmaBuf) -> bool {
-        self.addrs
-            .get(buf.index as usize)
-            .is_some_and(|&(ptr, _)| ptr == buf.ptr)
+        (buf.ptr.as_ptr() as usize).wrapping_sub(self.base) < self.span
     }
 
     fn checked(&self, buf: &DmaBuf, offset: usize, len: usize) -> Result<usize, DmaError> {
@@ -416,6 +437,37 @@ mod tests {
                 "{e:?}"
             );
         }
+    }
+
+    /// `owns` (what refuses a foreign buffer in `free`, `read` and `write`, in release builds
+    /// too): every buffer of a pool, first and last included, and no buffer of another pool,
+    /// however the two regions lie.
+    #[test]
+    fn a_pool_owns_its_buffers_and_no_others() {
+        let dma = crate::DmaContext::for_testing();
+        let mut a = dma.pool(512, 9, PageSize::Base4K).unwrap();
+        let mut b = dma.pool(512, 9, PageSize::Base4K).unwrap();
+        let bufs_a: Vec<DmaBuf> = std::iter::from_fn(|| a.alloc()).collect();
+        let bufs_b: Vec<DmaBuf> = std::iter::from_fn(|| b.alloc()).collect();
+        assert_eq!((bufs_a.len(), bufs_b.len()), (9, 9));
+        for x in &bufs_a {
+            assert!(a.owns(x) && !b.owns(x), "a's buffer {}", x.index());
+        }
+        for x in &bufs_b {
+            assert!(b.owns(x) && !a.owns(x), "b's buffer {}", x.index());
+        }
+        // Given back, each comes out again with the addresses it had.
+        let (ptr, bus) = (bufs_a[8].as_ptr(), bufs_a[8].bus_addr());
+        for x in bufs_a {
+            a.free(x);
+        }
+        for x in bufs_b {
+            b.free(x);
+        }
+        assert_eq!((a.available(), b.available()), (9, 9));
+        let x = a.alloc().unwrap();
+        assert_eq!((x.index(), x.as_ptr(), x.bus_addr(), x.len()), (8, ptr, bus, 512));
+        a.free(x);
     }
 
     #[test]
