@@ -434,7 +434,12 @@ impl<B: IoBuffer> QueuePair<B> {
         let cid = s.claim(slot, slot);
         s.req = Request::new(tag, 1, op);
         s.buf = buf;
-        s.meta = meta;
+        // A free slot holds no metadata buffer (every completion takes it): stored only when
+        // there is one, so the hot template's path (a constant `None`) stores nothing.
+        debug_assert!(s.meta.is_none(), "free slot {slot} holds a metadata buffer");
+        if meta.is_some() {
+            s.meta = meta;
+        }
         self.ring.push(&mut self.mem, &words(cid));
         if save {
             self.save_last(slot);
