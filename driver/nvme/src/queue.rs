@@ -115,12 +115,10 @@ impl Ring {
     /// outstanding). The doorbell is not rung.
     #[inline]
     pub(crate) fn push(&mut self, mem: &mut QueueMem, words: &[u64; 8]) {
-        mem.write_sqe(self.sq_tail, words);
-        self.sq_tail = if self.sq_tail + 1 == self.entries {
-            0
-        } else {
-            self.sq_tail + 1
-        };
+        // The tail from a local: after the volatile stores the field would be loaded again.
+        let tail = self.sq_tail;
+        mem.write_sqe(tail, words);
+        self.sq_tail = if tail + 1 == self.entries { 0 } else { tail + 1 };
         self.unrung += 1;
     }
 
@@ -183,11 +181,14 @@ impl Ring {
     /// The next completion if its phase tag says the controller posted it; advances the head.
     #[inline]
     pub(crate) fn pop(&mut self, mem: &QueueMem) -> Option<Completion> {
-        let c = mem.cqe_if_phase(self.cq_head, self.phase)?;
-        self.cq_head += 1;
-        if self.cq_head == self.entries {
+        // The head from a local: after the volatile loads the field would be loaded again.
+        let head = self.cq_head;
+        let c = mem.cqe_if_phase(head, self.phase)?;
+        if head + 1 == self.entries {
             self.cq_head = 0;
             self.phase ^= PHASE;
+        } else {
+            self.cq_head = head + 1;
         }
         self.sq_head = c.sq_head;
         self.unacked += 1;

@@ -25,81 +25,100 @@ impl<B: IoBuffer> QueuePair<B> {
             return self.recover(&mut f);
         }
         let mut delivered = 0;
-        // Whether this poll consumed an entry: `unacked` moved (it only grows in the loop).
-        let unacked = self.ring.unacked;
+        // A poll that consumes nothing (an empty one, or `max` 0) ends apart: past this point at
+        // least one entry was consumed.
+        let first = if max != 0 { self.ring.pop(&self.mem) } else { None };
+        let Some(mut c) = first else {
+            return self.poll_end(0, false, &mut f);
+        };
         // No more requests can complete than are in flight: once the last one is delivered the
         // loop ends without looking at the next entry (at QD1 that look was a fifth of the
         // poll; the test is on the count just decremented). An entry for no request (`bogus`:
         // a duplicate, a stray id) is consumed when it comes before a real one, or by a poll
         // with nothing in flight, which looks as far as `max`.
-        while delivered < max {
-            let Some(c) = self.ring.pop(&self.mem) else { break };
-            let slot = (c.cid & SLOT_MASK) as usize;
-            let gen = c.cid & !SLOT_MASK;
-            let Some(t) = self
-                .slots
-                .get_mut(slot)
-                .filter(|t| t.owner != UNUSED && t.gen == gen)
-            else {
-                self.bogus(c);
-                continue;
-            };
-            let rid = t.owner as usize;
-            t.owner = UNUSED;
-            let s = if slot == rid {
-                t
-            } else {
-                // Another part of a split request: its slot is free now; the request's own slot
-                // (its first part's) stays taken until the whole request completes.
-                self.free_cids.push(slot as u16);
-                &mut self.slots[rid]
-            };
-            let st = c.status();
-            let req = &mut s.req;
-            debug_assert!(req.parts != 0, "slot points at a live request");
-            if !st.is_success() && req.error.is_success() {
-                req.error = st;
-            }
-            req.parts -= 1;
-            if req.parts == 0 {
-                let (tag, error, op) = (req.tag, req.error, req.op);
-                let buf = s.buf.take();
-                // Most requests have no metadata buffer: a look, no move.
-                let meta = if s.meta.is_some() { s.meta.take() } else { None };
-                self.free_cids.push(rid as u16);
-                self.live -= 1;
-                delivered += 1;
-                if error.is_success() {
-                    // DW0 of the part that completed last (a split request's parts all carry
-                    // the same command, so any part's DW0 would do).
-                    f(Done {
-                        tag,
-                        result: Ok(c.dw0 as u64 | (c.dw1 as u64) << 32),
-                        buf,
-                        meta,
-                    });
+        loop {
+            'entry: {
+                let slot = (c.cid & SLOT_MASK) as usize;
+                let gen = c.cid & !SLOT_MASK;
+                let Some(t) = self
+                    .slots
+                    .get_mut(slot)
+                    .filter(|t| t.owner != UNUSED && t.gen == gen)
+                else {
+                    self.bogus(c);
+                    break 'entry;
+                };
+                let rid = t.owner as usize;
+                t.owner = UNUSED;
+                let s = if slot == rid {
+                    t
                 } else {
-                    // Out of line: with one call of `f` here the caller's closure is inlined,
-                    // and a `Done` that can only be `Ok` never goes through memory (the
-                    // error variant is large).
-                    self.deliver_error(op, error, tag, buf, meta, &mut f);
+                    // Another part of a split request: its slot is free now; the request's own slot
+                    // (its first part's) stays taken until the whole request completes.
+                    self.free_cids.push(slot as u16);
+                    &mut self.slots[rid]
+                };
+                let st = c.status();
+                let req = &mut s.req;
+                debug_assert!(req.parts != 0, "slot points at a live request");
+                if !st.is_success() && req.error.is_success() {
+                    req.error = st;
                 }
-                if self.live == 0 {
-                    // The last command in flight: no health count (below), proof that the
-                    // controller works, with nothing left to time out.
-                    self.release_cq();
-                    return delivered;
+                req.parts -= 1;
+                if req.parts == 0 {
+                    let (tag, error, op) = (req.tag, req.error, req.op);
+                    let buf = s.buf.take();
+                    // Most requests have no metadata buffer: a look, no move.
+                    let meta = if s.meta.is_some() { s.meta.take() } else { None };
+                    self.free_cids.push(rid as u16);
+                    self.live -= 1;
+                    delivered += 1;
+                    if error.is_success() {
+                        // DW0 of the part that completed last (a split request's parts all carry
+                        // the same command, so any part's DW0 would do).
+                        f(Done {
+                            tag,
+                            result: Ok(c.dw0 as u64 | (c.dw1 as u64) << 32),
+                            buf,
+                            meta,
+                        });
+                    } else {
+                        // Out of line: with one call of `f` here the caller's closure is inlined,
+                        // and a `Done` that can only be `Ok` never goes through memory (the
+                        // error variant is large).
+                        self.deliver_error(op, error, tag, buf, meta, &mut f);
+                    }
+                    if self.live == 0 {
+                        // The last command in flight: no health count (`poll_end`), proof that the
+                        // controller works, with nothing left to time out.
+                        self.release_cq();
+                        return delivered;
+                    }
                 }
+            }
+            if delivered >= max {
+                break;
+            }
+            match self.ring.pop(&self.mem) {
+                Some(next) => c = next,
+                None => break,
             }
         }
-        let consumed = self.ring.unacked != unacked;
+        self.poll_end(delivered, true, &mut f)
+    }
+
+    /// The end of a poll that did not deliver the last request in flight (`consumed`: whether
+    /// it consumed an entry): the completion doorbell, the health count.
+    #[inline(always)]
+    fn poll_end(&mut self, mut delivered: usize, consumed: bool, f: &mut impl FnMut(Done<B>)) -> usize {
         self.release_cq();
         // Every few polls, a look at the clock; every few milliseconds, one for commands past
         // their deadline and a failed, reset or vanished controller (`health.rs`). Counted:
         // polls with commands still in flight, and empty polls (so an idle queue pair notices
-        // too). Not counted: a poll that reaped the last command in flight (returned above).
+        // too). Not counted: a poll that reaped the last command in flight (`poll` returns
+        // before this).
         if (!consumed || self.outstanding() != 0) && self.health.count_poll() {
-            delivered += self.health_tick(&mut f);
+            delivered += self.health_tick(f);
         }
         delivered
     }
