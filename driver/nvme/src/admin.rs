@@ -243,7 +243,7 @@ impl AdminQueue {
                 mdts: ADMIN_DATA_BYTES,
             });
         }
-        if self.ring.sq_used() + 1 >= self.ring.entries {
+        if self.ring.sq_used(&self.mem) + 1 >= self.ring.entries {
             return Err(NvmeError::Failed(format!(
                 "{op}: the admin submission queue is full of commands the controller never fetched ({} timed out); the controller must be reset",
                 self.quarantine.len()
@@ -269,7 +269,7 @@ impl AdminQueue {
         let cid = self.take_cid();
         cmd.set_cid(cid);
         self.ring.push(&mut self.mem, &cmd.to_words());
-        self.ring.ring_sq(|| true);
+        self.ring.ring_sq(self.mem.sq_tail(), || true);
         let start = Instant::now();
         let mut spins = 0u32;
         loop {
@@ -321,7 +321,7 @@ impl AdminQueue {
     /// it; returns its command id for [`AdminQueue::take`]. Same contract as
     /// [`AdminQueue::exec`] with [`DataDir::None`].
     pub(crate) fn submit(&mut self, op: &'static str, mut cmd: Command) -> Result<u16> {
-        if self.ring.sq_used() + 1 >= self.ring.entries {
+        if self.ring.sq_used(&self.mem) + 1 >= self.ring.entries {
             return Err(NvmeError::Failed(format!(
                 "{op}: the admin submission queue is full; the controller must be reset"
             )));
@@ -329,7 +329,7 @@ impl AdminQueue {
         let cid = self.take_cid();
         cmd.set_cid(cid);
         self.ring.push(&mut self.mem, &cmd.to_words());
-        self.ring.ring_sq(|| true);
+        self.ring.ring_sq(self.mem.sq_tail(), || true);
         self.pending.push(Pending {
             cid,
             opcode: cmd.opcode(),
@@ -383,7 +383,7 @@ impl AdminQueue {
     pub(crate) fn reinit(&mut self) -> (BusAddr, BusAddr) {
         let len = self.mem.region().len();
         self.mem.zero(0, len);
-        self.ring.reset();
+        self.ring.reset(&mut self.mem);
         self.events.clear();
         self.fired.clear();
         self.pending.clear();
@@ -395,7 +395,7 @@ impl AdminQueue {
     /// Submits an Asynchronous Event Request (NVMe Base 2.0 §5.2) without waiting: it
     /// completes when the controller has an event to report.
     pub(crate) fn arm_event(&mut self) -> Result<()> {
-        if self.ring.sq_used() + 1 >= self.ring.entries {
+        if self.ring.sq_used(&self.mem) + 1 >= self.ring.entries {
             return Err(NvmeError::Failed(
                 "the admin submission queue is full; no Asynchronous Event Request can be armed".into(),
             ));
@@ -406,7 +406,7 @@ impl AdminQueue {
         let mut cmd = Command::new(crate::cmd::admin_op::ASYNC_EVENT_REQUEST, 0);
         cmd.set_cid(cid);
         self.ring.push(&mut self.mem, &cmd.to_words());
-        self.ring.ring_sq(|| true);
+        self.ring.ring_sq(self.mem.sq_tail(), || true);
         self.events.push(cid);
         Ok(())
     }

@@ -28,6 +28,10 @@ pub(crate) struct QueueMem {
     /// Entry 0 of the completion queue, in `region`; entries `0..entries` are in bounds.
     cq: *const u32,
     entries: u16,
+    /// The submission queue's tail: the slot the next command goes to. Always below
+    /// `entries` (set only here: 0, advanced with wrap-around by `push_sqe`, or checked by
+    /// `set_sq_tail`), so `push_sqe` stores without a bounds check.
+    sq_tail: u16,
     /// Keeps the CMB mapping alive while the submission queue is there.
     sq_cmb: Option<Mmio>,
     /// Set when the controller may still access the memory: it is then never freed.
@@ -116,6 +120,7 @@ impl QueueMem {
             sq: base.wrapping_add(layout.sq_off).cast(),
             cq: base.wrapping_add(layout.cq_off).cast_const().cast(),
             entries: layout.entries,
+            sq_tail: 0,
             sq_cmb: None,
             leak: false,
         }
@@ -158,20 +163,37 @@ impl QueueMem {
         );
     }
 
-    /// Stores a 64-byte command, as eight little-endian 64-bit words, in submission queue slot
-    /// `slot`.
+    /// Stores a 64-byte command, as eight little-endian 64-bit words, in the submission queue
+    /// slot at the tail, and advances the tail (NVMe Base 2.0 §4.1). Returns the new tail.
     #[inline]
-    pub(crate) fn write_sqe(&mut self, slot: u16, words: &[u64; 8]) {
-        if slot >= self.entries {
-            out_of_bounds("submission queue slot", slot);
-        }
-        let dst = self.sq.wrapping_add(slot as usize * 8);
+    pub(crate) fn push_sqe(&mut self, words: &[u64; 8]) -> u16 {
+        let tail = self.sq_tail;
+        let dst = self.sq.wrapping_add(tail as usize * 8);
         for (i, &w) in words.iter().enumerate() {
-            // SAFETY: `slot < entries` and the queue's `entries` slots are inside the region or
-            // the CMB window (checked in `new` / `put_sq_in_cmb`), 8-byte aligned; both are kept
-            // alive by `self`. Volatile: the device reads this memory.
+            // SAFETY: `tail < entries` (the invariant of `sq_tail`, kept by every method that
+            // sets it), and the queue's `entries` slots are inside the region or the CMB window
+            // (checked in `new` / `put_sq_in_cmb`), 8-byte aligned; both are kept alive by
+            // `self`. Volatile: the device reads this memory.
             unsafe { dst.wrapping_add(i).write_volatile(w.to_le()) };
         }
+        let next = if tail + 1 == self.entries { 0 } else { tail + 1 };
+        self.sq_tail = next;
+        next
+    }
+
+    /// The submission queue's tail.
+    #[inline]
+    pub(crate) fn sq_tail(&self) -> u16 {
+        self.sq_tail
+    }
+
+    /// Moves the submission queue's tail (back over commands not announced, or to 0 for a
+    /// queue re-created after a reset). Panics if `tail` is not a slot of the queue.
+    pub(crate) fn set_sq_tail(&mut self, tail: u16) {
+        if tail >= self.entries {
+            out_of_bounds("submission queue tail", tail);
+        }
+        self.sq_tail = tail;
     }
 
     /// Completion queue entry `slot` if the controller has posted it: its phase tag (DW3 bit

@@ -41,7 +41,7 @@ pub(crate) enum Rung {
 /// Ring state of a queue pair. Hot fields first.
 #[derive(Debug)]
 pub(crate) struct Ring {
-    pub sq_tail: u16,
+    // The SQ tail is the queue memory's (`QueueMem::sq_tail`): it stores at it unchecked.
     pub cq_head: u16,
     /// The phase tag a new completion carries, where it sits in DW3 (bit 16): `PHASE` or 0.
     phase: u32,
@@ -68,7 +68,6 @@ impl Ring {
     pub(crate) fn new(bar: &Mmio, stride: usize, qid: u16, entries: u16) -> Self {
         let window = |off| bar.window(off, 4).expect("doorbell inside BAR0");
         Ring {
-            sq_tail: 0,
             cq_head: 0,
             phase: PHASE,
             sq_head: 0,
@@ -87,8 +86,8 @@ impl Ring {
     /// phase tag 1), for a queue re-created in place after a controller reset; the shadow
     /// doorbell words are zeroed too (a stale EventIdx would suppress the first MMIO doorbells,
     /// a stale shadow tail would be read as new commands).
-    pub(crate) fn reset(&mut self) {
-        self.sq_tail = 0;
+    pub(crate) fn reset(&mut self, mem: &mut QueueMem) {
+        mem.set_sq_tail(0);
         self.cq_head = 0;
         self.phase = PHASE;
         self.sq_head = 0;
@@ -101,8 +100,8 @@ impl Ring {
     }
 
     /// The SQ slot of the command written `back` commands before the tail (1: the last one).
-    pub(crate) fn slot_back(&self, back: u16) -> u16 {
-        (self.sq_tail + self.entries - back) % self.entries
+    pub(crate) fn slot_back(&self, mem: &QueueMem, back: u16) -> u16 {
+        (mem.sq_tail() + self.entries - back) % self.entries
     }
 
     /// Uses shadow doorbells for this queue.
@@ -115,27 +114,24 @@ impl Ring {
     /// outstanding). The doorbell is not rung.
     #[inline]
     pub(crate) fn push(&mut self, mem: &mut QueueMem, words: &[u64; 8]) {
-        // The tail from a local: after the volatile stores the field would be loaded again.
-        let tail = self.sq_tail;
-        mem.write_sqe(tail, words);
-        self.sq_tail = if tail + 1 == self.entries { 0 } else { tail + 1 };
+        mem.push_sqe(words);
         self.unrung += 1;
     }
 
     /// Submission queue slots the controller has not told us it consumed yet, by the SQ head
     /// of the last completion (NVMe Base 2.0 §4.1: the queue is full when the tail is one
     /// behind the head).
-    pub(crate) fn sq_used(&self) -> u16 {
-        (self.sq_tail + self.entries - self.sq_head) % self.entries
+    pub(crate) fn sq_used(&self, mem: &QueueMem) -> u16 {
+        (mem.sq_tail() + self.entries - self.sq_head) % self.entries
     }
 
     /// Takes back the last `n` commands written and not yet announced by a doorbell.
-    pub(crate) fn unpush(&mut self, n: u16) {
+    pub(crate) fn unpush(&mut self, mem: &mut QueueMem, n: u16) {
         assert!(
             n <= self.unrung,
             "only commands behind the last doorbell can be taken back"
         );
-        self.sq_tail = (self.sq_tail + self.entries - n) % self.entries;
+        mem.set_sq_tail((mem.sq_tail() + self.entries - n) % self.entries);
         self.unrung -= n;
     }
 
@@ -144,12 +140,12 @@ impl Ring {
     /// still says the controller knows this queue (checked only before an MMIO write: a shadow
     /// update is host memory, which a controller that does not know the queue never reads).
     #[inline]
-    pub(crate) fn ring_sq(&mut self, live: impl FnOnce() -> bool) -> Rung {
+    pub(crate) fn ring_sq(&mut self, tail: u16, live: impl FnOnce() -> bool) -> Rung {
         if self.unrung == 0 {
             return Rung::Nothing;
         }
         if let Some(s) = &self.shadow {
-            if !s.update(false, self.sq_tail) {
+            if !s.update(false, tail) {
                 self.unrung = 0;
                 return Rung::Shadow;
             }
@@ -161,7 +157,7 @@ impl Ring {
             return Rung::Stale;
         }
         self.unrung = 0;
-        self.sq_db.write32(0, self.sq_tail as u32);
+        self.sq_db.write32(0, tail as u32);
         Rung::Mmio
     }
 

@@ -101,7 +101,7 @@ impl<B: IoBuffer> QueuePair<B> {
         // Written, never announced: kept, in order.
         let unsent: Vec<[u64; 8]> = (1..=self.ring.unrung)
             .rev()
-            .map(|k| self.mem.read_sqe(self.ring.slot_back(k)))
+            .map(|k| self.mem.read_sqe(self.ring.slot_back(&self.mem, k)))
             .collect();
         let unsent_cids: Vec<u16> = unsent.iter().map(|w| (w[0] >> 16) as u16).collect();
         let entries = self.ring.entries as usize;
@@ -111,7 +111,7 @@ impl<B: IoBuffer> QueuePair<B> {
             self.mem.zero(0, sq_bytes);
         }
         self.mem.zero(sq_bytes, cq_bytes);
-        self.ring.reset();
+        self.ring.reset(&mut self.mem);
         self.aborts.clear();
         let mut requeued = 0u64;
         for rid in 0..self.slots.len() {

@@ -453,7 +453,7 @@ impl<B: IoBuffer> QueuePair<B> {
     /// so the hot path writes the command once, as without the option.
     #[inline(never)]
     pub(super) fn save_last(&mut self, slot: u16) {
-        self.saved[slot as usize] = self.mem.read_sqe(self.ring.slot_back(1));
+        self.saved[slot as usize] = self.mem.read_sqe(self.ring.slot_back(&self.mem, 1));
     }
 
     #[cold]
@@ -598,7 +598,7 @@ impl<B: IoBuffer> QueuePair<B> {
                     // Take back the parts already written: none was announced to the controller
                     // (the doorbell rings only in `poll`/`flush_submissions`), so rewinding the
                     // tail removes them.
-                    self.ring.unpush(part as u16);
+                    self.ring.unpush(&mut self.mem, part as u16);
                     self.free_cids.push(slot);
                     for (c, t) in self.slots.iter_mut().enumerate() {
                         if t.owner == rid {
@@ -772,9 +772,9 @@ impl<B: IoBuffer> QueuePair<B> {
     #[inline(always)]
     pub(super) fn ring_submissions(&mut self) -> crate::queue::Rung {
         let (ctrl, epoch) = (&self.ctrl, self.epoch);
-        let r = self
-            .ring
-            .ring_sq(|| ctrl.reset.epoch.load(std::sync::atomic::Ordering::Acquire) == epoch);
+        let r = self.ring.ring_sq(self.mem.sq_tail(), || {
+            ctrl.reset.epoch.load(std::sync::atomic::Ordering::Acquire) == epoch
+        });
         match r {
             crate::queue::Rung::Mmio => self.stats.sq_doorbells += 1,
             crate::queue::Rung::Shadow => self.stats.shadow_only += 1,
