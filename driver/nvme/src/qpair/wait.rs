@@ -33,17 +33,20 @@
 //! sleeps: a steady stream of completions is caught spinning at polling latency, an idle queue
 //! pair costs no CPU.
 //!
-//! While it spins, the queue pair's MSI-X vector signals nothing: the first hybrid `wait`
-//! unbinds the vector's eventfd (`VFIO_DEVICE_SET_IRQS` with fd -1; vfio-pci frees the host
-//! IRQ, which masks the vector in the MSI-X table), and a spin that runs out binds it again
-//! before `arm`. A controller that posts while the vector is masked sets its pending bit
-//! (PCI Local Bus 3.0 §6.8.2.9) and sends the message once the vector is unmasked, so an entry
-//! posted between the spin and the bind signals the eventfd as soon as it is bound, and one
-//! posted before `arm` took the counter is seen by `arm`'s look at the CQ. The next `wait`
-//! unbinds it again. So a stream of completions that each come within `spin` costs no
-//! interrupt at all (one per completion otherwise: on the test bed that was 1.25x polling's
-//! QD1 latency, the guest taking each message while the worker spins), and a queue pair that
-//! goes to sleep pays two ioctls per sleep. MSI vectors and vectors given with
+//! While completions keep coming within `spin`, the queue pair's MSI-X vector signals nothing:
+//! after [`UNBIND_STREAK`] waits in a row that the spin ended, `wait` unbinds the vector's
+//! eventfd (`VFIO_DEVICE_SET_IRQS` with fd -1; vfio-pci frees the IRQ, which masks the vector
+//! in the MSI-X table), and a spin that runs out binds it again before `arm`. A controller
+//! that posts while the vector is masked sets its pending bit (PCI Local Bus 3.0 §6.8.2.9) and
+//! sends the message once the vector is unmasked, so an entry posted between the spin and the
+//! bind signals the eventfd as soon as it is bound (at worst one spurious wakeup later), and
+//! one posted before `arm` took the counter is seen by `arm`'s look at the CQ. So a stream of
+//! completions that come within `spin` costs no interrupt (one per completion otherwise: on
+//! the test bed that made hybrid's QD1 latency 1.25x polling's, the guest taking each message
+//! while the worker spins), and a sleep costs two ioctls, paid only after a streak: where
+//! completions come about as late as `spin`, the vector stays bound and nothing is paid but
+//! the interrupts. (Each ioctl is a free_irq or request_irq in the kernel: 0.25-11 ms on the
+//! TCG test bed with emulated interrupt remapping.) MSI vectors and vectors given with
 //! [`Controller::use_interrupts`] stay bound (MSI may lack per-vector masking).
 
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
@@ -60,6 +63,8 @@ use crate::regs::off;
 
 /// Looks at the CQ per clock read while hybrid mode spins ([`QueuePair::spin_for`]).
 const SPIN_CHECK: u32 = 64;
+/// Hybrid waits in a row ended by the spin after which the vector is unbound (module docs).
+pub(crate) const UNBIND_STREAK: u32 = 8;
 
 /// How a queue pair learns that commands completed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -143,6 +148,8 @@ pub(crate) struct QpIrq {
     mode: CompletionMode,
     /// Whether the vector signals its eventfd now (hybrid mode unbinds it while spinning).
     bound: bool,
+    /// Hybrid waits in a row that the spin ended while bound.
+    streak: u32,
 }
 
 impl QpIrq {
@@ -156,6 +163,7 @@ impl QpIrq {
             vector,
             mode,
             bound: true,
+            streak: 0,
         })
     }
 
@@ -348,24 +356,28 @@ impl<B: IoBuffer> QueuePair<B> {
         let mut timeout = timeout;
         if let CompletionMode::Hybrid { spin } = self.irq()?.mode {
             self.flush_submissions();
-            // No interrupt while spinning (module docs, "Hybrid"). An unbind that fails (the
-            // device going away) leaves the vector bound: spinning works either way.
-            if let Some(irq) = self.irq.as_mut() {
-                if let Err(e) = irq.bind(false) {
-                    log::debug!(
-                        "queue pair {}: {e}; spinning with the vector bound",
-                        self.ring.qid
-                    );
-                }
-            }
             let spin = timeout.map_or(spin, |t| t.min(spin));
-            if self.spin_for(spin) {
+            let caught = self.spin_for(spin);
+            let qid = self.ring.qid;
+            let irq = self.irq.as_mut().expect("hybrid mode has a vector");
+            if caught {
+                // A streak of completions caught spinning: no interrupt for the next ones
+                // (module docs, "Hybrid"). An unbind that fails (the device going away)
+                // leaves the vector bound: spinning works either way.
+                if irq.bound {
+                    irq.streak += 1;
+                    if irq.streak >= UNBIND_STREAK {
+                        irq.streak = 0;
+                        if let Err(e) = irq.bind(false) {
+                            log::debug!("queue pair {qid}: {e}; spinning with the vector bound");
+                        }
+                    }
+                }
                 return Ok(true);
             }
+            irq.streak = 0;
+            irq.bind(true)?;
             timeout = timeout.map(|t| t.saturating_sub(spin));
-            if let Some(irq) = self.irq.as_mut() {
-                irq.bind(true)?;
-            }
         }
         // The clock is read only on the way to sleeping, never while spinning for a completion.
         let deadline = timeout.map(|t| Instant::now() + t);
