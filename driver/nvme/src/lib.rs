@@ -52,6 +52,7 @@ pub mod admin;
 pub mod buffer;
 pub mod cmb;
 pub mod cmd;
+mod clock;
 mod ctrlr;
 pub mod error;
 pub mod format;

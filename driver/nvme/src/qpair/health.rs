@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use super::{Done, QueuePair};
 use crate::admin::Taken;
 use crate::buffer::IoBuffer;
+use crate::clock::CoarseClock;
 use crate::ctrlr::Controller;
 use crate::error::{NvmeError, Result};
 
@@ -55,12 +56,16 @@ pub(super) struct HealthClock {
     /// [`QueuePair::check_health`]).
     csts_at: Instant,
     csts_completions: u64,
+    /// What "now" is read from: a clock that never reads the clocksource (`clock.rs`).
+    clock: CoarseClock,
 }
 
 impl HealthClock {
     pub(super) fn new() -> Self {
-        let now = Instant::now();
+        let clock = CoarseClock::new();
+        let now = clock.now();
         HealthClock {
+            clock,
             countdown: 1,
             every: 1,
             since_check: 0,
@@ -151,7 +156,7 @@ impl<B: IoBuffer> QueuePair<B> {
     #[cold]
     #[inline(never)]
     pub(super) fn health_tick(&mut self, f: &mut impl FnMut(Done<B>)) -> usize {
-        let now = Instant::now();
+        let now = self.health.clock.now();
         let due = self.health.tick(now, self.outstanding() != 0);
         if self.failed.is_some() {
             return 0;
