@@ -273,8 +273,8 @@ impl AdminQueue {
         let start = Instant::now();
         let mut spins = 0u32;
         loop {
-            while let Some(c) = self.ring.pop(&self.mem) {
-                self.ring.ring_cq();
+            while let Some(c) = self.ring.pop(&mut self.mem) {
+                self.ring.ring_cq(&self.mem);
                 if c.cid == cid {
                     let st = c.status();
                     return if st.is_success() {
@@ -371,8 +371,8 @@ impl AdminQueue {
 
     /// Consumes every completion posted, without waiting.
     fn reap(&mut self) {
-        while let Some(c) = self.ring.pop(&self.mem) {
-            self.ring.ring_cq();
+        while let Some(c) = self.ring.pop(&mut self.mem) {
+            self.ring.ring_cq(&self.mem);
             self.late(c);
         }
     }

@@ -32,6 +32,12 @@ pub(crate) struct QueueMem {
     /// `entries` (set only here: 0, advanced with wrap-around by `push_sqe`, or checked by
     /// `set_sq_tail`), so `push_sqe` stores without a bounds check.
     sq_tail: u16,
+    /// The completion queue's head: the entry the next completion is read from. Always below
+    /// `entries` (0, or advanced with wrap-around by `pop_cqe`), so it is read unchecked.
+    cq_head: u16,
+    /// The phase tag the entry at `cq_head` carries once posted, where it sits in DW3 (bit
+    /// 16): `PHASE` or 0; it flips each time the head wraps (NVMe Base 2.0 §4.6).
+    cq_phase: u32,
     /// Keeps the CMB mapping alive while the submission queue is there.
     sq_cmb: Option<Mmio>,
     /// Set when the controller may still access the memory: it is then never freed.
@@ -121,6 +127,8 @@ impl QueueMem {
             cq: base.wrapping_add(layout.cq_off).cast_const().cast(),
             entries: layout.entries,
             sq_tail: 0,
+            cq_head: 0,
+            cq_phase: PHASE,
             sq_cmb: None,
             leak: false,
         }
@@ -196,19 +204,52 @@ impl QueueMem {
         self.sq_tail = tail;
     }
 
-    /// Completion queue entry `slot` if the controller has posted it: its phase tag (DW3 bit
-    /// 16, `phase` is `1 << 16` or 0) is the one expected. The tag is loaded first; the other
-    /// dwords only after it matched.
+    /// The completion queue's head.
     #[inline]
-    pub(crate) fn cqe_if_phase(&self, slot: u16, phase: u32) -> Option<Completion> {
-        if slot >= self.entries {
-            out_of_bounds("completion queue entry", slot);
+    pub(crate) fn cq_head(&self) -> u16 {
+        self.cq_head
+    }
+
+    /// Back to a new completion queue's state: head 0, phase tag 1 (a queue re-created in place
+    /// after a controller reset; its entries are zeroed apart, by `zero`).
+    pub(crate) fn reset_cq(&mut self) {
+        self.cq_head = 0;
+        self.cq_phase = PHASE;
+    }
+
+    /// Whether the controller has posted the entry at the head (no side effect).
+    #[inline]
+    pub(crate) fn cqe_posted(&self) -> bool {
+        self.cqe_at_head().is_some()
+    }
+
+    /// The completion at the head if the controller has posted it (its phase tag is the one
+    /// expected), and advances the head past it, with wrap-around and a phase flip (NVMe Base
+    /// 2.0 §4.6).
+    #[inline]
+    pub(crate) fn pop_cqe(&mut self) -> Option<Completion> {
+        // The head from a local: after the volatile loads the field would be loaded again.
+        let head = self.cq_head;
+        let c = self.cqe_at_head()?;
+        if head + 1 == self.entries {
+            self.cq_head = 0;
+            self.cq_phase ^= PHASE;
+        } else {
+            self.cq_head = head + 1;
         }
-        let p = self.cq.wrapping_add(slot as usize * 4);
-        // SAFETY: `slot < entries` and the queue's entries are inside the region (checked in
-        // `new`), 16-byte aligned; volatile because the device writes them.
+        Some(c)
+    }
+
+    /// Completion queue entry `cq_head` if the controller has posted it: its phase tag (DW3 bit
+    /// 16) is `cq_phase`. The tag is loaded first; the other dwords only after it matched.
+    #[inline(always)]
+    fn cqe_at_head(&self) -> Option<Completion> {
+        let p = self.cq.wrapping_add(self.cq_head as usize * 4);
+        // SAFETY: `cq_head < entries` (the invariant of `cq_head`, kept by every method that
+        // sets it) and the queue's entries are inside the region (checked in `new`), 16-byte
+        // aligned; volatile because the device writes them.
         let dw3 = u32::from_le(unsafe { p.wrapping_add(3).read_volatile() });
-        if dw3 & PHASE != phase {
+        if dw3 & PHASE != self.cq_phase {
             return None;
         }
         rmb();

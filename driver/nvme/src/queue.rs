@@ -41,10 +41,8 @@ pub(crate) enum Rung {
 /// Ring state of a queue pair. Hot fields first.
 #[derive(Debug)]
 pub(crate) struct Ring {
-    // The SQ tail is the queue memory's (`QueueMem::sq_tail`): it stores at it unchecked.
-    pub cq_head: u16,
-    /// The phase tag a new completion carries, where it sits in DW3 (bit 16): `PHASE` or 0.
-    phase: u32,
+    // The SQ tail, the CQ head and its phase tag are the queue memory's (`QueueMem::sq_tail`,
+    // `QueueMem::cq_head`): it stores and loads at them unchecked.
     /// The controller's SQ head, from the last completion.
     pub sq_head: u16,
     pub entries: u16,
@@ -68,8 +66,6 @@ impl Ring {
     pub(crate) fn new(bar: &Mmio, stride: usize, qid: u16, entries: u16) -> Self {
         let window = |off| bar.window(off, 4).expect("doorbell inside BAR0");
         Ring {
-            cq_head: 0,
-            phase: PHASE,
             sq_head: 0,
             entries,
             unrung: 0,
@@ -88,8 +84,7 @@ impl Ring {
     /// a stale shadow tail would be read as new commands).
     pub(crate) fn reset(&mut self, mem: &mut QueueMem) {
         mem.set_sq_tail(0);
-        self.cq_head = 0;
-        self.phase = PHASE;
+        mem.reset_cq();
         self.sq_head = 0;
         self.unrung = 0;
         self.released += self.unacked as u64;
@@ -161,6 +156,36 @@ impl Ring {
         Rung::Mmio
     }
 
+    /// The shadow-doorbell part of [`Ring::ring_sq`], for a caller that has commands to
+    /// announce (`unrung != 0`): publishes `tail` in the shadow doorbell and returns true when
+    /// that is all the controller asked for (its EventIdx). False: there is no shadow doorbell
+    /// or the MMIO doorbell is wanted too; then [`Ring::ring_sq_mmio`] must follow.
+    #[inline(always)]
+    pub(crate) fn ring_sq_shadow(&mut self, tail: u16) -> bool {
+        if let Some(s) = &self.shadow {
+            if !s.update(false, tail) {
+                self.unrung = 0;
+                return true;
+            }
+        }
+        false
+    }
+
+    /// The MMIO part of [`Ring::ring_sq`], after [`Ring::ring_sq_shadow`] returned false.
+    #[inline]
+    pub(crate) fn ring_sq_mmio(&mut self, tail: u16, live: impl FnOnce() -> bool) -> Rung {
+        if self.shadow.is_none() {
+            wmb();
+        }
+        if !live() {
+            // Not announced: the commands stay unrung.
+            return Rung::Stale;
+        }
+        self.unrung = 0;
+        self.sq_db.write32(0, tail as u32);
+        Rung::Mmio
+    }
+
     /// Takes the shadow doorbells away (MMIO doorbells only) until [`Ring::attach_shadow`]:
     /// for a queue a reset took, so that every doorbell goes through `ring_sq`'s `live` check.
     pub(crate) fn detach_shadow(&mut self) -> Option<ShadowSlot> {
@@ -176,16 +201,8 @@ impl Ring {
 
     /// The next completion if its phase tag says the controller posted it; advances the head.
     #[inline]
-    pub(crate) fn pop(&mut self, mem: &QueueMem) -> Option<Completion> {
-        // The head from a local: after the volatile loads the field would be loaded again.
-        let head = self.cq_head;
-        let c = mem.cqe_if_phase(head, self.phase)?;
-        if head + 1 == self.entries {
-            self.cq_head = 0;
-            self.phase ^= PHASE;
-        } else {
-            self.cq_head = head + 1;
-        }
+    pub(crate) fn pop(&mut self, mem: &mut QueueMem) -> Option<Completion> {
+        let c = mem.pop_cqe()?;
         self.sq_head = c.sq_head;
         self.unacked += 1;
         Some(c)
@@ -199,24 +216,24 @@ impl Ring {
     /// Whether the controller has posted the next completion (no side effect).
     #[inline]
     pub(crate) fn has_completion(&self, mem: &QueueMem) -> bool {
-        mem.cqe_if_phase(self.cq_head, self.phase).is_some()
+        mem.cqe_posted()
     }
 
     /// Releases the completion entries consumed since the last call (shadow doorbell and, when
     /// needed, MMIO). Returns whether an MMIO write was made.
     #[inline]
-    pub(crate) fn ring_cq(&mut self) -> bool {
+    pub(crate) fn ring_cq(&mut self, mem: &QueueMem) -> bool {
         if self.unacked == 0 {
             return false;
         }
         self.released += self.unacked as u64;
         self.unacked = 0;
         if let Some(s) = &self.shadow {
-            if !s.update(true, self.cq_head) {
+            if !s.update(true, mem.cq_head()) {
                 return false;
             }
         }
-        self.cq_db.write32(0, self.cq_head as u32);
+        self.cq_db.write32(0, mem.cq_head() as u32);
         true
     }
 }

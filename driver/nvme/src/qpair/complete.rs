@@ -27,7 +27,11 @@ impl<B: IoBuffer> QueuePair<B> {
         let mut delivered = 0;
         // A poll that consumes nothing (an empty one, or `max` 0) ends apart: past this point at
         // least one entry was consumed.
-        let first = if max != 0 { self.ring.pop(&self.mem) } else { None };
+        let first = if max != 0 {
+            self.ring.pop(&mut self.mem)
+        } else {
+            None
+        };
         let Some(mut c) = first else {
             return self.poll_end(0, false, &mut f);
         };
@@ -99,7 +103,7 @@ impl<B: IoBuffer> QueuePair<B> {
             if delivered >= max {
                 break;
             }
-            match self.ring.pop(&self.mem) {
+            match self.ring.pop(&mut self.mem) {
                 Some(next) => c = next,
                 None => break,
             }
@@ -133,7 +137,7 @@ impl<B: IoBuffer> QueuePair<B> {
         let unacked = self.ring.unacked as usize;
         // unacked + taken >= R, as one compare (`cq_release_bias`), then the rare rest.
         if unacked + self.cq_release_bias >= self.free_cids.len() && unacked != 0 && self.current() {
-            if self.ring.ring_cq() {
+            if self.ring.ring_cq(&self.mem) {
                 self.stats.cq_doorbells += 1;
             } else {
                 self.stats.shadow_only += 1;
@@ -150,7 +154,9 @@ impl<B: IoBuffer> QueuePair<B> {
         let mut delivered = 0;
         let mut consumed = 0u32;
         while delivered < max {
-            let Some(c) = self.ring.pop(&self.mem) else { break };
+            let Some(c) = self.ring.pop(&mut self.mem) else {
+                break;
+            };
             consumed += 1;
             let slot = (c.cid & SLOT_MASK) as usize;
             let gen = c.cid & !SLOT_MASK;

@@ -768,17 +768,28 @@ impl<B: IoBuffer> QueuePair<B> {
     }
 
     /// Rings the submission doorbell, unless the controller was reset since the queues were
-    /// created (checked before an MMIO write only; see `recover.rs`).
+    /// created (checked before an MMIO write only; see `recover.rs`). Only with commands to
+    /// announce (`ring.unrung != 0`).
     #[inline(always)]
     pub(super) fn ring_submissions(&mut self) -> crate::queue::Rung {
+        let tail = self.mem.sq_tail();
+        if self.ring.ring_sq_shadow(tail) {
+            self.stats.shadow_only += 1;
+            return crate::queue::Rung::Shadow;
+        }
+        self.ring_submissions_mmio(tail)
+    }
+
+    /// The MMIO doorbell of `ring_submissions` (no shadow doorbells, or the controller's
+    /// EventIdx asked for it): out of line, so that the shadow-only path loads nothing for it.
+    #[inline(never)]
+    fn ring_submissions_mmio(&mut self, tail: u16) -> crate::queue::Rung {
         let (ctrl, epoch) = (&self.ctrl, self.epoch);
-        let r = self.ring.ring_sq(self.mem.sq_tail(), || {
+        let r = self.ring.ring_sq_mmio(tail, || {
             ctrl.reset.epoch.load(std::sync::atomic::Ordering::Acquire) == epoch
         });
-        match r {
-            crate::queue::Rung::Mmio => self.stats.sq_doorbells += 1,
-            crate::queue::Rung::Shadow => self.stats.shadow_only += 1,
-            _ => {}
+        if r == crate::queue::Rung::Mmio {
+            self.stats.sq_doorbells += 1;
         }
         r
     }

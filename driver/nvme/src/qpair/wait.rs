@@ -338,7 +338,7 @@ impl<B: IoBuffer> QueuePair<B> {
             .take()
             .map_err(|e| NvmeError::Failed(format!("reading the interrupt eventfd: {e}")))?;
         if self.ring.unacked != 0 && self.current() {
-            if self.ring.ring_cq() {
+            if self.ring.ring_cq(&self.mem) {
                 self.stats.cq_doorbells += 1;
             } else {
                 self.stats.shadow_only += 1;
