@@ -50,9 +50,9 @@
 
 pub mod admin;
 pub mod buffer;
+mod clock;
 pub mod cmb;
 pub mod cmd;
-mod clock;
 mod ctrlr;
 pub mod error;
 pub mod format;
