@@ -10,7 +10,8 @@
  * colons written as dots (fio splits file names on ':'), then the namespace ID ("/1" may be
  * left out). Engine options: vfpoll_iommu=auto|iommufd|type1|none (VFIO's IOMMU backend,
  * default auto: iommufd where /dev/iommu and VFIO device cdevs exist, type1 otherwise),
- * vfpoll_page=2m|1g|4k (DMA page size, default 2m: hugepages), vfpoll_sgl=1 (SGLs, not PRPs).
+ * vfpoll_page=2m|1g|4k (DMA page size, default 2m: hugepages), vfpoll_sgl=1 (SGLs, not PRPs),
+ * vfpoll_stats=1 (print each queue pair's counters when the job ends: doorbells, polls).
  *
  * How it maps onto libvfpoll's rules (one queue pair and one buffer pool per thread):
  *   - one environment per process and one controller handle per PCI address, opened by the
@@ -52,6 +53,7 @@ struct vfp_options {
 	char *iommu;
 	char *page;
 	unsigned int sgl;
+	unsigned int stats;
 };
 
 static struct fio_option options[] = {
@@ -79,6 +81,16 @@ static struct fio_option options[] = {
 		.type = FIO_OPT_BOOL,
 		.off1 = offsetof(struct vfp_options, sgl),
 		.help = "Describe data with SGLs where the controller supports them (default: PRPs)",
+		.def = "0",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
+		.name = "vfpoll_stats",
+		.lname = "vfpoll counters",
+		.type = FIO_OPT_BOOL,
+		.off1 = offsetof(struct vfp_options, stats),
+		.help = "Print each queue pair's counters when the job ends (MMIO doorbells, polls)",
 		.def = "0",
 		.category = FIO_OPT_C_ENGINE,
 		.group = FIO_OPT_G_INVALID,
@@ -881,6 +893,24 @@ static void vfp_cleanup(struct thread_data *td)
 		return;
 	if (s->ios)
 		drain(s);
+	struct vfp_options *o = td->eo;
+	for (unsigned int i = 0; i < s->nqps && o && o->stats; i++) {
+		vfpoll_qpair_stats st;
+		int rc = vfpoll_qpair_get_stats(s->qps[i].qp, &st);
+		if (rc < 0) {
+			vfp_err("vfpoll_qpair_get_stats", rc);
+			continue;
+		}
+		double per = st.requests ? 1.0 / (double)st.requests : 0.0;
+		uint64_t found = st.polls - st.empty_polls;
+		log_info(ENGINE ": job %s, %s: %" PRIu64 " requests, %" PRIu64 " errors; SQ doorbells %" PRIu64
+			 " (%.3f per request), CQ doorbells %" PRIu64 " (%.3f), shadow-only updates %" PRIu64
+			 "; polls %" PRIu64 " (%.1f%% empty, %.2f completions per non-empty poll)\n",
+			 td->o.name, s->qps[i].c->pci, st.requests, st.errors, st.sq_doorbells,
+			 (double)st.sq_doorbells * per, st.cq_doorbells, (double)st.cq_doorbells * per,
+			 st.shadow_only, st.polls, st.polls ? 100.0 * (double)st.empty_polls / (double)st.polls : 0.0,
+			 found ? (double)st.completions / (double)found : 0.0);
+	}
 	for (unsigned int i = 0; i < s->nqps; i++) {
 		int rc = vfpoll_qpair_destroy(s->qps[i].qp);
 		if (rc < 0)

@@ -214,6 +214,34 @@ typedef struct vfpoll_qpair_opts {
   uint32_t sgl;
 } vfpoll_qpair_opts;
 
+// Counters of one queue pair since its creation (`vfpoll_qpair_get_stats`): what a run cost in
+// doorbells and polls, for tuning how often to commit and poll.
+typedef struct vfpoll_qpair_stats {
+  // Requests accepted.
+  uint64_t requests;
+  // Commands written to the submission queue (a request split at the largest transfer
+  // counts once per command).
+  uint64_t commands;
+  // Completions consumed.
+  uint64_t completions;
+  // Requests that completed with an error.
+  uint64_t errors;
+  // SQ tail doorbell writes to the controller's registers (MMIO).
+  uint64_t sq_doorbells;
+  // CQ head doorbell writes to the controller's registers (MMIO).
+  uint64_t cq_doorbells;
+  // Doorbell updates that went only to the shadow doorbell buffer (no MMIO write needed).
+  uint64_t shadow_only;
+  // Commands the queue pair asked the controller to abort after their timeout.
+  uint64_t aborts;
+  // Controller resets this queue pair went through.
+  uint64_t resets;
+  // Polls (`vfpoll_qpair_poll`, `vfpoll_qpair_poll_cb`, one per round of up to 32).
+  uint64_t polls;
+  // Polls that found no completion.
+  uint64_t empty_polls;
+} vfpoll_qpair_stats;
+
 // One range of a deallocate (trim): `blocks` blocks from `slba`.
 typedef struct vfpoll_range {
   // First block.
@@ -455,6 +483,15 @@ int vfpoll_qpair_destroy(struct vfpoll_qpair *qp);
 // # Safety
 // `qp` is NULL or live.
 int vfpoll_qpair_outstanding(const struct vfpoll_qpair *qp);
+
+// Writes the queue pair's counters since its creation into `out`: requests, commands,
+// completions, errors, the MMIO doorbell writes (SQ and CQ) and the shadow-only updates,
+// aborts, resets, and rounds of polling with how many found nothing. Cheap enough to call
+// at any time; the counts are this queue pair's own (its thread's).
+//
+// # Safety
+// `qp` is NULL or live; `out` is NULL or writable.
+int vfpoll_qpair_get_stats(const struct vfpoll_qpair *qp, struct vfpoll_qpair_stats *out);
 
 // The largest transfer of one command in bytes; larger reads and writes are split into several
 // commands, with one completion.

@@ -552,6 +552,30 @@ pub unsafe extern "C" fn vfpoll_qpair_outstanding(qp: *const vfpoll_qpair) -> c_
     })
 }
 
+/// Writes the queue pair's counters since its creation into `out`: requests, commands,
+/// completions, errors, the MMIO doorbell writes (SQ and CQ) and the shadow-only updates,
+/// aborts, resets, and rounds of polling with how many found nothing. Cheap enough to call
+/// at any time; the counts are this queue pair's own (its thread's).
+///
+/// # Safety
+/// `qp` is NULL or live; `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vfpoll_qpair_get_stats(
+    qp: *const vfpoll_qpair,
+    out: *mut vfpoll_qpair_stats,
+) -> c_int {
+    guard("vfpoll_qpair_get_stats", || {
+        // SAFETY: module trust model.
+        let qp = unsafe { get(qp, "qp")? };
+        if out.is_null() {
+            return Err(Error::inval("out is NULL"));
+        }
+        // SAFETY: `out` is writable for one vfpoll_qpair_stats (caller contract), checked non-NULL.
+        unsafe { out.write(qp.stats()) };
+        Ok(0)
+    })
+}
+
 /// The largest transfer of one command in bytes; larger reads and writes are split into several
 /// commands, with one completion.
 ///

@@ -27,6 +27,9 @@ pub struct vfpoll_qpair {
     /// Completion callbacks running now (`vfpoll_qpair_poll_cb`, nested when a callback polls):
     /// the queue pair must not be destroyed under them.
     pub(crate) in_callback: Cell<u32>,
+    /// Rounds of polling (`poll_into` calls), and those that found nothing.
+    polls: Cell<u64>,
+    empty_polls: Cell<u64>,
 }
 
 /// One request in flight.
@@ -146,7 +149,27 @@ impl vfpoll_qpair {
             }),
             env: Arc::clone(&ctrl.env),
             in_callback: Cell::new(0),
+            polls: Cell::new(0),
+            empty_polls: Cell::new(0),
         })
+    }
+
+    /// The queue pair's counters.
+    pub(crate) fn stats(&self) -> vfpoll_qpair_stats {
+        let s = self.qp.borrow().stats();
+        vfpoll_qpair_stats {
+            requests: s.requests,
+            commands: s.commands,
+            completions: s.completions,
+            errors: s.errors,
+            sq_doorbells: s.sq_doorbells,
+            cq_doorbells: s.cq_doorbells,
+            shadow_only: s.shadow_only,
+            aborts: s.aborts,
+            resets: s.resets,
+            polls: self.polls.get(),
+            empty_polls: self.empty_polls.get(),
+        }
     }
 
     /// Requests in flight (submitted, completion not yet polled).
@@ -322,6 +345,10 @@ impl vfpoll_qpair {
                 None => r.pending.push_back(c),
             }
         });
+        self.polls.set(self.polls.get() + 1);
+        if n == 0 {
+            self.empty_polls.set(self.empty_polls.get() + 1);
+        }
         n
     }
 }

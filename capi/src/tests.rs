@@ -490,6 +490,33 @@ fn write_then_read_back_through_the_c_api() {
     fails(free(wb), EINVAL, &["not allocated"]);
     fails(put(wb, &pattern), EINVAL, &["not allocated"]);
     assert_eq!(free(rb), 0);
+
+    // The counters: two requests, one command each, both completed without error; every
+    // doorbell update was either an MMIO write or a shadow-only one; each non-empty poll
+    // delivered at least one completion.
+    let mut st = vfpoll_qpair_stats::default();
+    // SAFETY: live queue pair, `st` writable.
+    assert_eq!(unsafe { vfpoll_qpair_get_stats(qp, &mut st) }, 0, "{}", last());
+    assert_eq!(
+        (st.requests, st.commands, st.completions, st.errors),
+        (2, 2, 2, 0),
+        "{st:?}"
+    );
+    assert!(st.sq_doorbells + st.shadow_only >= 2, "{st:?}");
+    assert!(st.polls >= 2 && st.polls - st.empty_polls <= 2, "{st:?}");
+    assert_eq!((st.aborts, st.resets), (0, 0));
+    // SAFETY: NULL output refused (no write).
+    fails(
+        unsafe { vfpoll_qpair_get_stats(qp, null_mut()) },
+        EINVAL,
+        &["out is NULL"],
+    );
+    // SAFETY: NULL queue pair refused.
+    fails(
+        unsafe { vfpoll_qpair_get_stats(null_mut(), &mut st) },
+        EINVAL,
+        &["qp"],
+    );
     assert_eq!(destroy_qpair(qp), 0);
     assert_eq!(destroy_pool(pool), 0);
 }

@@ -180,6 +180,36 @@ pub struct vfpoll_completion {
     pub buffer_lost: bool,
 }
 
+/// Counters of one queue pair since its creation (`vfpoll_qpair_get_stats`): what a run cost in
+/// doorbells and polls, for tuning how often to commit and poll.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct vfpoll_qpair_stats {
+    /// Requests accepted.
+    pub requests: u64,
+    /// Commands written to the submission queue (a request split at the largest transfer
+    /// counts once per command).
+    pub commands: u64,
+    /// Completions consumed.
+    pub completions: u64,
+    /// Requests that completed with an error.
+    pub errors: u64,
+    /// SQ tail doorbell writes to the controller's registers (MMIO).
+    pub sq_doorbells: u64,
+    /// CQ head doorbell writes to the controller's registers (MMIO).
+    pub cq_doorbells: u64,
+    /// Doorbell updates that went only to the shadow doorbell buffer (no MMIO write needed).
+    pub shadow_only: u64,
+    /// Commands the queue pair asked the controller to abort after their timeout.
+    pub aborts: u64,
+    /// Controller resets this queue pair went through.
+    pub resets: u64,
+    /// Polls (`vfpoll_qpair_poll`, `vfpoll_qpair_poll_cb`, one per round of up to 32).
+    pub polls: u64,
+    /// Polls that found no completion.
+    pub empty_polls: u64,
+}
+
 /// One range of a deallocate (trim): `blocks` blocks from `slba`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]

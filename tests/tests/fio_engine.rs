@@ -142,6 +142,57 @@ fn guest_fio_crc32c_verify_of_random_writes_at_qd1_and_qd32() {
     }
 }
 
+/// `vfpoll_stats=1`: the job's queue pair counters when it ends (libvfpoll's
+/// `vfpoll_qpair_get_stats`): 512 reads of 4 KiB at depth 32, no errors, at most one doorbell
+/// update per request (commit leaves most to the next poll), and polls that found work.
+#[test]
+#[ignore = "test bed"]
+fn guest_fio_prints_the_queue_pair_counters() {
+    setup();
+    let file = format!("--filename={FIO_A}/1");
+    let args = [
+        "--name=counted",
+        &file,
+        "--rw=randread",
+        "--bs=4k",
+        "--size=2M",
+        "--iodepth=32",
+        "--vfpoll_stats=1",
+    ];
+    let out = fio_cmd(&args).output().expect("run fio");
+    let text = show(&args, &out);
+    println!("{text}");
+    assert!(out.status.success(), "{text}");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("vfpoll: job counted, 0000:00:03.0:"))
+        .unwrap_or_else(|| panic!("no counters line: {text}"));
+    // "...: 512 requests, 0 errors; SQ doorbells N (...), CQ doorbells N (...), shadow-only
+    // updates N; polls N (...% empty, ... completions per non-empty poll)"
+    // The number right before `what` ("512 requests") or right after it ("polls 40").
+    let before = |what: &str| -> u64 {
+        let at = line.find(what).unwrap_or_else(|| panic!("no {what:?} in {line}"));
+        let word = line[..at].rsplit([' ', ',', ';', ':']).next().unwrap();
+        word.parse()
+            .unwrap_or_else(|_| panic!("no count before {what:?} in {line}"))
+    };
+    let after = |what: &str| -> u64 {
+        let at = line.find(what).unwrap_or_else(|| panic!("no {what:?} in {line}"));
+        let word = line[at + what.len()..].split([' ', ',', ';']).next().unwrap();
+        word.parse()
+            .unwrap_or_else(|_| panic!("no count after {what:?} in {line}"))
+    };
+    assert_eq!(before(" requests"), 512, "{line}");
+    assert_eq!(before(" errors"), 0, "{line}");
+    let (sq, shadow, polls) = (
+        after("SQ doorbells "),
+        after("shadow-only updates "),
+        after("polls "),
+    );
+    assert!(sq >= 1 && sq + shadow <= 512, "{line}");
+    assert!(polls >= 16, "{line}");
+}
+
 /// A block size that is no power of two: fio's buffers are ordinary memory and every I/O goes
 /// through a DMA bounce buffer (the engine says so); fio's verify still passes. The same on
 /// 4 KiB blocks (A's namespace 2) with SGLs.
