@@ -70,14 +70,14 @@ impl<B: IoBuffer> QueuePair<B> {
                 }
                 req.parts -= 1;
                 if req.parts == 0 {
-                    let (tag, error, op) = (req.tag, req.error, req.op);
-                    let buf = s.buf.take();
-                    // Most requests have no metadata buffer: a look, no move.
-                    let meta = if s.meta.is_some() { s.meta.take() } else { None };
-                    self.free_cids.push(rid as u16);
-                    self.live -= 1;
                     delivered += 1;
-                    if error.is_success() {
+                    if req.error.is_success() {
+                        let tag = req.tag;
+                        let buf = s.buf.take();
+                        // Most requests have no metadata buffer: a look, no move.
+                        let meta = if s.meta.is_some() { s.meta.take() } else { None };
+                        self.free_cids.push(rid as u16);
+                        self.live -= 1;
                         // DW0 of the part that completed last (a split request's parts all carry
                         // the same command, so any part's DW0 would do).
                         f(Done {
@@ -87,10 +87,11 @@ impl<B: IoBuffer> QueuePair<B> {
                             meta,
                         });
                     } else {
-                        // Out of line: with one call of `f` here the caller's closure is inlined,
-                        // and a `Done` that can only be `Ok` never goes through memory (the
-                        // error variant is large).
-                        self.deliver_error(op, error, tag, buf, meta, &mut f);
+                        // Out of line, taking the buffers out of the slot itself: with one call
+                        // of `f` here the caller's closure is inlined, a `Done` that can only be
+                        // `Ok` never goes through memory (the error variant is large), and
+                        // neither does the buffer handed to it.
+                        self.deliver_error(rid, &mut f);
                     }
                     if self.live == 0 {
                         // The last command in flight: no health count (`poll_end`), proof that the
@@ -218,18 +219,17 @@ impl<B: IoBuffer> QueuePair<B> {
         (delivered, consumed)
     }
 
-    /// Delivers a request that completed with `status` (counted).
+    /// Delivers the request in slot `rid`, whose last command just completed and which failed
+    /// (counted): takes its buffers out of the slot and frees the slot, as the hot path does.
     #[cold]
     #[inline(never)]
-    fn deliver_error(
-        &mut self,
-        op: super::slot::Op,
-        status: crate::status::Status,
-        tag: u64,
-        buf: Option<B>,
-        meta: Option<B>,
-        f: &mut impl FnMut(Done<B>),
-    ) {
+    fn deliver_error(&mut self, rid: usize, f: &mut impl FnMut(Done<B>)) {
+        let s = &mut self.slots[rid];
+        let (tag, status, op) = (s.req.tag, s.req.error, s.req.op);
+        let buf = s.buf.take();
+        let meta = s.meta.take();
+        self.free_cids.push(rid as u16);
+        self.live -= 1;
         self.stats.errors += 1;
         f(Done {
             tag,
