@@ -106,23 +106,7 @@ fn guest_an_idle_interrupt_mode_queue_pair_sleeps() {
     let region = dma.alloc_region(64 << 10, vfpoll_dma::PageSize::Huge2M).unwrap();
     let mut buf = Some(RegionBuf::new(region, 0, 4096).unwrap());
     for round in 0..20u64 {
-        qp.read(1, round * 8, buf.take().unwrap(), round)
-            .map_err(|r| r.error)
-            .unwrap();
-        let start = Instant::now();
-        let mut done: Option<Done<RegionBuf>> = None;
-        while done.is_none() {
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "no interrupt within 10 s"
-            );
-            qp.wait(Some(Duration::from_secs(10))).unwrap();
-            qp.poll(1, |d| done = Some(d));
-        }
-        let d = done.unwrap();
-        assert_eq!(d.tag, round);
-        d.result.unwrap();
-        buf = d.buf;
+        buf = Some(read_by_interrupt(&mut qp, round * 8, buf.take().unwrap(), round).0);
     }
     let s = qp.stats();
     println!("after 20 reads: {s:?}");
@@ -189,6 +173,33 @@ fn irq_count(irq: &str) -> u64 {
         .sum()
 }
 
+/// Reads 4 KiB at `lba` on `qp` with tag `tag` and waits for it: `wait`, then `poll`, until it
+/// completes (at most 10 s: a wakeup lost would show as `wait`'s 10 s timeout). Returns the
+/// buffer and how long the read took.
+fn read_by_interrupt(
+    qp: &mut vfpoll_nvme::QueuePair<RegionBuf>,
+    lba: u64,
+    buf: RegionBuf,
+    tag: u64,
+) -> (RegionBuf, Duration) {
+    qp.read(1, lba, buf, tag).map_err(|r| r.error).unwrap();
+    let start = Instant::now();
+    let mut done: Option<Done<RegionBuf>> = None;
+    while done.is_none() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "read {tag}: no completion within 10 s"
+        );
+        qp.wait(Some(Duration::from_secs(10))).unwrap();
+        qp.poll(1, |d| done = Some(d));
+    }
+    let took = start.elapsed();
+    let d = done.unwrap();
+    assert_eq!(d.tag, tag);
+    d.result.unwrap();
+    (d.buf.expect("a completed read hands its buffer back"), took)
+}
+
 /// QD1 reads on `qp`, each waited for with `wait` then polled: the interrupts its vector took,
 /// and the longest read (a wakeup lost would show as `wait`'s 10 s timeout).
 fn qd1_reads(
@@ -201,24 +212,9 @@ fn qd1_reads(
     let before = irq_count(&irq);
     let mut slowest = Duration::ZERO;
     for i in 0..n {
-        qp.read(1, (i % 1000) * 8, buf.take().unwrap(), i)
-            .map_err(|r| r.error)
-            .unwrap();
-        let start = Instant::now();
-        let mut done: Option<Done<RegionBuf>> = None;
-        while done.is_none() {
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "read {i}: nothing in 10 s"
-            );
-            qp.wait(Some(Duration::from_secs(10))).unwrap();
-            qp.poll(1, |d| done = Some(d));
-        }
-        slowest = slowest.max(start.elapsed());
-        let d = done.unwrap();
-        assert_eq!(d.tag, i);
-        d.result.unwrap();
-        *buf = d.buf;
+        let (b, took) = read_by_interrupt(qp, (i % 1000) * 8, buf.take().unwrap(), i);
+        *buf = Some(b);
+        slowest = slowest.max(took);
     }
     (irq_count(&irq) - before, slowest)
 }

@@ -187,13 +187,13 @@ impl<B: IoBuffer> QueuePair<B> {
             }
             req.parts -= 1;
             if req.parts == 0 {
-                let (tag, error, op) = (req.tag, req.error, req.op);
-                let buf = s.buf.take();
-                let meta = s.meta.take();
-                self.free_cids.push(rid as u16);
-                self.live -= 1;
                 delivered += 1;
-                if error.is_success() {
+                if req.error.is_success() {
+                    let tag = req.tag;
+                    let buf = s.buf.take();
+                    let meta = s.meta.take();
+                    self.free_cids.push(rid as u16);
+                    self.live -= 1;
                     // DW0 of the part that completed last (a split request's parts all carry
                     // the same command, so any part's DW0 would do).
                     f(Done {
@@ -203,16 +203,7 @@ impl<B: IoBuffer> QueuePair<B> {
                         meta,
                     });
                 } else {
-                    self.stats.errors += 1;
-                    f(Done {
-                        tag,
-                        result: Err(NvmeError::Status {
-                            op: op.name(),
-                            status: error,
-                        }),
-                        buf,
-                        meta,
-                    });
+                    self.deliver_error(rid, f);
                 }
             }
         }
@@ -220,7 +211,8 @@ impl<B: IoBuffer> QueuePair<B> {
     }
 
     /// Delivers the request in slot `rid`, whose last command just completed and which failed
-    /// (counted): takes its buffers out of the slot and frees the slot, as the hot path does.
+    /// (counted): takes its buffers out of the slot and frees the slot, as the success paths of
+    /// `poll` and `reap` do.
     #[cold]
     #[inline(never)]
     fn deliver_error(&mut self, rid: usize, f: &mut impl FnMut(Done<B>)) {

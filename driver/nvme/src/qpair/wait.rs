@@ -98,8 +98,9 @@ pub(crate) struct Vectors {
     used: Mutex<Vec<bool>>,
     /// What delivers them, for messages: "MSI-X", "MSI", "supplied".
     kind: &'static str,
-    /// The VFIO interrupts (disabled when the controller goes); `None` when supplied.
-    _irqs: Option<Irqs>,
+    /// The VFIO interrupts (disabled when the controller goes; hybrid mode unbinds and binds
+    /// MSI-X vectors through them); `None` when supplied.
+    irqs: Option<Irqs>,
 }
 
 impl Vectors {
@@ -110,7 +111,7 @@ impl Vectors {
             fds,
             used: Mutex::new(used),
             kind,
-            _irqs: irqs,
+            irqs,
         }
     }
 
@@ -178,12 +179,7 @@ impl QpIrq {
         if self.bound == on {
             return Ok(());
         }
-        let Some(irqs) = self
-            .vectors
-            ._irqs
-            .as_ref()
-            .filter(|i| i.index() == IrqIndex::MSIX)
-        else {
+        let Some(irqs) = self.vectors.irqs.as_ref().filter(|i| i.index() == IrqIndex::MSIX) else {
             return Ok(());
         };
         let v = self.vector;
