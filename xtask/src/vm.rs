@@ -511,6 +511,8 @@ pub fn qemu_command(assets: &Assets, b: &Boot) -> Result<Command> {
         // port; this is the same minus that, and without a monitor reading our stdin.
         .args(["-display", "none", "-serial", "stdio", "-monitor", "none"])
         .args(["-no-reboot", "-vga", "none"])
+        // Thread names ("CPU 1/TCG", ...) so that a bench can see where the host runs each.
+        .args(["-name", "vfpoll,debug-threads=on"])
         .args([
             "-qmp",
             &format!(

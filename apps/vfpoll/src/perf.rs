@@ -65,6 +65,13 @@ pub struct Args {
     /// Run for this many I/Os in all, instead of a time.
     #[arg(long, value_name = "N")]
     pub ios: Option<u64>,
+    /// Run the workload this many seconds before the measured --time and count none of it:
+    /// the figures start from zero when it ends (errors are kept). It takes the first touches
+    /// of buffers and queues, the caches' and (under an emulator) the code translation's
+    /// start out of the figures. 0: none [default: 1; none with --ios or --verify, which take
+    /// no warm-up].
+    #[arg(long, value_name = "SECS", value_parser = parse_warmup)]
+    pub warmup: Option<Duration>,
     /// Cores to run workers on, one worker each: `0`, `0,1`, `2-5` [default: the first core
     /// this process may use].
     #[arg(long, short = 'c', value_name = "LIST")]
@@ -213,6 +220,13 @@ fn parse_secs(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(v))
 }
 
+fn parse_warmup(s: &str) -> Result<Duration, String> {
+    match s.parse::<f64>() {
+        Ok(0.0) => Ok(Duration::ZERO),
+        _ => parse_secs(s),
+    }
+}
+
 /// Which namespaces to drive on one controller.
 fn namespaces_of(spec: &str, ctrl: &Controller, device: &str) -> anyhow::Result<Vec<u32>> {
     let active: Vec<u32> = ctrl.namespaces().iter().map(|n| n.nsid).collect();
@@ -353,6 +367,15 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
         (Some(t), None) => Limit::Time(t),
         (None, None) => Limit::Time(Duration::from_secs(10)),
     };
+    let warmup = match (a.warmup, limit) {
+        (Some(w), _) if w > Duration::ZERO && (a.verify || matches!(limit, Limit::Ios(_))) => bail!(
+            "--warmup runs before a timed run only: a --verify pass or an --ios run takes none (leave --warmup out)"
+        ),
+        (_, Limit::Ios(_)) => Duration::ZERO,
+        _ if a.verify => Duration::ZERO,
+        (Some(w), _) => w,
+        (None, _) => Duration::from_secs(1),
+    };
     let devices = open_devices(&a, &cores)?;
     let mut spaces = Vec::new();
     for (ctrl, device) in &devices.ctrls {
@@ -376,6 +399,7 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
         io_size,
         queue_depth: a.queue_depth,
         limit,
+        warmup,
         verify: a.verify,
         breakdown: a.breakdown,
         seed,
@@ -412,8 +436,9 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
         if live {
             let _ = write!(
                 out,
-                "\r[{:>4.0} s] {:>12} IOPS {:>10.1} MiB/s  ({} I/Os)\x1b[K",
+                "\r[{:>4.0} s{}] {:>12} IOPS {:>10.1} MiB/s  ({} I/Os)\x1b[K",
                 p.elapsed.as_secs_f64(),
+                if p.warming_up { ", warm-up" } else { "" },
                 thousands(p.iops),
                 p.bw_bytes / (1 << 20) as f64,
                 p.ios
@@ -595,6 +620,11 @@ fn describe(a: &Args, job: &JobSpec, cores: &[usize], spaces: &[Namespace]) -> S
     };
     let limit = match job.limit {
         _ if a.verify => "one pass".to_string(),
+        Limit::Time(t) if job.warmup > Duration::ZERO => format!(
+            "{} s after a {} s warm-up",
+            t.as_secs_f64(),
+            job.warmup.as_secs_f64()
+        ),
         Limit::Time(t) => format!("{} s", t.as_secs_f64()),
         Limit::Ios(n) => format!("{n} I/Os"),
     };
@@ -875,6 +905,7 @@ fn to_json(a: &Args, job: &JobSpec, cores: &[usize], devices: &Devices, r: &Repo
             "queue_depth": job.queue_depth,
             "time_s": match job.limit { Limit::Time(t) if !job.verify => Some(t.as_secs_f64()), _ => None },
             "ios": match job.limit { Limit::Ios(n) if !job.verify => Some(n), _ => None },
+            "warmup_s": job.warmup.as_secs_f64(),
             "verify": job.verify,
             "seed": job.seed,
             "cores": cores,

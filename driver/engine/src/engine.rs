@@ -42,6 +42,11 @@ pub struct JobSpec {
     pub queue_depth: u16,
     /// When to stop (ignored by verify runs, which make exactly one pass).
     pub limit: Limit,
+    /// Run the workload this long before the measured window of a [`Limit::Time`] run, and
+    /// count nothing of it: latencies, I/Os, polls and doorbells start from zero when it ends
+    /// (errors and reissued I/Os are kept). `Duration::ZERO`: none. Not for [`Limit::Ios`] or
+    /// verify runs (refused by [`Engine::start`]).
+    pub warmup: Duration,
     /// Verify instead of measuring: write every I/O unit of each worker's ranges once with the
     /// pattern of [`crate::pattern`] (in random order for random workloads; zoned namespaces
     /// zone by zone, in order, see [`crate::zoned`]), then read each back (in random order for
@@ -194,8 +199,10 @@ pub fn split_evenly(
 /// A progress sample for the main thread's callback.
 #[derive(Debug, Clone, Copy)]
 pub struct Progress {
-    /// Since the start.
+    /// Since the start (of the warm-up, if any).
     pub elapsed: Duration,
+    /// Still in the warm-up: the counters restart from zero when it ends.
+    pub warming_up: bool,
     /// I/Os completed so far (as last published by the workers).
     pub ios: u64,
     /// Bytes moved so far.
@@ -285,9 +292,13 @@ impl Engine {
             let _ = c.send(Control::Start);
         }
         let t0 = Instant::now();
-        let deadline = match self.job.limit {
-            Limit::Time(d) if !self.job.verify => Some(t0 + d),
-            _ => None,
+        // The warm-up ends with `Control::Measure`; the time limit counts from then.
+        let (mut measure_at, mut deadline) = match self.job.limit {
+            Limit::Time(d) if !self.job.verify => {
+                let w = self.job.warmup;
+                ((w > Duration::ZERO).then_some(t0 + w), Some(t0 + w + d))
+            }
+            _ => (None, None),
         };
         let n = self.threads.len();
         let mut reports: Vec<WorkerReport> = Vec::with_capacity(n);
@@ -298,7 +309,7 @@ impl Engine {
         let (mut last_t, mut last_ios, mut last_bytes) = (t0, 0, 0);
         while reports.len() < n && failure.is_none() {
             let mut wake = next_tick;
-            if let (false, Some(d)) = (stopped, deadline) {
+            if let (false, Some(d)) = (stopped, measure_at.or(deadline)) {
                 wake = wake.min(d);
             }
             match self
@@ -316,6 +327,16 @@ impl Engine {
                 Err(RecvTimeoutError::Disconnected) => break,
             }
             let now = Instant::now();
+            if measure_at.is_some_and(|m| now >= m) {
+                measure_at = None;
+                for c in &self.control {
+                    let _ = c.send(Control::Measure);
+                }
+                if let (Limit::Time(d), Some(_)) = (self.job.limit, deadline) {
+                    deadline = Some(now + d);
+                }
+                (last_t, last_ios, last_bytes) = (now, 0, 0);
+            }
             if !stopped && deadline.is_some_and(|d| now >= d) {
                 stopped = true;
                 for c in &self.control {
@@ -332,6 +353,7 @@ impl Engine {
                 let dt = now - last_t;
                 on_tick(&Progress {
                     elapsed: now - t0,
+                    warming_up: measure_at.is_some(),
                     ios,
                     bytes,
                     iops: per_second(ios - last_ios.min(ios), dt),
@@ -395,6 +417,12 @@ fn check(job: &JobSpec, workers: &[WorkerSpec]) -> Result<Plans, EngineError> {
     }
     if job.limit == Limit::Ios(0) || job.limit == Limit::Time(Duration::ZERO) {
         return bad("the run must have a non-zero time or I/O count".into());
+    }
+    if job.warmup > Duration::ZERO && (job.verify || matches!(job.limit, Limit::Ios(_))) {
+        return bad(format!(
+            "a warm-up ({:?}) precedes a timed run only: a verify pass or an I/O-count run has none (set it to zero)",
+            job.warmup
+        ));
     }
     if job.breakdown && job.queue_depth != 1 {
         return bad(format!(

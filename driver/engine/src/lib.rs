@@ -32,6 +32,7 @@
 //!     io_size: 4096,
 //!     queue_depth: 32,
 //!     limit: Limit::Time(Duration::from_secs(10)),
+//!     warmup: Duration::ZERO,
 //!     verify: false,
 //!     breakdown: false,
 //!     seed: 1,

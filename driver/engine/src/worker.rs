@@ -13,7 +13,7 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use std::ops::Range;
 
-use vfpoll_nvme::{Controller, NvmeError, QpairOptions, QueuePair};
+use vfpoll_nvme::{Controller, NvmeError, QpairOptions, QpairStats, QueuePair};
 
 use crate::affinity::pin_current;
 use crate::breakdown::{Off, On, Stamps};
@@ -39,6 +39,8 @@ const IRQ_WAIT_LIMIT: std::time::Duration = std::time::Duration::from_millis(10)
 pub(crate) enum Control {
     /// Begin I/O.
     Start,
+    /// The warm-up is over: count from zero from here on.
+    Measure,
     /// Submit nothing more; finish what is in flight and report.
     Stop,
     /// Set-up failed elsewhere: tear down without running.
@@ -198,6 +200,13 @@ impl State {
         }
     }
 
+    /// The end of the warm-up: the measured window's statistics start empty (errors stay).
+    #[cold]
+    fn restart_counts(&mut self) {
+        self.read = OpStats::default();
+        self.write = OpStats::default();
+    }
+
     #[cold]
     fn error(&mut self, msg: impl FnOnce() -> String) {
         self.errors += 1;
@@ -223,7 +232,7 @@ fn hot_loop<S: Slots, T: Stamps>(
     control: &Receiver<Control>,
     counters: &Counters,
 ) -> Duration {
-    let start = st.clock.ticks();
+    let mut start = st.clock.ticks();
     for q in queues.iter_mut() {
         q.last_done = start;
         q.refill(start, st);
@@ -247,6 +256,11 @@ fn hot_loop<S: Slots, T: Stamps>(
                 .store(st.read.bytes + st.write.bytes, Ordering::Relaxed);
             match control.try_recv() {
                 Err(TryRecvError::Empty) | Ok(Control::Start) => {}
+                Ok(Control::Measure) => {
+                    start = st.clock.ticks();
+                    st.restart_counts();
+                    queues.iter_mut().for_each(|q| q.restart_counts(start, &st.clock));
+                }
                 Ok(Control::Stop | Control::Abort) | Err(TryRecvError::Disconnected) => {
                     queues.iter_mut().for_each(Queue::stop)
                 }
@@ -377,6 +391,8 @@ struct Queue<S: Slots, T: Stamps> {
     sleepy: bool,
     /// The latency breakdown's stamps (`Off`: none).
     stamps: T,
+    /// The queue pair's counters when the warm-up ended (zero without one).
+    stats_base: QpairStats,
 }
 
 fn build<S: Slots, T: Stamps>(s: &Setup) -> Result<Vec<Queue<S, T>>, EngineError> {
@@ -533,6 +549,7 @@ fn build<S: Slots, T: Stamps>(s: &Setup) -> Result<Vec<Queue<S, T>>, EngineError
             device,
             sleepy: job.qpair.completion.interrupts(),
             stamps: T::new(&s.clock),
+            stats_base: QpairStats::default(),
         });
     }
     Ok(queues)
@@ -1034,6 +1051,19 @@ impl<S: Slots, T: Stamps> Queue<S, T> {
         self.inflight != 0
     }
 
+    /// The end of the warm-up at tick `now`: the measured window's counters start from zero
+    /// (the queue pair's from its current values; reissued I/Os are kept).
+    #[cold]
+    fn restart_counts(&mut self, now: u64, clock: &Clock) {
+        self.ios = 0;
+        self.polls = 0;
+        self.empty_polls = 0;
+        self.max_gap = 0;
+        self.last_done = now;
+        self.stats_base = self.qp.stats();
+        self.stamps = T::new(clock);
+    }
+
     fn report(&self, clock: &Clock) -> QueueReport {
         QueueReport {
             device: self.device.clone(),
@@ -1042,11 +1072,26 @@ impl<S: Slots, T: Stamps> Queue<S, T> {
             ios: self.ios,
             polls: self.polls,
             empty_polls: self.empty_polls,
-            stats: self.qp.stats(),
+            stats: traffic_since(self.qp.stats(), &self.stats_base),
             max_gap: Duration::from_nanos(clock.ns(self.max_gap)),
             reissued: self.reissued,
             zoned: self.ns.iter().filter_map(|n| n.zone_report.clone()).collect(),
         }
+    }
+}
+
+/// `now`'s traffic counters (requests, commands, completions, doorbells) counted from
+/// `base` on; its fault and recovery counters (errors, bogus completions, aborts, resets and
+/// what they did) as they are, so that faults of a warm-up still show.
+fn traffic_since(now: QpairStats, base: &QpairStats) -> QpairStats {
+    QpairStats {
+        requests: now.requests - base.requests,
+        commands: now.commands - base.commands,
+        completions: now.completions - base.completions,
+        sq_doorbells: now.sq_doorbells - base.sq_doorbells,
+        cq_doorbells: now.cq_doorbells - base.cq_doorbells,
+        shadow_only: now.shadow_only - base.shadow_only,
+        ..now
     }
 }
 

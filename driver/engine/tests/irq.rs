@@ -39,6 +39,7 @@ fn job(workload: Workload, qd: u16, limit: Limit, completion: CompletionMode) ->
         io_size: 4096,
         queue_depth: qd,
         limit,
+        warmup: Duration::ZERO,
         verify: false,
         breakdown: false,
         seed: 7,

@@ -38,6 +38,7 @@ fn job(workload: Workload, io_size: usize, qd: u16, limit: Limit) -> JobSpec {
         io_size,
         queue_depth: qd,
         limit,
+        warmup: Duration::ZERO,
         verify: false,
         breakdown: false,
         seed: 42,
@@ -156,6 +157,59 @@ fn two_workers_two_namespaces_mixed_for_a_time() {
 }
 
 #[test]
+fn a_warmup_runs_io_but_counts_none_of_it() {
+    let (_no_stray_dma, model, ctrl) = bring_up();
+    let workers = split_evenly(&[None], &[ns(&ctrl, 1, None)], 4096).unwrap();
+    let mut j = job(
+        Workload::RandRead,
+        4096,
+        8,
+        Limit::Time(Duration::from_millis(300)),
+    );
+    j.warmup = Duration::from_millis(300);
+    let (mut warm, mut measured, mut seen_after) = (0, 0, u64::MAX);
+    let t0 = std::time::Instant::now();
+    let r = Engine::start(j, workers)
+        .unwrap()
+        .run(Duration::from_millis(20), |p| {
+            if p.warming_up {
+                warm += 1;
+            } else {
+                measured += 1;
+                seen_after = seen_after.min(p.ios);
+            }
+        })
+        .unwrap();
+    let wall = t0.elapsed();
+    assert!(
+        warm >= 5 && measured >= 5,
+        "{warm} ticks warming up, {measured} after"
+    );
+    assert_eq!(r.errors, 0, "{:?}", r.error_samples);
+    // The window is the time limit alone, the whole run both.
+    assert!(
+        r.elapsed >= Duration::from_millis(280) && r.elapsed < Duration::from_millis(600),
+        "{:?}",
+        r.elapsed
+    );
+    assert!(wall >= Duration::from_millis(600), "{wall:?}");
+    // The device did the warm-up's reads too; the report counts the window's only, and the
+    // queue pair's traffic counters agree with it (up to the I/Os in flight at the switch).
+    let q = &r.workers[0].queues[0];
+    let device = model.stats().io_commands(0x02);
+    assert!(
+        r.read.ios > 0 && device > r.read.ios + r.read.ios / 4,
+        "device {device}, report {}",
+        r.read.ios
+    );
+    assert_eq!(q.ios, r.read.ios);
+    assert_eq!(r.read.latency.len(), r.read.ios);
+    for n in [q.stats.requests, q.stats.completions] {
+        assert!(n.abs_diff(q.ios) <= 8, "{:?} for {} I/Os", q.stats, q.ios);
+    }
+}
+
+#[test]
 fn verify_writes_then_reads_every_block_once() {
     let (_no_stray_dma, model, ctrl) = bring_up();
     for (workload, io) in [(Workload::RandWrite, 4096), (Workload::Write, 16384)] {
@@ -248,6 +302,10 @@ fn bad_jobs_are_refused_with_reasons() {
     j.verify = true;
     let e = Engine::start(j, workers.clone()).unwrap_err().to_string();
     assert!(e.contains("not a verify pass"), "{e}");
+    let mut j = job(Workload::Read, 4096, 2, Limit::Ios(10));
+    j.warmup = Duration::from_millis(100);
+    let e = Engine::start(j, workers.clone()).unwrap_err().to_string();
+    assert!(e.contains("precedes a timed run only"), "{e}");
     // A core that does not exist: the worker reports the affinity error.
     let mut w = workers;
     w[0].core = Some(1000);

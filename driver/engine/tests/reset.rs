@@ -42,6 +42,7 @@ fn verify_holds_while_the_controller_is_reset_again_and_again() {
         io_size: 4096,
         queue_depth: 32,
         limit: Limit::Ios(u64::MAX),
+        warmup: Duration::ZERO,
         verify: true,
         breakdown: false,
         seed: 7,

@@ -55,6 +55,7 @@ fn job(workload: Workload, io_size: usize, qd: u16, verify: bool, seed: u64) -> 
         io_size,
         queue_depth: qd,
         limit: Limit::Time(Duration::from_secs(1)),
+        warmup: Duration::ZERO,
         verify,
         breakdown: false,
         seed,
