@@ -63,7 +63,9 @@ I/O (method: xtask/src/bench_nvmf.rs), with the ratios vfpoll/kernel. Files in
 target/testbed/run/bench-nvmf-iommu/out.
 
 Options:
-      --time <SECS>       Seconds per run [default: 5]
+      --time <SECS>       Seconds per run, after the warm-up [default: 5]
+      --warmup <SECS>     Seconds of I/O before each run's measured time, counted nowhere:
+                          vfpoll perf --warmup, fio --ramp_time (not with --nvmf) [default: 1]
       --repeat <N>        Runs per engine and case, kernel and vfpoll in alternating order;
                           the table shows the median IOPS, p50 and p99 [default: 3]
       --engines <LIST>    Only these of vfpoll,vfpoll-mmio-db,vfpoll-cmb-sq,fio-vfpoll,io_uring,
@@ -82,6 +84,8 @@ Options:
 pub struct BenchArgs {
     /// Seconds per run.
     pub time: u32,
+    /// Seconds of uncounted I/O before each run (`vfpoll perf --warmup`, fio `--ramp_time`).
+    pub warmup: u32,
     /// Runs per engine and case; the table shows medians.
     pub repeat: u32,
     /// Which engines run.
@@ -201,6 +205,7 @@ const CPU: u32 = 1;
 pub fn parse(args: &[String]) -> Result<Task> {
     let mut a = BenchArgs {
         time: 5,
+        warmup: 1,
         repeat: 3,
         engines: Engine::ALL.to_vec(),
         no_build: false,
@@ -245,6 +250,12 @@ pub fn parse(args: &[String]) -> Result<Task> {
                     .filter(|&t| t > 0)
                     .ok_or_else(|| err!("bench: --time takes whole seconds above 0, not {v:?}"))?;
             }
+            "--warmup" => {
+                let v = value()?;
+                a.warmup = v
+                    .parse()
+                    .map_err(|_| err!("bench: --warmup takes whole seconds, not {v:?}"))?;
+            }
             "--repeat" => {
                 let v = value()?;
                 a.repeat = v
@@ -285,6 +296,11 @@ pub fn parse(args: &[String]) -> Result<Task> {
 /// order, so that a drift of the host's load does not favour one side.
 fn job_script(a: &BenchArgs, vfpoll: &Path, engine_so: &Path) -> String {
     let t = a.time;
+    let ramp = if a.warmup > 0 {
+        format!(" --ramp_time={}", a.warmup)
+    } else {
+        String::new()
+    };
     let has = |e| a.engines.contains(&e);
     let mut s = format!(
         r#"set -u
@@ -299,13 +315,21 @@ wait_ns1() {{
 fio_run() {{ # NAME FIO-OPTIONS...
   name=$1; shift
   echo "bench: fio $name"
-  fio --name="$name" --filename=/dev/$(ns1) --direct=1 --size=64M --time_based --runtime={t} \
+  fio --name="$name" --filename=/dev/$(ns1) --direct=1 --size=64M --time_based --runtime={t}{ramp} \
       --cpus_allowed={CPU} --numjobs=1 --lat_percentiles=1 --clocksource=cpu \
       --output-format=json --eta=never --output=/out/$name.json "$@" || echo "bench: fio $name failed"
 }}
+# The test bed's own noise: one fixed single-thread computation on the benchmark CPU.
+control() {{ # LABEL
+  taskset -c {CPU} python3 -c 'import hashlib, time
+b = bytes(32 << 20); t = time.perf_counter()
+for _ in range(3): hashlib.sha256(b).digest()
+print(time.perf_counter() - t)' > /out/control-$1.txt 2>/dev/null
+}}
 wait_ns1 || exit 1
 "#,
-        vfpoll = vfpoll.display()
+        vfpoll = vfpoll.display(),
+        ramp = ramp,
     );
     if has(Engine::IoUringHipri) {
         s.push_str(
@@ -317,7 +341,7 @@ fi
         );
     }
     s.push_str("cat /sys/module/nvme/parameters/poll_queues > /out/poll_queues.txt\n");
-    let mut kernel = "kernel() { # REP\n  wait_ns1 || exit 1\n".to_string();
+    let mut kernel = "kernel() { # REP\n  control k-r$1\n  wait_ns1 || exit 1\n".to_string();
     for c in CASES {
         let fio = format!("--rw={} --bs={} --iodepth={}", c.rw, c.bs, c.qd);
         for e in [Engine::IoUring, Engine::Libaio, Engine::IoUringHipri] {
@@ -331,20 +355,21 @@ fi
         }
     }
     kernel.push_str("}\n");
-    let mut ours = "vfpoll() { # REP\n  $V bind $BDF >/dev/null || exit 1\n".to_string();
+    let mut ours = "vfpoll() { # REP\n  control v-r$1\n  $V bind $BDF >/dev/null || exit 1\n".to_string();
     for c in CASES {
         for e in Engine::ALL.into_iter().filter(|&e| has(e)) {
             let Some(flags) = e.vfpoll_flags() else { continue };
             let _ = writeln!(
                 ours,
                 "  echo \"bench: {name} {id}-r$1\"; $V perf --device $BDF --nsid 1 --cores {CPU} --time {t} \
-                 --workload {} --io-size {} --queue-depth {}{flags} --json > /out/{name}-{id}-r$1.json \
+                 --warmup {w} --workload {} --io-size {} --queue-depth {}{flags} --json > /out/{name}-{id}-r$1.json \
                  || echo 'bench: {name} failed'",
                 c.rw,
                 c.bs,
                 c.qd,
                 name = e.name(),
-                id = c.id
+                id = c.id,
+                w = a.warmup,
             );
         }
         if has(Engine::FioVfpoll) {
@@ -352,7 +377,7 @@ fi
             let _ = writeln!(
                 ours,
                 "  echo \"bench: fio-vfpoll {id}-r$1\"; fio --name=fio-vfpoll-{id}-r$1 --thread \
-                 --ioengine=external:{so} --filename={dev}/1 --size=64M --time_based --runtime={t} \
+                 --ioengine=external:{so} --filename={dev}/1 --size=64M --time_based --runtime={t}{ramp} \
                  --cpus_allowed={CPU} --numjobs=1 --lat_percentiles=1 --clocksource=cpu \
                  --output-format=json --eta=never --output=/out/fio-vfpoll-{id}-r$1.json \
                  --rw={} --bs={} --iodepth={} || echo 'bench: fio-vfpoll failed'",
@@ -410,7 +435,7 @@ pub fn main(ws: &Workspace, a: &BenchArgs) -> Result<u8> {
     let runs = CASES.len() as u64 * a.engines.len() as u64 * a.repeat as u64;
     let boot = Boot {
         mode: Mode::Iommu,
-        timeout: Duration::from_secs(300 + runs * (a.time as u64 + 30)),
+        timeout: Duration::from_secs(300 + runs * (a.time as u64 + a.warmup as u64 + 30)),
         mem: "2G".into(),
         smp: 2,
         modules: DEFAULT_MODULES.iter().map(|m| m.to_string()).collect(),
@@ -446,9 +471,11 @@ pub fn main(ws: &Workspace, a: &BenchArgs) -> Result<u8> {
     };
     println!(
         "\ncargo xtask bench: NVMe A {BDF} ns 1 (QEMU 7.2 nvme, 64 MiB, 512 B blocks) in the TCG guest \
-         (kernel {}, 2 vCPUs, IOMMU), CPU {CPU}, {} s per run, median of {}; nvme poll_queues={}",
+         (kernel {}, 2 vCPUs, IOMMU), CPU {CPU}, {} s per run after {} s of warm-up, median of {}; \
+         nvme poll_queues={}",
         read("kernel.txt"),
         a.time,
+        a.warmup,
         a.repeat,
         read("poll_queues.txt"),
     );
@@ -459,6 +486,7 @@ pub fn main(ws: &Workspace, a: &BenchArgs) -> Result<u8> {
     );
     println!("vfpoll: {}\n", describe_binary(&vfpoll));
     print!("{}", table(&dir, &a.engines, a.repeat));
+    println!("{}", control_line(&dir, a.repeat));
     if out.iommu_faults.is_empty() {
         return Ok(out.code);
     }
@@ -607,7 +635,7 @@ fn cells(r: &Option<(Result3, f64, f64, usize)>, repeat: u32) -> (String, String
         Some((m, lo, hi, n)) => (
             format!("{:.0}", m.iops),
             if *n == repeat as usize {
-                format!("{lo:.0}-{hi:.0}")
+                format!("{lo:.0}-{hi:.0} x{:.2}", hi / lo.max(f64::MIN_POSITIVE))
             } else {
                 format!("{lo:.0}-{hi:.0} ({n} runs)")
             },
@@ -658,7 +686,7 @@ fn blocks(s: &mut String, dir: &Path, repeat: u32, others: &[Engine], dir_of_rat
             };
             let _ = writeln!(
                 s,
-                "{label:<20} {:<15} {iops:>8} {range:>17} {p50:>9} {p99:>9} {ri:>13} {rp:>12}",
+                "{label:<20} {:<15} {iops:>8} {range:>21} {p50:>9} {p99:>9} {ri:>13} {rp:>12}",
                 e.name()
             );
             label = "";
@@ -671,7 +699,7 @@ fn blocks(s: &mut String, dir: &Path, repeat: u32, others: &[Engine], dir_of_rat
 fn table(dir: &Path, engines: &[Engine], repeat: u32) -> String {
     let header = |a: &str, b: &str| {
         format!(
-            "{:<20} {:<15} {:>8} {:>17} {:>9} {:>9} {a:>13} {b:>12}\n",
+            "{:<20} {:<15} {:>8} {:>21} {:>9} {:>9} {a:>13} {b:>12}\n",
             "case", "engine", "IOPS", "IOPS range", "p50 us", "p99 us"
         )
     };
@@ -699,6 +727,30 @@ fn table(dir: &Path, engines: &[Engine], repeat: u32) -> String {
         );
     }
     s
+}
+
+/// What the test bed's noise was: the control computation's times (one before each half of
+/// every repetition), their median, range and max/min.
+fn control_line(dir: &Path, repeat: u32) -> String {
+    let secs: Vec<f64> = (1..=repeat)
+        .flat_map(|r| [format!("k-r{r}"), format!("v-r{r}")])
+        .filter_map(|l| fs::read_to_string(dir.join(format!("control-{l}.txt"))).ok())
+        .filter_map(|t| t.trim().parse().ok())
+        .filter(|&x: &f64| x > 0.0)
+        .collect();
+    if secs.is_empty() {
+        return "test-bed control: no result (python3 missing in the guest?)".into();
+    }
+    let (lo, hi) = secs
+        .iter()
+        .fold((f64::MAX, 0f64), |(l, h), &x| (l.min(x), h.max(x)));
+    format!(
+        "test-bed control (3 x SHA-256 of 32 MiB on CPU {CPU} before each half-repetition, {} runs): \
+         median {:.3} s, {lo:.3}-{hi:.3} s, max/min {:.2}: how much the guest CPU's own speed varied",
+        secs.len(),
+        median(secs.clone()),
+        hi / lo
+    )
 }
 
 fn loadavg() -> String {
@@ -761,6 +813,7 @@ mod tests {
     fn script_runs_every_engine_on_the_same_case() {
         let a = BenchArgs {
             time: 7,
+            warmup: 1,
             repeat: 2,
             engines: Engine::ALL.to_vec(),
             no_build: true,
@@ -781,12 +834,15 @@ mod tests {
             "--runtime=7",
             "--cpus_allowed=1",
             "for rep in $(seq 2); do",
-            "perf --device $BDF --nsid 1 --cores 1 --time 7 --workload randread --io-size 4k --queue-depth 1 \
-             --json > /out/vfpoll-4k-randread-qd1-r$1.json",
+            "perf --device $BDF --nsid 1 --cores 1 --time 7 --warmup 1 --workload randread --io-size 4k \
+             --queue-depth 1 --json > /out/vfpoll-4k-randread-qd1-r$1.json",
+            "--runtime=7 --ramp_time=1",
+            "control k-r$1",
+            "control v-r$1",
             "--queue-depth 32 --no-shadow-doorbell --json > /out/vfpoll-mmio-db-4k-randread-qd32-r$1.json",
             "--queue-depth 32 --cmb-sq --json > /out/vfpoll-cmb-sq-128k-read-qd32-r$1.json",
             "fio --name=fio-vfpoll-4k-randread-qd32-r$1 --thread --ioengine=external:/t/release/libvfpoll_fio.so \
-             --filename=0000.00.03.0/1 --size=64M --time_based --runtime=7 --cpus_allowed=1",
+             --filename=0000.00.03.0/1 --size=64M --time_based --runtime=7 --ramp_time=1 --cpus_allowed=1",
             "--output=/out/fio-vfpoll-4k-randread-qd32-r$1.json --rw=randread --bs=4k --iodepth=32",
         ] {
             assert!(s.contains(want), "no {want:?} in\n{s}");

@@ -471,6 +471,7 @@ mod tests {
     fn script_runs_both_targets_on_b_pinned_and_alternating() {
         let a = BenchArgs {
             time: 6,
+            warmup: 1,
             repeat: 3,
             engines: Vec::new(),
             no_build: true,
