@@ -498,8 +498,15 @@ static int vfp_init(struct thread_data *td)
 			continue;
 		vfpoll_qpair_opts qo;
 		vfpoll_qpair_opts_init(&qo);
-		/* Room for the whole depth: a full queue would only send fio around again. */
-		qo.entries = depth + 1 < vf->c->info.max_queue_entries ? depth + 1 : vf->c->info.max_queue_entries;
+		/*
+		 * Room for the whole depth (a full queue would only send fio around again), and at
+		 * least the default 256 entries, as vfpoll perf takes: the completion doorbell is
+		 * rung once completions not yet announced plus commands in flight reach half the
+		 * queue, so a queue of depth + 1 entries rang it at every poll that found one (0.065
+		 * MMIO writes per I/O at depth 32 on the test bed, against 0.01 for vfpoll perf).
+		 */
+		unsigned int want = depth + 1 > qo.entries ? depth + 1 : qo.entries;
+		qo.entries = want < vf->c->info.max_queue_entries ? want : vf->c->info.max_queue_entries;
 		qo.sgl = o && o->sgl;
 		int rc = vfpoll_qpair_create(vf->c->ctrl, &qo, &s->qps[q].qp);
 		if (rc < 0) {

@@ -203,9 +203,9 @@ pub struct Progress {
     pub elapsed: Duration,
     /// Still in the warm-up: the counters restart from zero when it ends.
     pub warming_up: bool,
-    /// I/Os completed so far (as last published by the workers).
+    /// I/Os completed so far, the warm-up's included (as last published by the workers).
     pub ios: u64,
-    /// Bytes moved so far.
+    /// Bytes moved so far, the warm-up's included.
     pub bytes: u64,
     /// I/Os per second since the previous sample.
     pub iops: f64,
@@ -327,16 +327,6 @@ impl Engine {
                 Err(RecvTimeoutError::Disconnected) => break,
             }
             let now = Instant::now();
-            if measure_at.is_some_and(|m| now >= m) {
-                measure_at = None;
-                for c in &self.control {
-                    let _ = c.send(Control::Measure);
-                }
-                if let (Limit::Time(d), Some(_)) = (self.job.limit, deadline) {
-                    deadline = Some(now + d);
-                }
-                (last_t, last_ios, last_bytes) = (now, 0, 0);
-            }
             if !stopped && deadline.is_some_and(|d| now >= d) {
                 stopped = true;
                 for c in &self.control {
@@ -362,6 +352,16 @@ impl Engine {
                 (last_t, last_ios, last_bytes) = (now, ios, bytes);
                 while next_tick <= now {
                     next_tick += tick;
+                }
+            }
+            // After the tick, which still counts as the warm-up's at its end.
+            if measure_at.is_some_and(|m| now >= m) {
+                measure_at = None;
+                for c in &self.control {
+                    let _ = c.send(Control::Measure);
+                }
+                if let (Limit::Time(d), Some(_)) = (self.job.limit, deadline) {
+                    deadline = Some(now + d);
                 }
             }
         }

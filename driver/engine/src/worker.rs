@@ -240,6 +240,8 @@ fn hot_loop<S: Slots, T: Stamps>(
         q.stamps.rang();
     }
     let mut round = 0u32;
+    // The warm-up's I/Os and bytes: the published progress counts on through the warm-up's end.
+    let (mut warm_ios, mut warm_bytes) = (0, 0);
     loop {
         let mut active = false;
         for q in queues.iter_mut() {
@@ -250,13 +252,17 @@ fn hot_loop<S: Slots, T: Stamps>(
         }
         round = round.wrapping_add(1);
         if round.is_multiple_of(CONTROL_EVERY) {
-            counters.ios.store(st.read.ios + st.write.ios, Ordering::Relaxed);
+            counters
+                .ios
+                .store(warm_ios + st.read.ios + st.write.ios, Ordering::Relaxed);
             counters
                 .bytes
-                .store(st.read.bytes + st.write.bytes, Ordering::Relaxed);
+                .store(warm_bytes + st.read.bytes + st.write.bytes, Ordering::Relaxed);
             match control.try_recv() {
                 Err(TryRecvError::Empty) | Ok(Control::Start) => {}
                 Ok(Control::Measure) => {
+                    warm_ios += st.read.ios + st.write.ios;
+                    warm_bytes += st.read.bytes + st.write.bytes;
                     start = st.clock.ticks();
                     st.restart_counts();
                     queues.iter_mut().for_each(|q| q.restart_counts(start, &st.clock));
@@ -268,10 +274,12 @@ fn hot_loop<S: Slots, T: Stamps>(
         }
     }
     let end = st.clock.ticks();
-    counters.ios.store(st.read.ios + st.write.ios, Ordering::Relaxed);
+    counters
+        .ios
+        .store(warm_ios + st.read.ios + st.write.ios, Ordering::Relaxed);
     counters
         .bytes
-        .store(st.read.bytes + st.write.bytes, Ordering::Relaxed);
+        .store(warm_bytes + st.read.bytes + st.write.bytes, Ordering::Relaxed);
     Duration::from_nanos(st.clock.ns(end.wrapping_sub(start)))
 }
 
