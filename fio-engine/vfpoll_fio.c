@@ -136,6 +136,8 @@ struct vfp_qp {
 	vfpoll_qpair *qp;
 	/* Queued since the last doorbell. */
 	unsigned int pending;
+	/* Queued and not yet returned by a poll (vfpoll_qpair_outstanding without a call). */
+	unsigned int inflight;
 };
 
 /* An io_u of a job, by io_u->index (the tag of its command). */
@@ -614,6 +616,7 @@ static void drain(struct vfp_td *s)
 				}
 			}
 		}
+		s->qps[q].inflight = s->qps[q].pending = 0;
 	}
 }
 
@@ -735,6 +738,7 @@ static enum fio_q_status vfp_queue(struct thread_data *td, struct io_u *io_u)
 		return FIO_Q_COMPLETED;
 	}
 	q->pending++;
+	q->inflight++;
 	return FIO_Q_QUEUED;
 }
 
@@ -755,7 +759,7 @@ static int vfp_commit(struct thread_data *td)
 	struct vfp_td *s = td->io_ops_data;
 	for (unsigned int i = 0; i < s->nqps; i++) {
 		struct vfp_qp *q = &s->qps[i];
-		if (!q->pending || vfpoll_qpair_outstanding(q->qp) > (int)q->pending)
+		if (!q->pending || q->inflight > q->pending)
 			continue;
 		q->pending = 0;
 		int rc = vfpoll_qpair_commit(q->qp);
@@ -836,6 +840,7 @@ static int vfp_getevents(struct thread_data *td, unsigned int min, unsigned int 
 				return n;
 			}
 			q->pending = 0;
+			q->inflight -= (unsigned int)n;
 			s->stash_at = 0;
 			s->stashed = (unsigned int)n;
 			unstash(s, max, &got);

@@ -310,16 +310,27 @@ impl vfpoll_qpair {
     /// Rings the doorbell, then writes up to `out.len()` completions into `out`; returns how
     /// many.
     pub(crate) fn poll_into(&self, out: &mut [vfpoll_completion]) -> usize {
+        let mut slots = out.iter_mut();
+        self.poll_with(slots.len(), |c| {
+            if let Some(o) = slots.next() {
+                *o = c;
+            }
+        })
+    }
+
+    /// Hands up to `max` completions to `put`, in order, and returns how many (the same as
+    /// `poll_into`, without an array: `vfpoll_qpair_poll` writes into the caller's).
+    pub(crate) fn poll_with(&self, max: usize, mut put: impl FnMut(vfpoll_completion)) -> usize {
         let mut reqs = self.reqs.borrow_mut();
         let mut n = 0;
-        while n < out.len() {
+        while n < max {
             let Some(c) = reqs.pending.pop_front() else { break };
-            out[n] = c;
+            put(c);
             n += 1;
         }
         let mut qp = self.qp.borrow_mut();
         let r = &mut *reqs;
-        qp.poll(out.len() - n, |d: Done<Sub>| {
+        qp.poll(max - n, |d: Done<Sub>| {
             let req = std::mem::take(&mut r.table[d.tag as usize]);
             r.free.push(d.tag as u32);
             let (result, status, nvme) = match &d.result {
@@ -337,12 +348,11 @@ impl vfpoll_qpair {
                 nvme_status: nvme,
                 buffer_lost: lost,
             };
-            match out.get_mut(n) {
-                Some(o) => {
-                    *o = c;
-                    n += 1;
-                }
-                None => r.pending.push_back(c),
+            if n < max {
+                put(c);
+                n += 1;
+            } else {
+                r.pending.push_back(c);
             }
         });
         self.polls.set(self.polls.get() + 1);
