@@ -843,9 +843,11 @@ pub unsafe extern "C" fn vfpoll_qpair_poll(
         // (most polls find nothing, and each cleared a 32-entry array).
         let mut i = 0;
         let n = qp.poll_with(max, |c| {
-            // SAFETY: `poll_with` calls this at most `max` times, and `out` is writable for
-            // `max` completions (caller contract; not NULL when `max != 0`, checked above).
-            unsafe { out.add(i).write(c) };
+            let dst = out.wrapping_add(i);
+            // SAFETY: `poll_with` calls this at most `max` times, so `i < max`, and `out` is
+            // writable for `max` completions (caller contract; not NULL when `max != 0`,
+            // checked above).
+            unsafe { dst.write(c) };
             i += 1;
         });
         Ok(as_int(n))
