@@ -70,6 +70,8 @@ Options:
                           the table shows the median IOPS, p50 and p99 [default: 3]
       --engines <LIST>    Only these of vfpoll,vfpoll-mmio-db,vfpoll-cmb-sq,fio-vfpoll,io_uring,
                           libaio,io_uring-hipri [default: all]
+      --cases <LIST>      Only these of 4k-randread-qd1,4k-randread-qd32,128k-read-qd32
+                          [default: all]
       --nvmf              NVMe/TCP: vfpoll target against nvmet-tcp (see above; --time 3 and up)
       --no-build          Do not build vfpoll (release) first
       --vfpoll <PATH>     Run this vfpoll binary instead of target/release/vfpoll (implies
@@ -90,6 +92,8 @@ pub struct BenchArgs {
     pub repeat: u32,
     /// Which engines run.
     pub engines: Vec<Engine>,
+    /// Which cases run (ids of [`CASES`]; empty: all).
+    pub cases: Vec<String>,
     /// Skip the release build.
     pub no_build: bool,
     /// Show init lines and kernel warnings.
@@ -197,6 +201,16 @@ const CASES: &[Case] = &[
     },
 ];
 
+impl BenchArgs {
+    /// The cases to run: `--cases`, or all.
+    fn cases(&self) -> Vec<&'static Case> {
+        CASES
+            .iter()
+            .filter(|c| self.cases.is_empty() || self.cases.iter().any(|x| x == c.id))
+            .collect()
+    }
+}
+
 /// The controller and the CPU everything runs on.
 const BDF: &str = "0000:00:03.0";
 const CPU: u32 = 1;
@@ -208,6 +222,7 @@ pub fn parse(args: &[String]) -> Result<Task> {
         warmup: 1,
         repeat: 3,
         engines: Engine::ALL.to_vec(),
+        cases: Vec::new(),
         no_build: false,
         verbose: false,
         nvmf: false,
@@ -271,6 +286,17 @@ pub fn parse(args: &[String]) -> Result<Task> {
                     .map(|e| {
                         Engine::ALL.into_iter().find(|x| x.name() == e).ok_or_else(|| {
                             err!("bench: unknown engine {e:?}; one of vfpoll, vfpoll-mmio-db, vfpoll-cmb-sq, fio-vfpoll, io_uring, io_uring-hipri, libaio")
+                        })
+                    })
+                    .collect::<Result<_>>()?;
+            }
+            "--cases" => {
+                let v = value()?;
+                a.cases = v
+                    .split(',')
+                    .map(|c| {
+                        CASES.iter().find(|x| x.id == c).map(|x| x.id.to_string()).ok_or_else(|| {
+                            err!("bench: unknown case {c:?}; one of 4k-randread-qd1, 4k-randread-qd32, 128k-read-qd32")
                         })
                     })
                     .collect::<Result<_>>()?;
@@ -342,7 +368,7 @@ fi
     }
     s.push_str("cat /sys/module/nvme/parameters/poll_queues > /out/poll_queues.txt\n");
     let mut kernel = "kernel() { # REP\n  control k-r$1\n  wait_ns1 || exit 1\n".to_string();
-    for c in CASES {
+    for c in a.cases() {
         let fio = format!("--rw={} --bs={} --iodepth={}", c.rw, c.bs, c.qd);
         for e in [Engine::IoUring, Engine::Libaio, Engine::IoUringHipri] {
             if has(e) {
@@ -356,7 +382,7 @@ fi
     }
     kernel.push_str("}\n");
     let mut ours = "vfpoll() { # REP\n  control v-r$1\n  $V bind $BDF >/dev/null || exit 1\n".to_string();
-    for c in CASES {
+    for c in a.cases() {
         for e in Engine::ALL.into_iter().filter(|&e| has(e)) {
             let Some(flags) = e.vfpoll_flags() else { continue };
             let _ = writeln!(
@@ -432,7 +458,7 @@ pub fn main(ws: &Workspace, a: &BenchArgs) -> Result<u8> {
     }
     let assets = setup::ensure(ws)?;
     let run_dir = vm::default_run_dir(ws, "bench-iommu");
-    let runs = CASES.len() as u64 * a.engines.len() as u64 * a.repeat as u64;
+    let runs = a.cases().len() as u64 * a.engines.len() as u64 * a.repeat as u64;
     let boot = Boot {
         mode: Mode::Iommu,
         timeout: Duration::from_secs(300 + runs * (a.time as u64 + a.warmup as u64 + 30)),
@@ -485,7 +511,7 @@ pub fn main(ws: &Workspace, a: &BenchArgs) -> Result<u8> {
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
     println!("vfpoll: {}\n", describe_binary(&vfpoll));
-    print!("{}", table(&dir, &a.engines, a.repeat));
+    print!("{}", table(&dir, &a.cases(), &a.engines, a.repeat));
     println!("{}", control_line(&dir, a.repeat));
     if out.iommu_faults.is_empty() {
         return Ok(out.code);
@@ -665,8 +691,8 @@ enum Ratio {
 
 /// One block of rows per case: vfpoll's defaults, then `others` (those that ran), each with its
 /// two ratios against the defaults.
-fn blocks(s: &mut String, dir: &Path, repeat: u32, others: &[Engine], dir_of_ratio: Ratio) {
-    for c in CASES {
+fn blocks(s: &mut String, dir: &Path, cases: &[&Case], repeat: u32, others: &[Engine], dir_of_ratio: Ratio) {
+    for &c in cases {
         let def = summary(dir, Engine::Vfpoll, c, repeat).map(|x| x.0);
         let mut label = c.label;
         for &e in std::iter::once(&Engine::Vfpoll).chain(others) {
@@ -696,7 +722,7 @@ fn blocks(s: &mut String, dir: &Path, repeat: u32, others: &[Engine], dir_of_rat
 
 /// The tables: vfpoll (defaults) against each kernel engine, one block per case; then, when
 /// they ran, vfpoll's options against its defaults.
-fn table(dir: &Path, engines: &[Engine], repeat: u32) -> String {
+fn table(dir: &Path, cases: &[&Case], engines: &[Engine], repeat: u32) -> String {
     let header = |a: &str, b: &str| {
         format!(
             "{:<20} {:<15} {:>8} {:>21} {:>9} {:>9} {a:>13} {b:>12}\n",
@@ -712,7 +738,7 @@ fn table(dir: &Path, engines: &[Engine], repeat: u32) -> String {
         .filter(|e| engines.contains(e))
         .collect();
     let mut s = header("IOPS vfpoll/k", "p99 vfpoll/k");
-    blocks(&mut s, dir, repeat, &kernel, Ratio::DefaultOverRow);
+    blocks(&mut s, dir, cases, repeat, &kernel, Ratio::DefaultOverRow);
     s.push_str(
         "\nMedians over the repetitions. IOPS vfpoll/k: vfpoll's IOPS over the kernel engine's \
          (higher is better); p99 vfpoll/k: vfpoll's p99 over the kernel's (below 1 is better).\n",
@@ -720,7 +746,7 @@ fn table(dir: &Path, engines: &[Engine], repeat: u32) -> String {
     if !options.is_empty() {
         s.push_str("\nvfpoll's options, same boot: vfpoll-mmio-db = perf --no-shadow-doorbell, vfpoll-cmb-sq = perf --cmb-sq, fio-vfpoll = fio with vfpoll's engine\n");
         s.push_str(&header("IOPS opt/def", "p99 opt/def"));
-        blocks(&mut s, dir, repeat, &options, Ratio::RowOverDefault);
+        blocks(&mut s, dir, cases, repeat, &options, Ratio::RowOverDefault);
         s.push_str(
             "\nIOPS opt/def: the option's IOPS over the defaults' (shadow doorbells on, SQ in host \
              memory); p99 opt/def likewise (below 1 is better).\n",
@@ -806,6 +832,18 @@ mod tests {
             (Some(Path::new("/x/vfpoll")), true)
         );
         assert!(parse(&args(&["--engines", "spdk"])).is_err());
+        let Task::Bench(c) = parse(&args(&["--cases", "4k-randread-qd1,128k-read-qd32"])).unwrap() else {
+            panic!("not bench")
+        };
+        let ids: Vec<&str> = c.cases().iter().map(|c| c.id).collect();
+        assert_eq!(ids, ["4k-randread-qd1", "128k-read-qd32"]);
+        assert_eq!(b.cases().len(), CASES.len());
+        assert!(parse(&args(&["--cases", "4k-randread-qd8"])).is_err());
+        let Task::Bench(w) = parse(&args(&["--warmup", "0"])).unwrap() else {
+            panic!("not bench")
+        };
+        assert_eq!((w.warmup, b.warmup), (0, 1));
+        assert!(parse(&args(&["--warmup", "-1"])).is_err());
         assert!(matches!(parse(&args(&["-h"])).unwrap(), Task::Help(HELP)));
     }
 
@@ -816,6 +854,7 @@ mod tests {
             warmup: 1,
             repeat: 2,
             engines: Engine::ALL.to_vec(),
+            cases: Vec::new(),
             no_build: true,
             verbose: false,
             nvmf: false,
@@ -872,7 +911,8 @@ mod tests {
                 // No vfpoll-cmb-sq results: its row shows dashes.
             }
         }
-        let t = table(&dir, &Engine::ALL, 2);
+        let all: Vec<&Case> = CASES.iter().collect();
+        let t = table(&dir, &all, &Engine::ALL, 2);
         fs::remove_dir_all(&dir).unwrap();
         let row = |engine: &str| {
             // Table rows only: the engine's name followed by its IOPS (or a dash).

@@ -474,6 +474,7 @@ mod tests {
             warmup: 1,
             repeat: 3,
             engines: Vec::new(),
+            cases: Vec::new(),
             no_build: true,
             verbose: false,
             nvmf: true,
