@@ -148,7 +148,8 @@ pub struct Args {
     /// is printed with the results.
     #[arg(long, value_name = "MODE", default_value = "poll", value_parser = ["poll", "irq", "hybrid"])]
     pub completion: String,
-    /// How long hybrid mode spins before it sleeps, in microseconds.
+    /// How long hybrid mode spins before it sleeps, in microseconds (up to 20 times as long
+    /// when a completion is late in a stream that came within the spin).
     #[arg(long, value_name = "US", default_value_t = 50)]
     pub hybrid_spin_us: u64,
     /// Reset every controller this often while the workers run (Controller::reset from
