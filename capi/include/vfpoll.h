@@ -236,7 +236,8 @@ typedef struct vfpoll_qpair_stats {
   uint64_t aborts;
   // Controller resets this queue pair went through.
   uint64_t resets;
-  // Polls (`vfpoll_qpair_poll`, `vfpoll_qpair_poll_cb`, one per round of up to 32).
+  // Polls: one per `vfpoll_qpair_poll` call, one per round of up to 32 completions of a
+  // `vfpoll_qpair_poll_cb` call.
   uint64_t polls;
   // Polls that found no completion.
   uint64_t empty_polls;

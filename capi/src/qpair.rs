@@ -27,7 +27,7 @@ pub struct vfpoll_qpair {
     /// Completion callbacks running now (`vfpoll_qpair_poll_cb`, nested when a callback polls):
     /// the queue pair must not be destroyed under them.
     pub(crate) in_callback: Cell<u32>,
-    /// Rounds of polling (`poll_into` calls), and those that found nothing.
+    /// Rounds of polling (`poll_with` calls), and those that found nothing.
     polls: Cell<u64>,
     empty_polls: Cell<u64>,
 }

@@ -204,7 +204,8 @@ pub struct vfpoll_qpair_stats {
     pub aborts: u64,
     /// Controller resets this queue pair went through.
     pub resets: u64,
-    /// Polls (`vfpoll_qpair_poll`, `vfpoll_qpair_poll_cb`, one per round of up to 32).
+    /// Polls: one per `vfpoll_qpair_poll` call, one per round of up to 32 completions of a
+    /// `vfpoll_qpair_poll_cb` call.
     pub polls: u64,
     /// Polls that found no completion.
     pub empty_polls: u64,

@@ -632,6 +632,11 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
+/// The smallest and the largest of `v` (positive figures: 0 is the floor of the largest).
+fn min_max(v: &[f64]) -> (f64, f64) {
+    v.iter().fold((f64::MAX, 0f64), |(l, h), &x| (l.min(x), h.max(x)))
+}
+
 /// Medians over the repetitions that produced a result, and the IOPS range.
 fn summary(dir: &Path, e: Engine, case: &Case, repeat: u32) -> Option<(Result3, f64, f64, usize)> {
     let rs: Vec<Result3> = (1..=repeat).filter_map(|r| result_of(dir, e, case, r)).collect();
@@ -640,9 +645,7 @@ fn summary(dir: &Path, e: Engine, case: &Case, repeat: u32) -> Option<(Result3, 
     }
     let col = |f: fn(&Result3) -> f64| rs.iter().map(f).collect::<Vec<_>>();
     let iops = col(|r| r.iops);
-    let (lo, hi) = iops
-        .iter()
-        .fold((f64::MAX, 0f64), |(l, h), &x| (l.min(x), h.max(x)));
+    let (lo, hi) = min_max(&iops);
     Some((
         Result3 {
             iops: median(iops),
@@ -767,9 +770,7 @@ fn control_line(dir: &Path, repeat: u32) -> String {
     if secs.is_empty() {
         return "test-bed control: no result (python3 missing in the guest?)".into();
     }
-    let (lo, hi) = secs
-        .iter()
-        .fold((f64::MAX, 0f64), |(l, h), &x| (l.min(x), h.max(x)));
+    let (lo, hi) = min_max(&secs);
     format!(
         "test-bed control (3 x SHA-256 of 32 MiB on CPU {CPU} before each half-repetition, {} runs): \
          median {:.3} s, {lo:.3}-{hi:.3} s, max/min {:.2}: how much the guest CPU's own speed varied",

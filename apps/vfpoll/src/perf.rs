@@ -368,14 +368,11 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
         (Some(t), None) => Limit::Time(t),
         (None, None) => Limit::Time(Duration::from_secs(10)),
     };
-    let warmup = match (a.warmup, limit) {
-        (Some(w), _) if w > Duration::ZERO && (a.verify || matches!(limit, Limit::Ios(_))) => bail!(
-            "--warmup runs before a timed run only: a --verify pass or an --ios run takes none (leave --warmup out)"
-        ),
-        (_, Limit::Ios(_)) => Duration::ZERO,
-        _ if a.verify => Duration::ZERO,
-        (Some(w), _) => w,
-        (None, _) => Duration::from_secs(1),
+    // An explicit warm-up before an --ios or --verify run is refused by Engine::start.
+    let warmup = match a.warmup {
+        Some(w) => w,
+        None if a.verify || matches!(limit, Limit::Ios(_)) => Duration::ZERO,
+        None => Duration::from_secs(1),
     };
     let devices = open_devices(&a, &cores)?;
     let mut spaces = Vec::new();

@@ -360,7 +360,8 @@ impl Engine {
                 for c in &self.control {
                     let _ = c.send(Control::Measure);
                 }
-                if let (Limit::Time(d), Some(_)) = (self.job.limit, deadline) {
+                // Only a time-limited run has a warm-up (`measure_at`).
+                if let Limit::Time(d) = self.job.limit {
                     deadline = Some(now + d);
                 }
             }
