@@ -36,6 +36,8 @@ use crate::Workspace;
 
 #[path = "bench_nvmf.rs"]
 mod nvmf;
+#[path = "bench_plot.rs"]
+mod plot;
 
 /// `cargo xtask bench --help`.
 pub const HELP: &str = "\
@@ -71,7 +73,14 @@ Options:
       --engines <LIST>    Only these of vfpoll,vfpoll-mmio-db,vfpoll-cmb-sq,fio-vfpoll,io_uring,
                           libaio,io_uring-hipri [default: all]
       --cases <LIST>      Only these of 4k-randread-qd1,4k-randread-qd32,128k-read-qd32
-                          [default: all]
+                          (the default) and 4k-randread-qd4,4k-randread-qd8,4k-randread-qd16
+                          (more queue depths for --plot's IOPS curve)
+      --plot              Then draw latency-qd1.svg (4 KiB randread QD1: latency by percentile
+                          per engine, from the run with the median IOPS) and iops-qd.svg (4 KiB
+                          randread IOPS against queue depth) into
+                          target/testbed/run/bench-iommu/plots (plotters, SVG)
+      --plot-only         Only draw the figures of --plot from the last run's JSON files (no
+                          boot); give the same --engines, --cases and --repeat as that run
       --nvmf              NVMe/TCP: vfpoll target against nvmet-tcp (see above; --time 3 and up)
       --no-build          Do not build vfpoll (release) first
       --vfpoll <PATH>     Run this vfpoll binary instead of target/release/vfpoll (implies
@@ -104,6 +113,19 @@ pub struct BenchArgs {
     pub vfpoll: Option<std::path::PathBuf>,
     /// More arguments for `vfpoll target` (`--nvmf`), split at spaces.
     pub target_args: Vec<String>,
+    /// Draw the figures (`bench_plot.rs`): after the run, or instead of it.
+    pub plot: Plot,
+}
+
+/// `--plot` and `--plot-only`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Plot {
+    /// No figures.
+    No,
+    /// Run, then draw.
+    After,
+    /// Draw from the last run's files; no boot.
+    Only,
 }
 
 /// Who does the I/O.
@@ -175,6 +197,8 @@ struct Case {
     /// Bytes per I/O (fio's `bs`, vfpoll's `--io-size`).
     bs: &'static str,
     qd: u32,
+    /// Run when `--cases` is not given.
+    default: bool,
 }
 
 const CASES: &[Case] = &[
@@ -184,6 +208,7 @@ const CASES: &[Case] = &[
         rw: "randread",
         bs: "4k",
         qd: 1,
+        default: true,
     },
     Case {
         id: "4k-randread-qd32",
@@ -191,6 +216,7 @@ const CASES: &[Case] = &[
         rw: "randread",
         bs: "4k",
         qd: 32,
+        default: true,
     },
     Case {
         id: "128k-read-qd32",
@@ -198,15 +224,46 @@ const CASES: &[Case] = &[
         rw: "read",
         bs: "128k",
         qd: 32,
+        default: true,
+    },
+    Case {
+        id: "4k-randread-qd4",
+        label: "4 KiB randread QD4",
+        rw: "randread",
+        bs: "4k",
+        qd: 4,
+        default: false,
+    },
+    Case {
+        id: "4k-randread-qd8",
+        label: "4 KiB randread QD8",
+        rw: "randread",
+        bs: "4k",
+        qd: 8,
+        default: false,
+    },
+    Case {
+        id: "4k-randread-qd16",
+        label: "4 KiB randread QD16",
+        rw: "randread",
+        bs: "4k",
+        qd: 16,
+        default: false,
     },
 ];
 
 impl BenchArgs {
-    /// The cases to run: `--cases`, or all.
+    /// The cases to run: `--cases` (in the order of [`CASES`]), or the default ones.
     fn cases(&self) -> Vec<&'static Case> {
         CASES
             .iter()
-            .filter(|c| self.cases.is_empty() || self.cases.iter().any(|x| x == c.id))
+            .filter(|c| {
+                if self.cases.is_empty() {
+                    c.default
+                } else {
+                    self.cases.iter().any(|x| x == c.id)
+                }
+            })
             .collect()
     }
 }
@@ -228,6 +285,7 @@ pub fn parse(args: &[String]) -> Result<Task> {
         nvmf: false,
         vfpoll: None,
         target_args: Vec::new(),
+        plot: Plot::No,
     };
     let mut it = args.iter();
     while let Some(s) = it.next() {
@@ -245,6 +303,8 @@ pub fn parse(args: &[String]) -> Result<Task> {
             "-h" | "--help" => return Ok(Task::Help(HELP)),
             "--no-build" => a.no_build = true,
             "--nvmf" => a.nvmf = true,
+            "--plot" => a.plot = Plot::After,
+            "--plot-only" => a.plot = Plot::Only,
             "--target-args" => {
                 let v = value()?;
                 if v.contains(|c: char| !(c.is_ascii_alphanumeric() || " -_.=,:/".contains(c))) {
@@ -295,14 +355,24 @@ pub fn parse(args: &[String]) -> Result<Task> {
                 a.cases = v
                     .split(',')
                     .map(|c| {
-                        CASES.iter().find(|x| x.id == c).map(|x| x.id.to_string()).ok_or_else(|| {
-                            err!("bench: unknown case {c:?}; one of 4k-randread-qd1, 4k-randread-qd32, 128k-read-qd32")
-                        })
+                        CASES
+                            .iter()
+                            .find(|x| x.id == c)
+                            .map(|x| x.id.to_string())
+                            .ok_or_else(|| {
+                                let all: Vec<&str> = CASES.iter().map(|c| c.id).collect();
+                                err!("bench: unknown case {c:?}; one of {}", all.join(", "))
+                            })
                     })
                     .collect::<Result<_>>()?;
             }
             _ => return Err(err!("bench: unexpected argument {s:?}")),
         }
+    }
+    if a.nvmf && a.plot != Plot::No {
+        return Err(err!(
+            "bench: --plot draws the NVMe comparison's figures; it does not go with --nvmf"
+        ));
     }
     if a.nvmf && a.time < nvmf::MIN_TIME {
         return Err(err!(
@@ -438,6 +508,15 @@ pub fn main(ws: &Workspace, a: &BenchArgs) -> Result<u8> {
     if a.nvmf {
         return nvmf::main(ws, a);
     }
+    let run_dir = vm::default_run_dir(ws, "bench-iommu");
+    if a.plot == Plot::Only {
+        draw_plots(
+            &run_dir,
+            a,
+            &format!("last run in {}", run_dir.join("out").display()),
+        )?;
+        return Ok(0);
+    }
     let vfpoll = vfpoll_binary(ws, a)?;
     if a.engines.iter().any(|e| e.vfpoll_flags().is_some()) && !vfpoll.exists() {
         return Err(err!(
@@ -457,7 +536,6 @@ pub fn main(ws: &Workspace, a: &BenchArgs) -> Result<u8> {
         }
     }
     let assets = setup::ensure(ws)?;
-    let run_dir = vm::default_run_dir(ws, "bench-iommu");
     let runs = a.cases().len() as u64 * a.engines.len() as u64 * a.repeat as u64;
     let boot = Boot {
         mode: Mode::Iommu,
@@ -513,6 +591,23 @@ pub fn main(ws: &Workspace, a: &BenchArgs) -> Result<u8> {
     println!("vfpoll: {}\n", describe_binary(&vfpoll));
     print!("{}", table(&dir, &a.cases(), &a.engines, a.repeat));
     println!("{}", control_line(&dir, a.repeat));
+    if a.plot == Plot::After {
+        let title = format!(
+            "QEMU TCG test bed (emulated CPU: compare engines, not devices), kernel {}, {} s per run, \
+             median of {}, {}",
+            read("kernel.txt"),
+            a.time,
+            a.repeat,
+            std::process::Command::new("git")
+                .args(["log", "-1", "--format=%h %cs"])
+                .current_dir(&ws.root)
+                .output()
+                .ok()
+                .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+                .unwrap_or_default()
+        );
+        draw_plots(&run_dir, a, &title)?;
+    }
     if out.iommu_faults.is_empty() {
         return Ok(out.code);
     }
@@ -524,6 +619,29 @@ pub fn main(ws: &Workspace, a: &BenchArgs) -> Result<u8> {
     } else {
         out.code
     })
+}
+
+/// Draws `--plot`'s figures from `run_dir/out` into `run_dir/plots` and names them.
+fn draw_plots(run_dir: &Path, a: &BenchArgs, title: &str) -> Result<()> {
+    let out = run_dir.join("plots");
+    let files = plot::draw(
+        &run_dir.join("out"),
+        &a.cases(),
+        &a.engines,
+        a.repeat,
+        &out,
+        title,
+    )?;
+    if files.is_empty() {
+        return Err(err!(
+            "bench --plot: no results to draw in {} (a 4 KiB randread QD1 case, or two 4 KiB randread queue depths)",
+            run_dir.join("out").display()
+        ));
+    }
+    for f in files {
+        println!("plot: {}", f.display());
+    }
+    Ok(())
 }
 
 /// The vfpoll binary the guest runs: `--vfpoll PATH` (absolute: the guest's `/` is the host's),
@@ -838,8 +956,20 @@ mod tests {
         };
         let ids: Vec<&str> = c.cases().iter().map(|c| c.id).collect();
         assert_eq!(ids, ["4k-randread-qd1", "128k-read-qd32"]);
-        assert_eq!(b.cases().len(), CASES.len());
-        assert!(parse(&args(&["--cases", "4k-randread-qd8"])).is_err());
+        assert_eq!(b.cases().len(), 3, "the default cases");
+        assert!(b.cases().iter().all(|c| c.default));
+        assert!(parse(&args(&["--cases", "4k-randread-qd64"])).is_err());
+        let Task::Bench(d) =
+            parse(&args(&["--cases", "4k-randread-qd16,4k-randread-qd1", "--plot"])).unwrap()
+        else {
+            panic!("not bench")
+        };
+        let ids: Vec<&str> = d.cases().iter().map(|c| c.id).collect();
+        assert_eq!(
+            (ids, d.plot, b.plot),
+            (vec!["4k-randread-qd1", "4k-randread-qd16"], Plot::After, Plot::No)
+        );
+        assert!(parse(&args(&["--nvmf", "--time", "6", "--plot"])).is_err());
         let Task::Bench(w) = parse(&args(&["--warmup", "0"])).unwrap() else {
             panic!("not bench")
         };
@@ -861,6 +991,7 @@ mod tests {
             nvmf: false,
             vfpoll: None,
             target_args: Vec::new(),
+            plot: Plot::No,
         };
         let s = job_script(
             &a,
@@ -901,7 +1032,7 @@ mod tests {
                 r#"{{"jobs":[{{"read":{{"iops":{iops},"lat_ns":{{"percentile":{{"50.000000":9000,"99.000000":{p99}}}}}}}}}]}}"#
             )
         };
-        for c in CASES {
+        for c in CASES.iter().filter(|c| c.default) {
             for rep in 1..=2 {
                 let w = |e: &str, text: String| {
                     fs::write(dir.join(format!("{e}-{}-r{rep}.json", c.id)), text).unwrap()
@@ -912,7 +1043,7 @@ mod tests {
                 // No vfpoll-cmb-sq results: its row shows dashes.
             }
         }
-        let all: Vec<&Case> = CASES.iter().collect();
+        let all: Vec<&Case> = CASES.iter().filter(|c| c.default).collect();
         let t = table(&dir, &all, &Engine::ALL, 2);
         fs::remove_dir_all(&dir).unwrap();
         let row = |engine: &str| {

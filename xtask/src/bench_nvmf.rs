@@ -480,6 +480,7 @@ mod tests {
             nvmf: true,
             vfpoll: None,
             target_args: vec!["--spin-us".into(), "0".into()],
+            plot: super::super::Plot::No,
         };
         let s = job_script(&a, Path::new("/t/release/vfpoll"));
         for want in [
