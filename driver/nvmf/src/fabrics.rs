@@ -61,7 +61,7 @@ pub use identify::{cs_indep_off, ctrl_off, ctrl_val, nidt, ns_off, IDENTIFY_BYTE
 pub use io::{DsmRange, IoOp, IoQueue, IoRequest};
 pub use logpage::{disc_off, lid, subtype, Health, DISCOVERY_RECORD_BYTES, SMART_BYTES, TREQ, TRTYPE_TCP};
 pub use target::{
-    connect_data_off, connect_ipo, connect_off, AerCompletion, ConnInfo, ConnectOutcome, ControllerInfo,
+    connect_data_off, connect_ipo, connect_off, host_label, AerCompletion, ConnInfo, ConnectOutcome, ControllerInfo,
     QueueRef, SubsystemId, Target, ADMIN_IN_CAPSULE, ADMIN_QUEUE_ENTRIES, CONNECT_DATA_BYTES,
     DISCOVERY_KATO_MS,
 };

@@ -111,6 +111,8 @@ pub struct ConnectOutcome {
     pub discovery: bool,
     /// For an I/O queue: its decoder, for the worker that serves it.
     pub io: Option<IoQueue>,
+    /// The host as logs and metrics name it ([`host_label`]).
+    pub host: String,
 }
 
 /// A completion of a held Asynchronous Event Request, to send on the controller's admin queue.
@@ -182,6 +184,8 @@ pub struct Target {
     next_cntlid: u16,
     pub(super) genctr: u64,
     pub(super) ana: AnaPorts,
+    /// Connects refused per subsystem.
+    refused_connects: BTreeMap<SubsystemId, u64>,
 }
 
 impl Target {
@@ -201,6 +205,7 @@ impl Target {
             next_cntlid: 1,
             genctr: 0,
             ana: AnaPorts::default(),
+            refused_connects: BTreeMap::new(),
         };
         for l in listeners {
             t.add_listener(l)?;
@@ -266,12 +271,19 @@ impl Target {
         self.controllers.get(&cntlid).and_then(|c| c.subsystem)
     }
 
-    /// Handles the Connect command that opens a queue (NVMe-oF 1.1, Connect command):
+    /// Handles the Connect command that opens a queue (NVMe-oF 1.1 §3.3, Connect command):
     /// `connect_data` is its 1024-byte data, `peer` the connection. QID 0 creates a controller
     /// (CNTLID FFFFh in the data: the target allocates one); an I/O queue joins the
     /// controller named by CNTLID, which must belong to the same host NQN and host ID.
     ///
-    /// Refusals carry DNR: Connect Incompatible Format for RECFMT ≠ 0; Connect Invalid
+    /// An empty HOSTNQN (the first byte NUL) is accepted where the subsystem allows any host,
+    /// as Linux's target does: the host is then known by its HOSTID ([`host_label`]), and its
+    /// I/O queues must name the same (empty) host NQN and HOSTID. Where an allow list exists
+    /// it is Connect Invalid Host, and so is an empty HOSTNQN with a zero HOSTID, which leaves
+    /// the host no identity at all.
+    ///
+    /// Refusals carry DNR and are logged at `warn` with the peer, the field, its value and
+    /// the rule broken: Connect Incompatible Format for RECFMT ≠ 0; Connect Invalid
     /// Parameters with IATTR/IPO (dword 0, [`connect_ipo`]) naming the field for an unknown
     /// subsystem NQN, a malformed NQN, a CNTLID that names no controller of this host, a QID
     /// beyond the I/O queues granted, or an SQSIZE of 0 or past the queue limit; Connect
@@ -283,26 +295,93 @@ impl Target {
         connect_data: &[u8; CONNECT_DATA_BYTES],
         peer: ConnInfo,
     ) -> Result<ConnectOutcome, Cqe> {
+        let who = peer.peer.clone();
+        self.connect_checked(sqe, connect_data, peer).map_err(|r| {
+            log::warn!(
+                "{who}: Connect refused ({}): {} = {}: {}",
+                r.cqe.status(),
+                r.field,
+                r.value,
+                r.rule
+            );
+            if let Some(id) = r.subsystem {
+                self.refused_connects
+                    .entry(id)
+                    .and_modify(|n| *n += 1)
+                    .or_insert(1);
+            }
+            r.cqe
+        })
+    }
+
+    /// Connects refused per subsystem since the start (the Connects that named no known
+    /// subsystem are not counted).
+    pub fn refused_connects(&self, id: SubsystemId) -> u64 {
+        self.refused_connects.get(&id).copied().unwrap_or(0)
+    }
+
+    fn connect_checked(
+        &mut self,
+        sqe: &Sqe,
+        connect_data: &[u8; CONNECT_DATA_BYTES],
+        peer: ConnInfo,
+    ) -> Result<ConnectOutcome, Refusal> {
         let cid = sqe.cid();
-        let fail = |st: Status, dw0: u32| Err(cqe(cid, st, dw0));
-        let invalid = |in_data: bool, off: u16| {
-            Err(cqe(
-                cid,
+        let refuse = |st: Status, dw0: u32, field: &'static str, value: String, rule: &str| Refusal {
+            cqe: cqe(cid, st, dw0),
+            field,
+            value,
+            rule: rule.to_owned(),
+            subsystem: None,
+        };
+        let invalid = |in_data: bool, off: u16, field: &'static str, value: String, rule: &str| {
+            refuse(
                 status::CONNECT_INVALID_PARAMETERS,
                 connect_ipo(in_data, off),
-            ))
+                field,
+                value,
+                rule,
+            )
         };
         if !wire::is_connect(sqe) {
             // Linux's target: any other command on an unconnected queue.
-            return fail(Status::INVALID_OPCODE, 0);
+            return Err(refuse(
+                Status::INVALID_OPCODE,
+                0,
+                "opcode",
+                format!("{:#04x}/fctype {:#04x}", sqe.opcode(), sqe.dw[1] as u8),
+                "the first command of a queue must be Connect (NVMe-oF 1.1 §3.3)",
+            ));
         }
         if let Err(st) = check_flags(sqe) {
-            return fail(st, 0);
+            return Err(refuse(
+                st,
+                0,
+                "CDW0 flags",
+                format!("{:#010x}", sqe.dw[0]),
+                "fabrics commands use SGLs (PSDT 01b or 10b) and no fused operation",
+            ));
         }
         match data_xfer(sqe, ADMIN_IN_CAPSULE) {
             Ok(d) if d.len() as usize == CONNECT_DATA_BYTES => {}
-            Ok(_) => return fail(status::DATA_SGL_LENGTH_INVALID, 0),
-            Err(st) => return fail(st, 0),
+            Ok(d) => {
+                return Err(refuse(
+                    status::DATA_SGL_LENGTH_INVALID,
+                    0,
+                    "SGL length",
+                    d.len().to_string(),
+                    "Connect carries exactly 1024 bytes of data",
+                ))
+            }
+            Err(st) => {
+                return Err(refuse(
+                    st,
+                    0,
+                    "SGL",
+                    format!("{:#010x}", sqe.dw[9]),
+                    "Connect data comes in the capsule or through R2T",
+                ))
+            }
         }
         let recfmt = sqe.dw[10] as u16;
         let qid = (sqe.dw[10] >> 16) as u16;
@@ -310,43 +389,122 @@ impl Target {
         let cattr = (sqe.dw[11] >> 16) as u8;
         let kato_ms = sqe.dw[12];
         if recfmt != 0 {
-            return fail(status::CONNECT_INCOMPATIBLE_FORMAT, 0);
+            return Err(refuse(
+                status::CONNECT_INCOMPATIBLE_FORMAT,
+                0,
+                "RECFMT",
+                recfmt.to_string(),
+                "record format 0 is the only one defined",
+            ));
         }
-        let Some(subnqn) = nqn_field(connect_data, connect_data_off::SUBNQN) else {
-            return invalid(true, connect_data_off::SUBNQN);
+        let subnqn = match nqn_field(connect_data, connect_data_off::SUBNQN) {
+            Ok(s) if !s.is_empty() => s,
+            r => {
+                return Err(invalid(
+                    true,
+                    connect_data_off::SUBNQN,
+                    "SUBNQN",
+                    field_text(connect_data, connect_data_off::SUBNQN),
+                    match r {
+                        Ok(_) => "a Connect names its subsystem",
+                        Err(why) => why,
+                    },
+                ))
+            }
         };
-        let Some(hostnqn) = nqn_field(connect_data, connect_data_off::HOSTNQN) else {
-            return invalid(true, connect_data_off::HOSTNQN);
+        let hostnqn = match nqn_field(connect_data, connect_data_off::HOSTNQN) {
+            Ok(h) => h,
+            Err(why) => {
+                return Err(invalid(
+                    true,
+                    connect_data_off::HOSTNQN,
+                    "HOSTNQN",
+                    field_text(connect_data, connect_data_off::HOSTNQN),
+                    why,
+                ))
+            }
         };
+        let mut hostid = [0u8; 16];
+        hostid.copy_from_slice(&connect_data[..16]);
         let subsystem = if subnqn == DISCOVERY_NQN {
             None
         } else {
             let Some(id) = self.subsystem_id(subnqn) else {
-                return invalid(true, connect_data_off::SUBNQN);
+                return Err(invalid(
+                    true,
+                    connect_data_off::SUBNQN,
+                    "SUBNQN",
+                    subnqn.to_owned(),
+                    "no such subsystem on this target",
+                ));
             };
-            if !self.subsystems[&id].cfg.host_allowed(hostnqn) {
-                return fail(
+            let cfg = &self.subsystems[&id].cfg;
+            let host_refused = |value: String, rule: &str| {
+                let mut r = refuse(
                     status::CONNECT_INVALID_HOST,
                     connect_ipo(true, connect_data_off::HOSTNQN),
+                    "HOSTNQN",
+                    value,
+                    rule,
                 );
+                r.subsystem = Some(id);
+                r
+            };
+            if hostnqn.is_empty() && cfg.allowed_hosts.is_some() {
+                return Err(host_refused(
+                    "\"\"".into(),
+                    &format!("{subnqn} allows only the hosts it lists, and an empty host NQN names none"),
+                ));
+            }
+            if hostnqn.is_empty() && hostid == [0; 16] {
+                return Err(host_refused(
+                    "\"\" with HOSTID 0".into(),
+                    "a host without a host NQN is known by its HOSTID, and a zero HOSTID names no host",
+                ));
+            }
+            if !cfg.host_allowed(hostnqn) {
+                return Err(host_refused(
+                    hostnqn.to_owned(),
+                    &format!("not among the allowed hosts of {subnqn}"),
+                ));
             }
             Some(id)
         };
-        let mut hostid = [0u8; 16];
-        hostid.copy_from_slice(&connect_data[..16]);
         let data_cntlid = wire::le16(connect_data, connect_data_off::CNTLID as usize);
         let flow_off = cattr & 1 << 2 != 0;
         let hostnqn = hostnqn.to_owned();
+        let in_subsystem = |mut r: Refusal| {
+            r.subsystem = subsystem;
+            r
+        };
 
         if qid == 0 {
             if data_cntlid != 0xffff {
-                return invalid(true, connect_data_off::CNTLID);
+                return Err(in_subsystem(invalid(
+                    true,
+                    connect_data_off::CNTLID,
+                    "CNTLID",
+                    format!("{data_cntlid:#06x}"),
+                    "an admin queue's Connect asks for a new controller with FFFFh (dynamic controller model)",
+                )));
             }
             if sqsize == 0 || sqsize as u32 >= ADMIN_QUEUE_ENTRIES {
-                return invalid(false, connect_off::SQSIZE);
+                return Err(in_subsystem(invalid(
+                    false,
+                    connect_off::SQSIZE,
+                    "SQSIZE",
+                    sqsize.to_string(),
+                    "an admin queue has 2 to 32 entries (SQSIZE 1 to 31, 0's based)",
+                )));
             }
             let Some(cntlid) = self.allocate_cntlid() else {
-                return fail(status::CONNECT_CONTROLLER_BUSY, 0);
+                return Err(in_subsystem(refuse(
+                    status::CONNECT_CONTROLLER_BUSY,
+                    0,
+                    "CNTLID",
+                    "FFFFh".into(),
+                    "every controller ID is in use",
+                )));
             };
             let kato_ms = if subsystem.is_none() && kato_ms == 0 {
                 DISCOVERY_KATO_MS
@@ -359,9 +517,10 @@ impl Target {
                 0
             };
             let ana = self.ana.cell(peer.portid);
+            let host = host_label(&hostnqn, &hostid);
             let c = Controller::new(cntlid, subsystem, hostnqn, hostid, peer, kato_ms, granted, ana);
             self.controllers.insert(cntlid, c);
-            log::debug!("controller {} created for {}", cntlid.0, subnqn);
+            log::debug!("controller {} created for {} by {host}", cntlid.0, subnqn);
             return Ok(ConnectOutcome {
                 queue: QueueRef { cntlid, qid: 0 },
                 cqe: cqe(cid, Status::SUCCESS, cntlid.0.into()),
@@ -370,12 +529,18 @@ impl Target {
                 in_capsule_max: ADMIN_IN_CAPSULE,
                 discovery: subsystem.is_none(),
                 io: None,
+                host,
             });
         }
 
         let Some(sid) = subsystem else {
-            // A discovery controller has no I/O queues.
-            return invalid(false, connect_off::QID);
+            return Err(invalid(
+                false,
+                connect_off::QID,
+                "QID",
+                qid.to_string(),
+                "a discovery controller has no I/O queues",
+            ));
         };
         let cntlid = Cntlid(data_cntlid);
         let Some(c) = self
@@ -383,19 +548,54 @@ impl Target {
             .get_mut(&cntlid)
             .filter(|c| c.subsystem == Some(sid) && c.hostnqn == hostnqn && c.hostid == hostid && !c.expired)
         else {
-            return invalid(true, connect_data_off::CNTLID);
+            return Err(in_subsystem(invalid(
+                true,
+                connect_data_off::CNTLID,
+                "CNTLID",
+                data_cntlid.to_string(),
+                "an I/O queue joins a live controller of the same subsystem, host NQN and HOSTID",
+            )));
         };
         if !c.enabled() {
-            return fail(status::COMMAND_SEQUENCE_ERROR, 0);
+            return Err(in_subsystem(refuse(
+                status::COMMAND_SEQUENCE_ERROR,
+                0,
+                "QID",
+                qid.to_string(),
+                "I/O queues connect once the controller is enabled (CC.EN and CSTS.RDY)",
+            )));
         }
         if qid > c.granted {
-            return invalid(false, connect_off::QID);
+            let rule = format!("the controller was granted {} I/O queues", c.granted);
+            return Err(in_subsystem(invalid(
+                false,
+                connect_off::QID,
+                "QID",
+                qid.to_string(),
+                &rule,
+            )));
         }
         if c.io_queues.contains(&qid) {
-            return fail(status::COMMAND_SEQUENCE_ERROR, 0);
+            return Err(in_subsystem(refuse(
+                status::COMMAND_SEQUENCE_ERROR,
+                0,
+                "QID",
+                qid.to_string(),
+                "the queue is connected already",
+            )));
         }
         if sqsize == 0 || sqsize as u32 >= self.opts.max_queue_entries {
-            return invalid(false, connect_off::SQSIZE);
+            let rule = format!(
+                "an I/O queue has 2 to {} entries (CAP.MQES + 1)",
+                self.opts.max_queue_entries
+            );
+            return Err(in_subsystem(invalid(
+                false,
+                connect_off::SQSIZE,
+                "SQSIZE",
+                sqsize.to_string(),
+                &rule,
+            )));
         }
         c.io_queues.insert(qid);
         c.shared.touch();
@@ -415,6 +615,7 @@ impl Target {
             in_capsule_max: self.opts.in_capsule_data,
             discovery: false,
             io: Some(ioq),
+            host: host_label(&hostnqn, &hostid),
         })
     }
 
@@ -876,12 +1077,61 @@ impl Target {
     }
 }
 
+/// A refused Connect: the completion, and what the log says about it.
+struct Refusal {
+    cqe: Cqe,
+    /// The field at fault.
+    field: &'static str,
+    /// Its value, as text.
+    value: String,
+    /// The rule it broke.
+    rule: String,
+    /// The subsystem the Connect named, when it names one of this target's.
+    subsystem: Option<SubsystemId>,
+}
+
 /// An NQN field of the Connect data: UTF-8 up to the first NUL, which must come within the
-/// 256 bytes, at most 223 bytes, starting "nqn.". Only that much of the NQN forms is checked
-/// (hosts name themselves freely; a subsystem that restricts hosts compares exactly).
-fn nqn_field(data: &[u8], offset: u16) -> Option<&str> {
+/// 256 bytes, at most 223 bytes, starting "nqn." unless empty (an empty field is the
+/// caller's to judge). Only that much of the NQN forms is checked (hosts name themselves
+/// freely; a subsystem that restricts hosts compares exactly).
+fn nqn_field(data: &[u8], offset: u16) -> Result<&str, &'static str> {
     let f = &data[offset as usize..offset as usize + 256];
-    let end = f.iter().position(|&b| b == 0)?;
-    let s = std::str::from_utf8(&f[..end]).ok()?;
-    (s.len() <= super::config::NQN_MAX && s.starts_with("nqn.")).then_some(s)
+    let end = f
+        .iter()
+        .position(|&b| b == 0)
+        .ok_or("an NQN field ends with a NUL within its 256 bytes (NVMe Base 2.0 §4.5)")?;
+    let s = std::str::from_utf8(&f[..end]).map_err(|_| "an NQN is UTF-8 (NVMe Base 2.0 §4.5)")?;
+    if s.len() > super::config::NQN_MAX {
+        return Err("an NQN is at most 223 bytes (NVMe Base 2.0 §4.5)");
+    }
+    if !s.is_empty() && !s.starts_with("nqn.") {
+        return Err("an NQN starts with \"nqn.\" (NVMe Base 2.0 §4.5)");
+    }
+    Ok(s)
+}
+
+/// An NQN field as text for a log line: up to its first NUL (or all 256 bytes), lossily
+/// decoded, control characters escaped, cut at 64 characters.
+fn field_text(data: &[u8], offset: u16) -> String {
+    let f = &data[offset as usize..offset as usize + 256];
+    let end = f.iter().position(|&b| b == 0).unwrap_or(f.len());
+    let text: String = String::from_utf8_lossy(&f[..end]).chars().take(64).collect();
+    format!("{text:?}{}", if end > 64 { "..." } else { "" })
+}
+
+/// How a host is named in logs and metrics: its host NQN, or, for a host that sent an empty
+/// one, `hostid:` and its HOSTID as a UUID.
+pub fn host_label(hostnqn: &str, hostid: &[u8; 16]) -> String {
+    if !hostnqn.is_empty() {
+        return hostnqn.to_owned();
+    }
+    let h: String = hostid.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "hostid:{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    )
 }
