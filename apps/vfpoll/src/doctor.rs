@@ -140,9 +140,9 @@ fn iommu(host: &Host, a: &Args, out: &mut Vec<Finding>) {
     if !a.noiommu {
         out.push(if units.is_empty() {
             let fix = if bind::noiommu(host) == NoIommu::On {
-                "this machine has VFIO's no-IOMMU mode on: run vfpoll with --noiommu (vfpoll doctor --noiommu); for IOMMU protection, turn on VT-d / AMD-Vi in the firmware and boot with intel_iommu=on iommu=pt (AMD: amd_iommu=on)"
+                "this machine has VFIO's no-IOMMU mode on: run vfpoll with --noiommu (vfpoll doctor --noiommu); for IOMMU protection, turn on VT-d / AMD-Vi in the firmware and boot with intel_iommu=on iommu=pt (AMD: iommu=pt; the AMD IOMMU is on by default, unless amd_iommu=off)"
             } else {
-                "turn on VT-d / AMD-Vi in the firmware and boot with intel_iommu=on iommu=pt (AMD: amd_iommu=on); on a machine without an IOMMU, no-IOMMU mode is the unsafe way out: vfpoll doctor --noiommu"
+                "turn on VT-d / AMD-Vi in the firmware and boot with intel_iommu=on iommu=pt (AMD: iommu=pt; the AMD IOMMU is on by default, unless amd_iommu=off); on a machine without an IOMMU, no-IOMMU mode is the unsafe way out: vfpoll doctor --noiommu"
             };
             finding(Level::Fail, "iommu", "no IOMMU is on (/sys/class/iommu is empty)", Some(fix.into()))
         } else {

@@ -154,7 +154,7 @@ pub fn check(host: &Host, a: &Args, who: &Process, out: &mut Vec<Finding>) {
                 Level::Warn,
                 "hugetlbfs",
                 format!(
-                    "no hugetlbfs mount is writable for this user ({}): the vfpoll tools use anonymous hugepages, which need none, but file-backed DMA memory (DmaContext::alloc_region_in) does",
+                    "no hugetlbfs mount is writable for this user ({}): the vfpoll tools use anonymous hugepages, which need none, but file-backed DMA memory (DmaContext::alloc_region_on) does",
                     paths.join(", ")
                 ),
                 Some(format!("{setup} --mount {} (chowns the mount to {name})", m.path.display())),

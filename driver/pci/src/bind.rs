@@ -158,7 +158,7 @@ pub enum BindError {
         detail: String,
     },
     /// The device has no IOMMU group and no-IOMMU mode is off: vfio-pci would refuse it.
-    #[error("{bdf} has no IOMMU group and vfio's no-IOMMU mode is off, so {VFIO_PCI} would refuse it: turn the IOMMU on (VT-d/AMD-Vi in the firmware, kernel command line intel_iommu=on or amd_iommu=on), or, knowing that it lets the device DMA anywhere, enable no-IOMMU mode: echo Y > /sys/module/vfio/parameters/enable_unsafe_noiommu_mode")]
+    #[error("{bdf} has no IOMMU group and vfio's no-IOMMU mode is off, so {VFIO_PCI} would refuse it: turn the IOMMU on (VT-d/AMD-Vi in the firmware; on Intel, intel_iommu=on on the kernel command line; AMD turns it on by default unless amd_iommu=off), or, knowing that it lets the device DMA anywhere, enable no-IOMMU mode: echo Y > /sys/module/vfio/parameters/enable_unsafe_noiommu_mode")]
     NoIommu {
         /// The device.
         bdf: Bdf,

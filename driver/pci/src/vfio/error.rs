@@ -30,7 +30,7 @@ pub enum VfioError {
     #[error("unsupported VFIO API version {0} (expected 0)")]
     ApiVersion(i32),
     /// The kernel has no type1 IOMMU driver.
-    #[error("the kernel offers no VFIO type1 IOMMU: load it (`modprobe vfio_iommu_type1`) and check that the IOMMU is on (intel_iommu=on / amd_iommu=on on the kernel command line)")]
+    #[error("the kernel offers no VFIO type1 IOMMU: load it (`modprobe vfio_iommu_type1`) and check that the IOMMU is on (VT-d / AMD-Vi on in the firmware; Intel: intel_iommu=on on the kernel command line; AMD: on by default, unless amd_iommu=off)")]
     NoType1,
     /// No-IOMMU mode was requested but is not enabled.
     #[error("no-IOMMU mode was requested but is not enabled: `echo 1 > /sys/module/vfio/parameters/enable_unsafe_noiommu_mode` (the parameter exists only if vfio.ko was built with CONFIG_VFIO_NOIOMMU); `vfpoll doctor --noiommu` checks it")]
