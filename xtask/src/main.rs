@@ -88,6 +88,7 @@ mod bench;
 mod cli;
 mod cpio;
 mod demo;
+mod docs;
 mod fuzz;
 mod json;
 mod qmp;

@@ -127,6 +127,9 @@ pub fn main(ws: &Workspace, a: &TestArgs) -> Result<u8> {
     }
     // libvfpoll's C examples, for the test bed's capi tests (tests/tests/capi.rs).
     r.step("C examples", || c_examples(ws).map(|n| ((), n)));
+    // README.md and docs/*.md: command lines through the real parsers, C examples built
+    // (docs.rs; the Rust examples are doctests of vfpoll-tests, run by `cargo test` above).
+    r.step("docs", || crate::docs::check(ws).map(|n| ((), n)));
     // vfpoll's fio engine, for the test bed's fio_engine tests (tests/tests/fio_engine.rs).
     r.step("fio engine", || {
         fio_engine(ws, "debug").map(|so| ((), so.display().to_string()))
