@@ -22,6 +22,8 @@ Commands:
   bench   vfpoll perf against fio (io_uring, libaio, hipri) on the guest kernel, one table;
           --nvmf: vfpoll target against the kernel's nvmet-tcp
   fuzz    Fuzz vfpoll-nvmf's NVMe/TCP PDU parser and fabrics decoding with libFuzzer
+  fio-engine
+          Build vfpoll's fio engine: fetches fio's source, needs no test bed
   help    Print this help, or the help of a command (`cargo xtask help vm`)
 
 Each command has its own --help.";
@@ -119,6 +121,21 @@ Options:
   -v, --verbose            Show the guest init's lines and kernel warnings
   -h, --help               Print this help";
 
+const FIO_ENGINE_HELP: &str = "\
+Build vfpoll's fio engine (fio-engine/, GPL-2.0)
+
+Usage: cargo xtask fio-engine [--release]
+
+Builds libvfpoll (installed into target/<profile>/capi), installs fio and dpkg-dev where they are
+missing, fetches and configures the installed fio's source package under target/fio-src (adding
+the release's deb-src lines to /etc/apt/sources.list.d/vfpoll-deb-src.sources where apt knows
+none), then builds target/<profile>/libvfpoll_fio.so against both. Needs no test bed. Use it
+with `fio --ioengine=external:target/<profile>/libvfpoll_fio.so` (see the README's fio section).
+
+Options:
+      --release   Build the release engine (target/release) [default: debug]
+  -h, --help      Print this help";
+
 const DEMO_HELP: &str = "\
 Run vfpoll's main job on the emulated test bed (no NVMe hardware needed)
 
@@ -152,6 +169,11 @@ pub enum Task {
     Bench(crate::bench::BenchArgs),
     /// `fuzz`.
     Fuzz(crate::fuzz::FuzzArgs),
+    /// `fio-engine`: the release build or the debug one.
+    FioEngine {
+        /// `--release`.
+        release: bool,
+    },
 }
 
 /// Options of `cargo xtask vm`.
@@ -228,6 +250,7 @@ pub fn parse(args: Vec<OsString>) -> Result<Task> {
             Some("demo") => DEMO_HELP,
             Some("bench") => crate::bench::HELP,
             Some("fuzz") => crate::fuzz::HELP,
+            Some("fio-engine") => FIO_ENGINE_HELP,
             _ => HELP,
         })),
         "setup" => {
@@ -238,6 +261,17 @@ pub fn parse(args: Vec<OsString>) -> Result<Task> {
                 };
             }
             Ok(Task::Setup)
+        }
+        "fio-engine" => {
+            let mut release = false;
+            while let Some(a) = p.next_str()? {
+                match a.as_str() {
+                    "--release" => release = true,
+                    "-h" | "--help" => return Ok(Task::Help(FIO_ENGINE_HELP)),
+                    _ => return Err(err!("fio-engine: unexpected argument {a:?}")),
+                }
+            }
+            Ok(Task::FioEngine { release })
         }
         "vm" => parse_vm(p),
         "test" => parse_test(p),

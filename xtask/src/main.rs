@@ -84,6 +84,7 @@
 //! `guest_expect_iommu_fault_*` test, which runs alone in IOMMU mode and must show its fault.
 #![forbid(unsafe_code)]
 
+mod apt;
 mod bench;
 mod cli;
 mod cpio;
@@ -144,6 +145,11 @@ fn main() -> ExitCode {
         cli::Task::Demo(mode, verbose) => demo::main(&ws, mode, verbose),
         cli::Task::Bench(args) => bench::main(&ws, &args),
         cli::Task::Fuzz(args) => fuzz::main(&ws, &args),
+        cli::Task::FioEngine { release } => {
+            let so = test::fio_engine(&ws, if release { "release" } else { "debug" })?;
+            let _ = writeln!(std::io::stdout(), "{}", so.display());
+            Ok(0)
+        }
     });
     match result {
         Ok(code) => ExitCode::from(code),

@@ -26,6 +26,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use crate::apt::{self, Apt};
 use crate::cpio;
 use crate::util::{
     err, mkdir, read_opt, run_quiet, stdout_of, step, write, Context, Fnv, Lock, Note, Result,
@@ -39,8 +40,8 @@ mod vfio;
 /// libraries of `linux-kbuild` build `vfio.ko`; `fio`, `nvme-cli` (the NVMe/TCP initiator's
 /// `nvme discover/connect/disconnect`) and `e2fsprogs` (`mkfs.ext4`, `fsck.ext4`; priority
 /// "required", yet absent from minimal images) are for jobs in the guest, which runs the host's
-/// binaries. `binutils` (`strip`) comes with `gcc`. `dpkg-dev` (`dpkg-source`) unpacks fio's
-/// source package, whose headers the fio engine (`fio-engine/`) is built against.
+/// binaries. `binutils` (`strip`) comes with `gcc`. (fio's source, for the fio engine, is not
+/// the test bed's: [`fio_source`] fetches it, with `dpkg-dev`, when the engine is built.)
 const PACKAGES: &[&str] = &[
     "qemu-system-x86",
     "busybox-static",
@@ -55,7 +56,6 @@ const PACKAGES: &[&str] = &[
     "xz-utils",
     "libelf1",
     "libssl3",
-    "dpkg-dev",
     "zstd", // the 6.12 guest kernel's bzImage payload
 ];
 
@@ -309,7 +309,7 @@ fn setup_locked(ws: &Workspace, k: GuestKernel) -> Result<Assets> {
     let p = &format!("setup {}", k.name);
     step(p, "apt packages", || apt.ensure_packages(PACKAGES))?;
     let kd = step(p, "kernel version", || {
-        let kver = apt.kernel_version(&mkdir(ws.testbed())?.join(k.version_cache), k)?;
+        let kver = kernel_version(&mut apt, &mkdir(ws.testbed())?.join(k.version_cache), k)?;
         Ok((KernelDir::new(ws, k, &kver), Note::Text(kver)))
     })?;
     mkdir(&kd.dir)?;
@@ -335,48 +335,61 @@ fn setup_locked(ws: &Workspace, k: GuestKernel) -> Result<Assets> {
         Ok((o.clone(), Note::Text(o)))
     })?;
     write(&ws.testbed().join(k.current), &kd.kver)?;
-    step(p, "fio source", || fio_source_with(&mut apt, ws))?;
     Ok(assets(k, &kd, modules, drive_options))
 }
 
 /// The source of the installed fio, unpacked and configured under `target/fio-src`: the headers
 /// (and `config-host.h`) that vfpoll's fio engine is built against. Fetched once per fio version
-/// with `apt-get source` (adding `deb-src` lines to apt's sources when it knows none); nothing
-/// of fio is committed.
+/// with `apt-get source`, installing fio and `dpkg-dev` and adding `deb-src` lines to apt's
+/// sources where they are missing; nothing of fio is committed. Only the fio engine's build
+/// asks for it (`cargo xtask fio-engine`, `cargo xtask test`, `cargo xtask bench`), never the
+/// demo.
 pub fn fio_source(ws: &Workspace) -> Result<PathBuf> {
-    fio_source_with(&mut Apt::default(), ws).map(|(dir, _)| dir)
+    step("setup", "fio source", || fio_source_with(&mut Apt::default(), ws))
+}
+
+/// What fio's source needs of apt: fio and `dpkg-dev` installed, and apt knowing the source
+/// package of the installed fio's version (which it returns).
+pub fn fio_source_apt<S: apt::System>(apt: &mut Apt<S>) -> Result<String> {
+    apt.ensure_packages(&["fio", "dpkg-dev"])?;
+    let version = apt
+        .installed_version("fio")?
+        .ok_or_else(|| err!("dpkg reports fio as not installed right after installing it"))?;
+    apt.ensure_deb_src("fio", &version)?;
+    Ok(version)
 }
 
 fn fio_source_with(apt: &mut Apt, ws: &Workspace) -> Result<(PathBuf, Note)> {
-    let version = stdout_of(Command::new("dpkg-query").args(["-W", "-f", "${Version}", "fio"]))
-        .map_err(|e| err!("fio is not installed (run `cargo xtask setup`): {e}"))?;
-    let version = version.trim();
-    // 3.33-3 -> fio-3.33, the directory `dpkg-source -x` makes.
-    let upstream = version.split('-').next().unwrap_or(version);
-    let upstream = upstream.split_once(':').map_or(upstream, |(_, v)| v);
+    let installed = apt.installed_version("fio")?;
     let root = mkdir(ws.target.join("fio-src"))?;
-    let dir = root.join(format!("fio-{upstream}"));
-    let stamp = root.join(format!("fio-{upstream}.configured"));
-    let done = || read_opt(&stamp).as_deref() == Some(version) && dir.join("config-host.h").exists();
-    if done() {
-        return Ok((dir, Note::Cached));
+    let paths = |version: &str| {
+        // 3.33-3 -> fio-3.33, the directory `dpkg-source -x` makes.
+        let upstream = version.split('-').next().unwrap_or(version);
+        let upstream = upstream.split_once(':').map_or(upstream, |(_, v)| v).to_string();
+        let dir = root.join(format!("fio-{upstream}"));
+        let stamp = root.join(format!("fio-{upstream}.configured"));
+        (upstream, dir, stamp)
+    };
+    let done = |version: &str| {
+        let (_, dir, stamp) = paths(version);
+        read_opt(&stamp).as_deref() == Some(version) && dir.join("config-host.h").exists()
+    };
+    if let Some(v) = &installed {
+        if done(v) {
+            return Ok((paths(v).1, Note::Cached));
+        }
     }
     let _lock = Lock::acquire(&root.join("lock"))?;
-    if done() {
+    let version = fio_source_apt(apt)?;
+    let (upstream, dir, stamp) = paths(&version);
+    if done(&version) {
         return Ok((dir, Note::Cached));
     }
-    apt.ensure_packages(&["dpkg-dev"])?;
-    apt.ensure_deb_src("fio", version)?;
     let _ = fs::remove_dir_all(&dir);
     let dl = root.join("download");
     let _ = fs::remove_dir_all(&dl);
     mkdir(&dl)?;
-    run_quiet(
-        Command::new("apt-get")
-            .args(["source", "-q"])
-            .arg(format!("fio={version}"))
-            .current_dir(&dl),
-    )?;
+    apt.source(&dl, "fio", &version)?;
     fs::rename(dl.join(format!("fio-{upstream}")), &dir).context(format_args!(
         "apt-get source fio={version} left no fio-{upstream}"
     ))?;
@@ -394,7 +407,7 @@ fn fio_source_with(apt: &mut Apt, ws: &Workspace) -> Result<(PathBuf, Note)> {
             dir.display()
         ));
     }
-    write(&stamp, version)?;
+    write(&stamp, &version)?;
     Ok((dir, Note::Text(format!("fio {version}"))))
 }
 
@@ -495,220 +508,50 @@ fn which(prog: &str) -> bool {
     std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(prog).is_file()))
 }
 
-/// apt, refreshing its package lists at most once, when they turn out to be missing or stale.
-#[derive(Default)]
-struct Apt {
-    updated: bool,
+/// The kernel release `k.meta` depends on, e.g. `6.1.0-56-amd64`; remembered in `cache`
+/// for as long as apt's package lists stay the same (asking apt takes ~1 s).
+fn kernel_version(apt: &mut Apt, cache: &Path, k: GuestKernel) -> Result<String> {
+    let lists = || {
+        fs::metadata("/var/lib/apt/lists")
+            .map(|m| format!("{}.{}", m.mtime(), m.mtime_nsec()))
+            .unwrap_or_default()
+    };
+    let key = lists();
+    if let Some((k, v)) = read_opt(cache).as_deref().and_then(|s| s.trim().split_once(' ')) {
+        if k == key && !key.is_empty() {
+            return Ok(v.to_string());
+        }
+    }
+    let kver = ask_kernel_version(apt, k)?;
+    write(cache, format!("{} {kver}\n", lists()))?;
+    Ok(kver)
 }
 
-impl Apt {
-    fn update(&mut self) -> Result<bool> {
-        if self.updated {
-            return Ok(false);
-        }
-        eprintln!("setup: apt-get update");
-        run_quiet(Command::new("apt-get").args(["update", "-q"]))?;
-        self.updated = true;
-        Ok(true)
-    }
-
-    fn ensure_packages(&mut self, pkgs: &[&str]) -> Result<((), Note)> {
-        let out = Command::new("dpkg-query")
-            .args(["-W", "-f", "${Package} ${db:Status-Status}\\n"])
-            .args(pkgs)
-            .stderr(Stdio::null())
-            .output()
-            .context("cannot run dpkg-query (a Debian host is required)")?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        let installed: Vec<&str> = text
+fn ask_kernel_version(apt: &mut Apt, k: GuestKernel) -> Result<String> {
+    // The candidate version's dependency.
+    if let Some(text) = apt.depends(k.meta)? {
+        return text
             .lines()
-            .filter_map(|l| l.strip_suffix(" installed"))
-            .collect();
-        let missing: Vec<&str> = pkgs.iter().copied().filter(|p| !installed.contains(p)).collect();
-        if missing.is_empty() {
-            return Ok(((), Note::Cached));
-        }
-        eprintln!("setup: apt-get install {}", missing.join(" "));
-        let install = || {
-            run_quiet(
-                Command::new("apt-get")
-                    .args(["install", "-y", "-q", "--no-install-recommends"])
-                    .args(&missing)
-                    .env("DEBIAN_FRONTEND", "noninteractive"),
-            )
-        };
-        if install().is_err() && self.update()? {
-            install()?;
-        }
-        Ok(((), Note::Text(format!("installed {}", missing.join(" ")))))
-    }
-
-    /// Makes sure apt can fetch source package `pkg` at `version`: when `apt-cache showsrc` does
-    /// not list it, adds the distribution's `deb-src` lines
-    /// (`/etc/apt/sources.list.d/vfpoll-deb-src.sources`) and refreshes the lists.
-    fn ensure_deb_src(&mut self, pkg: &str, version: &str) -> Result<()> {
-        let knows = || -> Result<bool> {
-            let text = stdout_of(Command::new("apt-cache").args(["showsrc", pkg]))?;
-            Ok(text.lines().any(|l| l.trim() == format!("Version: {version}")))
-        };
-        if knows()? {
-            return Ok(());
-        }
-        let codename = codename()?;
-        let keyring = "/usr/share/keyrings/debian-archive-keyring.gpg";
-        let sources = format!(
-            "# Added by `cargo xtask setup` for fio's source (vfpoll's fio engine).\n\
-             Types: deb-src\nURIs: http://deb.debian.org/debian\n\
-             Suites: {codename} {codename}-updates\nComponents: main\nSigned-By: {keyring}\n\n\
-             Types: deb-src\nURIs: http://deb.debian.org/debian-security\n\
-             Suites: {codename}-security\nComponents: main\nSigned-By: {keyring}\n"
-        );
-        let path = Path::new("/etc/apt/sources.list.d/vfpoll-deb-src.sources");
-        eprintln!("setup: adding deb-src lines for {codename} to {}", path.display());
-        write(path, sources)?;
-        self.updated = false;
-        self.update()?;
-        if !knows()? {
-            return Err(err!(
-                "apt knows no source package {pkg} {version} even with deb-src lines for {codename}: \
-                 is the installed fio from another release?"
-            ));
-        }
-        Ok(())
-    }
-
-    /// The kernel release `k.meta` depends on, e.g. `6.1.0-56-amd64`; remembered in `cache`
-    /// for as long as apt's package lists stay the same (asking apt takes ~1 s).
-    fn kernel_version(&mut self, cache: &Path, k: GuestKernel) -> Result<String> {
-        let lists = || {
-            fs::metadata("/var/lib/apt/lists")
-                .map(|m| format!("{}.{}", m.mtime(), m.mtime_nsec()))
-                .unwrap_or_default()
-        };
-        let key = lists();
-        if let Some((k, v)) = read_opt(cache).as_deref().and_then(|s| s.trim().split_once(' ')) {
-            if k == key && !key.is_empty() {
-                return Ok(v.to_string());
-            }
-        }
-        let kver = self.ask_kernel_version(k)?;
-        write(cache, format!("{} {kver}\n", lists()))?;
-        Ok(kver)
-    }
-
-    fn ask_kernel_version(&mut self, k: GuestKernel) -> Result<String> {
-        loop {
-            // The candidate version's dependency.
-            let text = stdout_of(Command::new("apt-cache").args(["depends", k.meta])).unwrap_or_default();
-            let kver = text.lines().find_map(|l| {
+            .find_map(|l| {
                 l.trim()
                     .strip_prefix("Depends: linux-image-")
                     .map(|v| v.trim().to_string())
-            });
-            if let Some(v) = kver {
-                return Ok(v);
-            }
-            if self.update()? {
-                continue;
-            }
-            if !k.backports {
-                return Err(err!("apt-cache knows no {}\n{text}", k.meta));
-            }
-            // No such meta-package in this release's suites: bookworm-backports' kernel.
-            self.ensure_backports()?;
-            let text = self.show("linux-image-amd64")?;
-            return image_dependency(&text, |v| v.contains("bpo")).ok_or_else(|| {
-                err!(
-                    "apt knows neither {} nor a backports linux-image-amd64 (~bpo), even with \
-                     bookworm-backports in its sources",
-                    k.meta
-                )
-            });
-        }
-    }
-
-    /// `apt-cache show pkg` (empty when apt knows no `pkg`).
-    fn show(&mut self, pkg: &str) -> Result<String> {
-        let out = Command::new("apt-cache")
-            .args(["show", pkg])
-            .stderr(Stdio::null())
-            .output()
-            .context("cannot run apt-cache")?;
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    }
-
-    /// Adds `bookworm-backports` (the host's codename) to apt's sources when it has none, and
-    /// refreshes the lists.
-    fn ensure_backports(&mut self) -> Result<()> {
-        let codename = codename()?;
-        let suite = format!("{codename}-backports");
-        let policy = stdout_of(Command::new("apt-cache").arg("policy"))?;
-        if policy.contains(&format!("{suite}/main")) {
-            return Ok(());
-        }
-        let keyring = "/usr/share/keyrings/debian-archive-keyring.gpg";
-        let path = Path::new("/etc/apt/sources.list.d/vfpoll-backports.sources");
-        eprintln!("setup: adding {suite} to {}", path.display());
-        write(
-            path,
-            format!(
-                "# Added by `cargo xtask setup` for the 6.12 guest kernel (nothing is installed from it).\n\
-                 Types: deb\nURIs: http://deb.debian.org/debian\nSuites: {suite}\n\
-                 Components: main\nSigned-By: {keyring}\n"
-            ),
-        )?;
-        self.updated = false;
-        self.update()?;
-        Ok(())
-    }
-
-    /// The `Depends: linux-X` of package `pkg`'s newest version whose name starts with
-    /// `prefix` (`linux-kbuild-`, `linux-headers-`), from `apt-cache depends`.
-    fn dependency(&mut self, pkg: &str, prefix: &str) -> Result<String> {
-        let text = stdout_of(Command::new("apt-cache").args(["depends", pkg]))?;
-        text.lines()
-            .find_map(|l| {
-                let d = l.trim().trim_start_matches('|').trim();
-                d.strip_prefix("Depends: ")
-                    .filter(|d| d.starts_with(prefix))
-                    .map(|d| d.trim().to_string())
             })
-            .ok_or_else(|| err!("{pkg} depends on no {prefix}* package\n{text}"))
+            .ok_or_else(|| err!("{} depends on no linux-image-*\n{text}", k.meta));
     }
-
-    /// `apt-get download` into `dir`; returns the `.deb` files, in the order of `pkgs`.
-    fn download(&mut self, dir: &Path, pkgs: &[String]) -> Result<Vec<PathBuf>> {
-        mkdir(dir)?;
-        let get = || {
-            run_quiet(
-                Command::new("apt-get")
-                    .arg("download")
-                    .args(pkgs)
-                    .current_dir(dir),
-            )
-        };
-        if let Err(e) = get() {
-            if !self.update()? {
-                return Err(e);
-            }
-            get()?;
-        }
-        pkgs.iter()
-            .map(|p| {
-                let name = p.split('=').next().unwrap_or(p);
-                find_deb(dir, name)
-            })
-            .collect()
+    if !k.backports {
+        return Err(err!("apt knows no {}, even after `apt-get update`", k.meta));
     }
-}
-
-/// The host's Debian codename (`bookworm`).
-fn codename() -> Result<String> {
-    let os = fs::read_to_string("/etc/os-release").context("/etc/os-release")?;
-    os.lines()
-        .find_map(|l| l.strip_prefix("VERSION_CODENAME="))
-        .map(|c| c.trim_matches('"').to_string())
-        .ok_or_else(|| err!("/etc/os-release names no VERSION_CODENAME (a Debian host is required)"))
+    // No such meta-package in this release's suites: bookworm-backports' kernel.
+    apt.ensure_backports()?;
+    let text = apt.show("linux-image-amd64")?;
+    image_dependency(&text, |v| v.contains("bpo")).ok_or_else(|| {
+        err!(
+            "apt knows neither {} nor a backports linux-image-amd64 (~bpo), even with \
+             bookworm-backports in its sources",
+            k.meta
+        )
+    })
 }
 
 /// From `apt-cache show` of a kernel meta-package: the release its newest version whose
@@ -746,18 +589,6 @@ fn image_dependency(show: &str, version_ok: impl Fn(&str) -> bool) -> Option<Str
         }
     }
     best.map(|(_, k)| k)
-}
-
-fn find_deb(dir: &Path, name: &str) -> Result<PathBuf> {
-    let prefix = format!("{name}_");
-    for e in fs::read_dir(dir)? {
-        let p = e?.path();
-        let f = p.file_name().unwrap_or_default().to_string_lossy();
-        if f.starts_with(&prefix) && f.ends_with(".deb") {
-            return Ok(p);
-        }
-    }
-    Err(err!("apt-get download left no {name}_*.deb in {}", dir.display()))
 }
 
 fn dpkg_x(deb: &Path, into: &Path) -> Result<()> {

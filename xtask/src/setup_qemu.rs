@@ -19,6 +19,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use crate::apt::Apt;
 use crate::util::{err, mkdir, read_opt, run_quiet, stdout_of, step, write, Context, Lock, Note, Result};
 use crate::Workspace;
 
@@ -179,91 +180,6 @@ impl Qemu {
     }
 }
 
-/// apt, for the packages of this module: lists refreshed at most once, `bookworm-backports` in
-/// its sources (the same file `setup` writes for the 6.12 kernel where apt knows none).
-#[derive(Default)]
-struct Apt {
-    updated: bool,
-}
-
-impl Apt {
-    /// `apt-get update`, once; whether it ran now.
-    fn update(&mut self) -> Result<bool> {
-        if self.updated {
-            return Ok(false);
-        }
-        eprintln!("setup: apt-get update");
-        run_quiet(Command::new("apt-get").args(["update", "-q"]))?;
-        self.updated = true;
-        Ok(true)
-    }
-
-    /// Adds `<codename>-backports` to apt's sources when it has none; returns the suite.
-    fn ensure_backports(&mut self) -> Result<String> {
-        let os = fs::read_to_string("/etc/os-release").context("/etc/os-release")?;
-        let codename = os
-            .lines()
-            .find_map(|l| l.strip_prefix("VERSION_CODENAME="))
-            .map(|c| c.trim_matches('"').to_string())
-            .ok_or_else(|| err!("/etc/os-release names no VERSION_CODENAME (a Debian host is required)"))?;
-        let suite = format!("{codename}-backports");
-        let policy = stdout_of(Command::new("apt-cache").arg("policy"))?;
-        if policy.contains(&format!("{suite}/main")) {
-            return Ok(suite);
-        }
-        let path = Path::new("/etc/apt/sources.list.d/vfpoll-backports.sources");
-        eprintln!("setup: adding {suite} to {}", path.display());
-        write(
-            path,
-            format!(
-                "# Added by `cargo xtask setup` for the 6.12 guest kernel and QEMU 10 (nothing is \
-                 installed from it).\nTypes: deb\nURIs: http://deb.debian.org/debian\nSuites: {suite}\n\
-                 Components: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n"
-            ),
-        )?;
-        self.updated = false;
-        self.update()?;
-        Ok(suite)
-    }
-
-    /// `apt-get download pkgs` (each `name=version`) into `dir`; the `.deb` files, in order.
-    fn download(&mut self, dir: &Path, pkgs: &[String]) -> Result<Vec<PathBuf>> {
-        if pkgs.is_empty() {
-            return Ok(Vec::new());
-        }
-        let get = || {
-            run_quiet(
-                Command::new("apt-get")
-                    .arg("download")
-                    .args(pkgs)
-                    .current_dir(dir),
-            )
-        };
-        if let Err(e) = get() {
-            if !self.update()? {
-                return Err(e);
-            }
-            get()?;
-        }
-        let files: Vec<PathBuf> = fs::read_dir(dir)?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .collect();
-        pkgs.iter()
-            .map(|p| {
-                let prefix = format!("{}_", p.split('=').next().unwrap_or(p));
-                files
-                    .iter()
-                    .find(|f| {
-                        let n = f.file_name().unwrap_or_default().to_string_lossy();
-                        n.starts_with(&prefix) && n.ends_with(".deb")
-                    })
-                    .cloned()
-                    .ok_or_else(|| err!("apt-get download left no {prefix}*.deb in {}", dir.display()))
-            })
-            .collect()
-    }
-}
-
 /// `dpkg -x deb into`.
 fn dpkg_x(deb: &Path, into: &Path) -> Result<()> {
     run_quiet(Command::new("dpkg").arg("-x").arg(deb).arg(into)).map(|_| ())
@@ -411,23 +327,19 @@ fn candidate(apt: &mut Apt, pkg: &str, suite: &str) -> Result<String> {
     } else {
         format!("{pkg}/{suite}")
     };
-    let show = |t: &str| -> Option<String> {
-        let out = Command::new("apt-cache")
-            .args(["show", t])
-            .stderr(Stdio::null())
-            .output()
-            .ok()?;
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let version = |apt: &mut Apt| -> Result<Option<String>> {
         // The first record is the candidate of that release.
-        text.lines()
+        Ok(apt
+            .show(&target)?
+            .lines()
             .find_map(|l| l.strip_prefix("Version:"))
-            .map(|v| v.trim().to_string())
+            .map(|v| v.trim().to_string()))
     };
-    if let Some(v) = show(&target) {
+    if let Some(v) = version(apt)? {
         return Ok(v);
     }
     if apt.update()? {
-        if let Some(v) = show(&target) {
+        if let Some(v) = version(apt)? {
             return Ok(v);
         }
     }
