@@ -211,22 +211,6 @@ const CASES: &[Case] = &[
         default: true,
     },
     Case {
-        id: "4k-randread-qd32",
-        label: "4 KiB randread QD32",
-        rw: "randread",
-        bs: "4k",
-        qd: 32,
-        default: true,
-    },
-    Case {
-        id: "128k-read-qd32",
-        label: "128 KiB read QD32",
-        rw: "read",
-        bs: "128k",
-        qd: 32,
-        default: true,
-    },
-    Case {
         id: "4k-randread-qd4",
         label: "4 KiB randread QD4",
         rw: "randread",
@@ -249,6 +233,22 @@ const CASES: &[Case] = &[
         bs: "4k",
         qd: 16,
         default: false,
+    },
+    Case {
+        id: "4k-randread-qd32",
+        label: "4 KiB randread QD32",
+        rw: "randread",
+        bs: "4k",
+        qd: 32,
+        default: true,
+    },
+    Case {
+        id: "128k-read-qd32",
+        label: "128 KiB read QD32",
+        rw: "read",
+        bs: "128k",
+        qd: 32,
+        default: true,
     },
 ];
 
@@ -510,11 +510,14 @@ pub fn main(ws: &Workspace, a: &BenchArgs) -> Result<u8> {
     }
     let run_dir = vm::default_run_dir(ws, "bench-iommu");
     if a.plot == Plot::Only {
-        draw_plots(
-            &run_dir,
-            a,
-            &format!("last run in {}", run_dir.join("out").display()),
-        )?;
+        let kernel = fs::read_to_string(run_dir.join("out/kernel.txt")).unwrap_or_default();
+        let title = format!(
+            "QEMU TCG test bed (emulated CPU: compare engines, not devices), kernel {}, median of {}, \
+             redrawn from the last run",
+            kernel.trim(),
+            a.repeat
+        );
+        draw_plots(&run_dir, a, &title)?;
         return Ok(0);
     }
     let vfpoll = vfpoll_binary(ws, a)?;
@@ -598,9 +601,8 @@ pub fn main(ws: &Workspace, a: &BenchArgs) -> Result<u8> {
             read("kernel.txt"),
             a.time,
             a.repeat,
-            std::process::Command::new("git")
-                .args(["log", "-1", "--format=%h %cs"])
-                .current_dir(&ws.root)
+            std::process::Command::new("date")
+                .args(["-u", "+%F"])
                 .output()
                 .ok()
                 .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())

@@ -52,12 +52,24 @@ fn nines(p: f64) -> f64 {
     (100.0 / (100.0 - p)).log10()
 }
 
+/// The percentiles the latency figure marks on its axis.
+const MARKED: [f64; 5] = [50.0, 90.0, 99.0, 99.9, 99.99];
+
 /// The axis label of a position on the nines axis.
 fn nines_label(x: f64) -> String {
     let p = 100.0 - 100.0 / 10f64.powf(x);
     let s = format!("{p:.4}");
     let s = s.trim_end_matches('0').trim_end_matches('.');
     format!("p{s}")
+}
+
+/// The label of a tick: the marked percentile it falls on (within half a tick step), or none.
+fn tick_label(x: f64) -> String {
+    MARKED
+        .iter()
+        .find(|&&p| (nines(p) - x).abs() < 0.026)
+        .map(|&p| nines_label(nines(p)))
+        .unwrap_or_default()
 }
 
 fn iops_of(v: &Value, e: Engine) -> Option<f64> {
@@ -144,6 +156,8 @@ pub fn draw(
                     (!iops.is_empty()).then(|| (c.qd as f64, median(iops)))
                 })
                 .collect::<Vec<_>>();
+            let mut pts = pts;
+            pts.sort_by(|a, b| a.0.total_cmp(&b.0));
             (e, pts)
         })
         .filter(|(_, pts)| !pts.is_empty())
@@ -181,15 +195,27 @@ fn latency_figure(path: &Path, curves: &[(Engine, Vec<(f64, f64)>)], title: &str
         .y_label_area_size(64)
         .build_cartesian_2d(0.2f64..x_max, (lo * 0.8..hi * 1.25).log_scale())
         .map_err(e)?;
+    // Ticks every 0.05 nines, labelled only at the marked percentiles, which get a grid line.
     chart
         .configure_mesh()
-        .x_desc("percentile")
+        .disable_x_mesh()
+        .x_desc("percentile (log scale of 1 / (1 - p): each step right is one more nine)")
         .y_desc("latency (us, log scale)")
-        .x_labels(8)
-        .x_label_formatter(&|x| nines_label(*x))
+        .x_labels(((x_max - 0.2) / 0.05) as usize)
+        .x_label_formatter(&|x| tick_label(*x))
         .y_label_formatter(&|y| format!("{y:.0}"))
         .draw()
         .map_err(e)?;
+    let grid = RGBColor(0xc8, 0xc8, 0xc8);
+    for p in MARKED {
+        let x = nines(p);
+        chart
+            .draw_series(LineSeries::new(
+                [(x, lo * 0.8), (x, hi * 1.25)],
+                grid.stroke_width(1),
+            ))
+            .map_err(e)?;
+    }
     for (engine, pts) in curves {
         let c = colour(*engine);
         let xy: Vec<(f64, f64)> = pts.iter().map(|&(p, us)| (nines(p), us)).collect();
@@ -232,18 +258,27 @@ fn iops_figure(path: &Path, lines: &[(Engine, Vec<(f64, f64)>)], title: &str) ->
         .margin(14)
         .x_label_area_size(40)
         .y_label_area_size(72)
-        .build_cartesian_2d((0.8f64..q_max * 1.25).log_scale(), 0f64..i_max * 1.1)
+        .build_cartesian_2d(-0.2f64..q_max.log2() + 0.2, 0f64..i_max * 1.1)
         .map_err(e)?;
+    // The x axis is log2 of the queue depth, labelled with the depth at whole powers of two.
     chart
         .configure_mesh()
         .x_desc("queue depth (log scale)")
         .y_desc("IOPS (median of the repetitions)")
-        .x_label_formatter(&|x| format!("{x:.0}"))
+        .x_labels(q_max.log2() as usize + 2)
+        .x_label_formatter(&|x| {
+            if (x - x.round()).abs() < 1e-6 && *x >= 0.0 {
+                format!("{:.0}", 2f64.powf(x.round()))
+            } else {
+                String::new()
+            }
+        })
         .y_label_formatter(&|y| format!("{:.0}k", y / 1000.0))
         .draw()
         .map_err(e)?;
     for (engine, pts) in lines {
         let c = colour(*engine);
+        let pts: Vec<(f64, f64)> = pts.iter().map(|&(q, iops)| (q.log2(), iops)).collect();
         chart
             .draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))
             .map_err(e)?
@@ -271,6 +306,8 @@ mod tests {
 
     #[test]
     fn nines_axis() {
+        assert_eq!(tick_label(nines(99.9) + 0.01), "p99.9");
+        assert_eq!(tick_label(2.5), "");
         assert!((nines(90.0) - 1.0).abs() < 1e-9);
         assert!((nines(99.9) - 3.0).abs() < 1e-9);
         assert_eq!(nines_label(nines(99.0)), "p99");
