@@ -20,6 +20,7 @@ use std::io;
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use vfpoll_dma::{DmaBuf, DmaPool};
 use vfpoll_nvme::status::{Sct, Status};
@@ -34,7 +35,7 @@ use crate::pdu::{
     ConnParams, H2cData, Header, HostPdu, Layout, Progress, R2t, R2tWindow, TargetLimits, COMMON_HEADER_LEN,
     DIGEST_LEN, MAX_HEADER_LEN, MAX_TX_HEADER_LEN,
 };
-use crate::server::Stats;
+use crate::server::{ConnCounters, IoCounters, IoKind, Stats, WorkerMetrics};
 use crate::sys::{self, Piece, MAX_PIECES};
 
 mod stage;
@@ -65,6 +66,8 @@ pub(crate) struct Ctx<'a> {
     pub retry: &'a mut VecDeque<Submission>,
     /// The counters of a subsystem, taken by a connection at its Connect.
     pub subsystem_stats: &'a dyn Fn(SubsystemId) -> Arc<Stats>,
+    /// The worker's counters per subsystem, namespace and host.
+    pub metrics: &'a WorkerMetrics,
     /// What the target offers in the ICResp.
     pub limits: &'a TargetLimits,
     /// Queues whose connections the worker closes (a controller reset ends its I/O queues).
@@ -148,6 +151,8 @@ struct Cmd {
     icd: Vec<u8>,
     window: Option<R2tWindow>,
     digest_failed: bool,
+    /// When its capsule arrived, for the latency histogram.
+    start: Instant,
 }
 
 /// Something to send: a header (and data from a Vec), data from a DMA buffer, a digest.
@@ -195,6 +200,8 @@ pub(crate) struct Conn {
     queue: Option<Queue>,
     cmds: HashMap<u16, Cmd>,
     waiting: VecDeque<u16>,
+    /// Commands waiting for a rate limit's credit, oldest first.
+    throttled: VecDeque<u16>,
     tx: VecDeque<Tx>,
     /// A termination request is queued: read nothing more, close once it is sent.
     closing: bool,
@@ -203,6 +210,12 @@ pub(crate) struct Conn {
     stats: Arc<Stats>,
     /// The counters of the subsystem the Connect named.
     sub: Option<Arc<Stats>>,
+    /// The host's connection counters on that subsystem.
+    conn_counters: Option<Arc<ConnCounters>>,
+    /// The host's I/O counters per NSID, found in the worker's registry at first use.
+    io_counters: Vec<(u32, Arc<IoCounters>)>,
+    /// The host as metrics name it.
+    host: String,
 }
 
 impl Conn {
@@ -228,11 +241,15 @@ impl Conn {
             queue: None,
             cmds: HashMap::new(),
             waiting: VecDeque::new(),
+            throttled: VecDeque::new(),
             tx: VecDeque::new(),
             closing: false,
             closed: false,
             stats,
             sub: None,
+            conn_counters: None,
+            io_counters: Vec::new(),
+            host: String::new(),
         }
     }
 
@@ -243,7 +260,10 @@ impl Conn {
 
     /// Whether answers wait for room in the socket, or received bytes wait to be parsed.
     pub(crate) fn busy(&self) -> bool {
-        !self.tx.is_empty() || !self.stage.available().is_empty() || !self.waiting.is_empty()
+        !self.tx.is_empty()
+            || !self.stage.available().is_empty()
+            || !self.waiting.is_empty()
+            || !self.throttled.is_empty()
     }
 
     /// The port ID of the listener the connection came through.
@@ -263,6 +283,9 @@ impl Conn {
     pub(crate) fn forget_subsystem(&mut self) {
         if let Some(s) = self.sub.take() {
             s.disconnected();
+        }
+        if let Some(c) = self.conn_counters.take() {
+            c.closed();
         }
     }
 
@@ -304,6 +327,7 @@ impl Conn {
             }
         }
         self.waiting.clear();
+        self.throttled.clear();
     }
 
     fn queued_bytes(&self) -> usize {
@@ -315,9 +339,9 @@ impl Conn {
     /// were waiting for a buffer, without a system call. Returns whether anything happened.
     pub(crate) fn receive(&mut self, cx: &mut Ctx<'_>, readable: bool) -> bool {
         if !readable && self.stage.available().is_empty() {
-            return self.start_waiting(cx);
+            return self.start_waiting(cx) | self.start_throttled(cx);
         }
-        let mut progress = self.start_waiting(cx);
+        let mut progress = self.start_waiting(cx) | self.start_throttled(cx);
         let mut pdus = 0;
         // Bounded memory: stop reading while the host does not take what is queued for it.
         let limit = 4 << 20;
@@ -604,7 +628,11 @@ impl Conn {
                         st.connected();
                         st.add_command();
                         self.sub = Some(st);
+                        let c = cx.metrics.conns(id, &out.host);
+                        c.opened();
+                        self.conn_counters = Some(c);
                     }
+                    self.host = out.host.clone();
                     log::info!(
                         "{}: queue {} of controller {} connected ({} entries)",
                         self.info.peer,
@@ -692,8 +720,18 @@ impl Conn {
                 icd,
                 window: None,
                 digest_failed: false,
+                start: Instant::now(),
             },
         );
+        // Behind commands already waiting for a rate limit, or short of credit: it waits.
+        if !self.throttled.is_empty() || !self.admit(cid) {
+            self.throttled.push_back(cid);
+            if let Some(c) = self.cmds.get(&cid) {
+                let (sub, nsid) = (c.req.subsystem, c.req.nsid);
+                self.io_counters(cx.metrics, sub, nsid).throttled();
+            }
+            return;
+        }
         self.start(cx, cid);
     }
 
@@ -737,6 +775,31 @@ impl Conn {
             }
             DataXfer::ToHost { .. } | DataXfer::None => self.submit(cx, cid),
         }
+    }
+
+    /// Asks command `cid`'s rate limits (its host's and its namespace's) to admit it now.
+    fn admit(&self, cid: u16) -> bool {
+        let (Some(cmd), Some(io)) = (
+            self.cmds.get(&cid),
+            self.queue.as_ref().and_then(|q| q.io.as_ref()),
+        ) else {
+            return true;
+        };
+        !io.is_limited(&cmd.req) || io.admit(&cmd.req, clock_ns(Instant::now()))
+    }
+
+    /// Starts the commands that waited for a rate limit, in order, as far as it admits them.
+    fn start_throttled(&mut self, cx: &mut Ctx<'_>) -> bool {
+        let mut any = false;
+        while let Some(&cid) = self.throttled.front() {
+            if !self.admit(cid) {
+                break;
+            }
+            self.throttled.pop_front();
+            self.start(cx, cid);
+            any = true;
+        }
+        any
     }
 
     /// Retries commands that waited for a buffer.
@@ -849,9 +912,31 @@ impl Conn {
         self.finish(cx, cid, status);
     }
 
+    /// The host's I/O counters of namespace `nsid` of subsystem `sub` (registered with the
+    /// worker at the connection's first command to it).
+    fn io_counters(&mut self, metrics: &WorkerMetrics, sub: SubsystemId, nsid: u32) -> &IoCounters {
+        let i = match self.io_counters.iter().position(|(n, _)| *n == nsid) {
+            Some(i) => i,
+            None => {
+                self.io_counters.push((nsid, metrics.io(sub, nsid, &self.host)));
+                self.io_counters.len() - 1
+            }
+        };
+        &self.io_counters[i].1
+    }
+
     /// Sends the command's data (a successful read) and completion, and forgets it.
     fn finish(&mut self, cx: &mut Ctx<'_>, cid: u16, status: Status) {
         let Some(cmd) = self.cmds.remove(&cid) else { return };
+        let kind = match cmd.req.op {
+            IoOp::Read { .. } => IoKind::Read,
+            IoOp::Write { .. } => IoKind::Write,
+            _ => IoKind::Other,
+        };
+        let bytes = cmd.req.data().len() as u64;
+        let latency = cmd.start.elapsed();
+        self.io_counters(cx.metrics, cmd.req.subsystem, cmd.req.nsid)
+            .complete(kind, bytes, !status.is_success(), latency);
         let qid = self.qid();
         if !status.is_success() {
             if let Some(io) = self.queue.as_ref().and_then(|q| q.io.as_ref()) {
@@ -1046,6 +1131,14 @@ impl Conn {
         }
         progress
     }
+}
+
+/// `t` in nanoseconds from a fixed origin (the first call), the clock of rate limits.
+fn clock_ns(t: Instant) -> u64 {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    t.saturating_duration_since(*EPOCH.get_or_init(Instant::now))
+        .as_nanos()
+        .min(u64::MAX as u128) as u64
 }
 
 /// A completion refusing command `cid` with `status`.

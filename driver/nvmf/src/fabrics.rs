@@ -44,6 +44,7 @@ mod controller;
 mod identify;
 mod io;
 mod logpage;
+mod qos;
 mod target;
 mod wire;
 
@@ -60,9 +61,10 @@ pub use controller::{cc, csts, prop, Cntlid};
 pub use identify::{cs_indep_off, ctrl_off, ctrl_val, nidt, ns_off, IDENTIFY_BYTES};
 pub use io::{DsmRange, IoOp, IoQueue, IoRequest};
 pub use logpage::{disc_off, lid, subtype, Health, DISCOVERY_RECORD_BYTES, SMART_BYTES, TREQ, TRTYPE_TCP};
+pub use qos::{Limiter, Limits, RateLimit, BURST};
 pub use target::{
-    connect_data_off, connect_ipo, connect_off, host_label, AerCompletion, ConnInfo, ConnectOutcome, ControllerInfo,
-    QueueRef, SubsystemId, Target, ADMIN_IN_CAPSULE, ADMIN_QUEUE_ENTRIES, CONNECT_DATA_BYTES,
+    connect_data_off, connect_ipo, connect_off, host_label, AerCompletion, ConnInfo, ConnectOutcome,
+    ControllerInfo, QueueRef, SubsystemId, Target, ADMIN_IN_CAPSULE, ADMIN_QUEUE_ENTRIES, CONNECT_DATA_BYTES,
     DISCOVERY_KATO_MS,
 };
 pub use wire::{

@@ -43,8 +43,11 @@ use crate::fabrics::{
 use crate::pdu::{LimitsError, TargetLimits};
 use crate::sys::{Epoll, Waker};
 
+mod metrics;
 mod worker;
 
+pub(crate) use metrics::{ConnCounters, IoCounters, IoKind, WorkerMetrics};
+pub use metrics::{HostStats, IoStats, Metrics, SubsystemMetrics, LATENCY_BUCKETS_US};
 use worker::{ListenerThread, Worker};
 
 /// How often the keep-alive timers advance ([`Target::tick`]; KAS is one second).
@@ -320,6 +323,8 @@ struct Shared {
     stats: Arc<Stats>,
     /// Counters per subsystem; a connection takes its subsystem's at Connect.
     subsystems: Mutex<HashMap<SubsystemId, Arc<Stats>>>,
+    /// Each worker's counters per subsystem, namespace and host.
+    metrics: Vec<Arc<WorkerMetrics>>,
 }
 
 impl Shared {
@@ -351,10 +356,39 @@ impl Shared {
         }
     }
 
+    /// The operators' counters now, summed over the workers.
+    fn metrics(&self) -> Metrics {
+        let names = {
+            let t = self.target();
+            t.subsystems()
+                .map(|(id, s)| (id, (s.nqn.clone(), t.refused_connects(id))))
+                .collect()
+        };
+        let st = self.stats.snapshot();
+        metrics::collect(&self.metrics, &names, st.active, st.protocol_errors)
+    }
+
     /// The counters of subsystem `id` (made on first use).
     pub(crate) fn subsystem_stats(&self, id: SubsystemId) -> Arc<Stats> {
         let mut m = self.subsystems.lock().unwrap_or_else(PoisonError::into_inner);
         m.entry(id).or_default().clone()
+    }
+}
+
+/// Reads a server's [`Metrics`] from any thread ([`Server::metrics_handle`]).
+#[derive(Clone)]
+pub struct MetricsHandle(Arc<Shared>);
+
+impl MetricsHandle {
+    /// The counters now.
+    pub fn metrics(&self) -> Metrics {
+        self.0.metrics()
+    }
+}
+
+impl std::fmt::Debug for MetricsHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MetricsHandle")
     }
 }
 
@@ -432,6 +466,7 @@ impl Server {
             stop: AtomicBool::new(false),
             stats: Arc::default(),
             subsystems: Mutex::new(HashMap::new()),
+            metrics: workers.iter().map(|_| Arc::default()).collect(),
         });
         let mut server = Server {
             addrs: Mutex::new(addrs),
@@ -442,6 +477,7 @@ impl Server {
         for (index, (on_start, pool, backends, ns, inbox, waker)) in workers.into_iter().enumerate() {
             let worker = Worker {
                 index,
+                metrics: shared.metrics[index].clone(),
                 shared: shared.clone(),
                 pool,
                 backends,
@@ -536,6 +572,18 @@ impl Server {
             .into_iter()
             .map(|(id, nqn)| (nqn, self.shared.subsystem_stats(id).snapshot()))
             .collect()
+    }
+
+    /// The operators' counters now: per subsystem, namespace and host, summed over the
+    /// workers ([`Metrics::to_prometheus`] renders them).
+    pub fn metrics(&self) -> Metrics {
+        self.shared.metrics()
+    }
+
+    /// A handle that reads [`Server::metrics`] from another thread (e.g. an HTTP server's)
+    /// for as long as the server runs; after it stops the handle reads the last counters.
+    pub fn metrics_handle(&self) -> MetricsHandle {
+        MetricsHandle(self.shared.clone())
     }
 
     /// Runs `f` on the target (e.g. to read its controllers or subsystems).
@@ -726,6 +774,16 @@ impl Server {
         let aers = target.set_allowed_hosts(id, hosts)?;
         drop(target);
         self.shared.deliver(aers);
+        Ok(())
+    }
+
+    /// Sets subsystem `nqn`'s rate limits per host and per namespace at run time: queues
+    /// apply them from their next command; a limit that stays keeps its credit.
+    pub fn set_limits(&self, nqn: &str, limits: crate::fabrics::Limits) -> Result<(), ServerError> {
+        self.check_running()?;
+        let mut target = self.shared.target();
+        let id = subsystem_of(&target, nqn)?;
+        target.set_limits(id, limits)?;
         Ok(())
     }
 

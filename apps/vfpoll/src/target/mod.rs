@@ -4,6 +4,7 @@
 //! reloads.
 
 mod devices;
+mod metrics;
 mod plan;
 mod reload;
 
@@ -88,6 +89,13 @@ pub struct Args {
     /// target connections (discovery ones too) and connections per worker.
     #[arg(long)]
     stats_json: bool,
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464; port 0 picks one,
+    /// printed at start): per subsystem, namespace and host I/O commands, bytes, errors,
+    /// latency histograms, throttled commands and reservation conflicts; connections per
+    /// host; refused Connects and authentication failures per subsystem. Served from a
+    /// thread of its own; the workers only bump their own counters.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<SocketAddr>,
 }
 
 /// Runs the target.
@@ -183,6 +191,15 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
         spin: plan.spin,
     })
     .context("starting the target")?;
+    let _metrics = match a.metrics {
+        Some(addr) => {
+            let source = server.metrics_handle();
+            let ep = metrics::Endpoint::start(addr, move || source.metrics().to_prometheus())?;
+            println!("vfpoll target: metrics at http://{}/metrics", ep.addr());
+            Some(ep)
+        }
+        None => None,
+    };
     let first = server.local_addrs()[0];
     for s in &plan.subsystems {
         println!(

@@ -41,7 +41,7 @@ use anyhow::{bail, Context as _};
 use serde::Deserialize;
 use vfpoll_dma::PageSize;
 use vfpoll_engine::affinity::parse_cores;
-use vfpoll_nvmf::fabrics::{validate_nqn, AnaState, Listener, ANAGRPMAX};
+use vfpoll_nvmf::fabrics::{validate_nqn, AnaState, Limits, Listener, RateLimit, ANAGRPMAX};
 use vfpoll_nvmf::server::DEFAULT_SPIN;
 use vfpoll_pci::Bdf;
 
@@ -104,6 +104,8 @@ pub struct SubsystemPlan {
     pub allowed_hosts: Option<Vec<String>>,
     /// Namespaces, by NSID.
     pub namespaces: Vec<NsPlan>,
+    /// Rate limits per host and per namespace.
+    pub limits: Limits,
 }
 
 /// Everything the target serves and how.
@@ -190,6 +192,7 @@ impl Plan {
                         source,
                     })
                     .collect(),
+                limits: Limits::default(),
             }],
             ..Plan::settings(&settings)?
         };
@@ -257,6 +260,16 @@ impl Plan {
         }
         let mut subsystems = Vec::new();
         for s in f.subsystem {
+            let mut limits = Limits::default();
+            for h in &s.host {
+                let what = || format!("subsystem {} host {}", s.nqn, h.nqn);
+                check_host_name(&h.nqn).map_err(|e| anyhow::anyhow!("{}: {e}", what()))?;
+                let l = rate_limit(h.max_iops, h.max_bytes_per_s.as_deref())
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", what()))?;
+                if limits.hosts.insert(h.nqn.clone(), l).is_some() {
+                    bail!("{}: given twice", what());
+                }
+            }
             let mut namespaces = Vec::new();
             let mut next = 1u32;
             for n in s.namespace {
@@ -281,6 +294,11 @@ impl Plan {
                         what()
                     ),
                 };
+                let l = rate_limit(n.max_iops, n.max_bytes_per_s.as_deref())
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", what()))?;
+                if l.is_limited() {
+                    limits.namespaces.insert(nsid, l);
+                }
                 namespaces.push(NsPlan {
                     nsid,
                     ana_group: n.ana_group.unwrap_or(1),
@@ -294,6 +312,7 @@ impl Plan {
                 model: s.model,
                 allowed_hosts: s.allow_hosts,
                 namespaces,
+                limits,
             });
         }
         let plan = Plan {
@@ -457,6 +476,16 @@ struct FileSubsystem {
     allow_hosts: Option<Vec<String>>,
     #[serde(default)]
     namespace: Vec<FileNamespace>,
+    #[serde(default)]
+    host: Vec<FileHost>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileHost {
+    nqn: String,
+    max_iops: Option<u64>,
+    max_bytes_per_s: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -467,6 +496,41 @@ struct FileNamespace {
     malloc: Option<String>,
     block_size: Option<u32>,
     ana_group: Option<u32>,
+    max_iops: Option<u64>,
+    max_bytes_per_s: Option<String>,
+}
+
+/// A rate limit from `max_iops` and `max_bytes_per_s` (binary units, e.g. "100M"); zero is
+/// refused (leave the key out for no limit).
+fn rate_limit(iops: Option<u64>, bytes: Option<&str>) -> anyhow::Result<RateLimit> {
+    if iops == Some(0) {
+        bail!("max_iops = 0 would stop all I/O: give a positive rate, or leave max_iops out for no limit");
+    }
+    let bytes_per_s = bytes
+        .map(|b| {
+            parse_nonzero_bytes(b)
+                .map_err(|e| anyhow::anyhow!("max_bytes_per_s: {e} (leave max_bytes_per_s out for no limit)"))
+        })
+        .transpose()?;
+    Ok(RateLimit { iops, bytes_per_s })
+}
+
+/// A host as limits name it: its host NQN, or `hostid:<uuid>` for a host that connects
+/// without one.
+fn check_host_name(name: &str) -> anyhow::Result<()> {
+    if let Some(uuid) = name.strip_prefix("hostid:") {
+        let ok = uuid.len() == 36
+            && uuid.char_indices().all(|(i, c)| match i {
+                8 | 13 | 18 | 23 => c == '-',
+                _ => c.is_ascii_hexdigit() && !c.is_ascii_uppercase(),
+            });
+        if !ok {
+            bail!("hostid:{uuid}: write the HOSTID as a lowercase UUID, hostid:xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx");
+        }
+        return Ok(());
+    }
+    validate_nqn(name)?;
+    Ok(())
 }
 
 /// A TOML error on one line: where, and what.
@@ -611,6 +675,67 @@ mod tests {
         assert!(p.subsystems[0].allowed_hosts.is_none());
         let none = Plan::from_args(Settings::default(), &[], DEFAULT_NQN, &[], &[], 512, &[]);
         assert!(none.unwrap_err().to_string().contains("nothing to serve"));
+    }
+
+    #[test]
+    fn rate_limits_per_host_and_namespace() {
+        let text = r#"
+            [[subsystem]]
+            nqn = "nqn.2024-01.io.vfpoll:a"
+
+            [[subsystem.host]]
+            nqn = "nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-555555555555"
+            max_iops = 5000
+
+            [[subsystem.host]]
+            nqn = "hostid:5f1c1a52-7a8e-4c8b-9d0e-76667061726b"
+            max_bytes_per_s = "100M"
+
+            [[subsystem.namespace]]
+            malloc = "1M"
+            max_iops = 20000
+            max_bytes_per_s = "1G"
+
+            [[subsystem.namespace]]
+            malloc = "1M"
+        "#;
+        let p = Plan::from_toml(text, &Settings::default()).unwrap();
+        let l = &p.subsystems[0].limits;
+        assert_eq!(
+            l.hosts["nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-555555555555"],
+            RateLimit {
+                iops: Some(5000),
+                bytes_per_s: None
+            }
+        );
+        assert_eq!(
+            l.hosts["hostid:5f1c1a52-7a8e-4c8b-9d0e-76667061726b"].bytes_per_s,
+            Some(100 << 20)
+        );
+        assert_eq!(
+            l.namespaces.get(&1),
+            Some(&RateLimit {
+                iops: Some(20000),
+                bytes_per_s: Some(1 << 30)
+            })
+        );
+        assert!(!l.namespaces.contains_key(&2), "namespace 2 has no limit");
+        let err = |t: &str| format!("{:#}", Plan::from_toml(t, &Settings::default()).unwrap_err());
+        let sub = "[[subsystem]]\nnqn = \"nqn.2024-01.io.vfpoll:a\"\n";
+        assert!(err(&format!(
+            "{sub}[[subsystem.namespace]]\nmalloc = \"1M\"\nmax_iops = 0\n"
+        ))
+        .contains("leave max_iops out"));
+        assert!(err(&format!(
+            "{sub}[[subsystem.namespace]]\nmalloc = \"1M\"\nmax_bytes_per_s = \"fast\"\n"
+        ))
+        .contains("max_bytes_per_s"));
+        assert!(err(&format!(
+            "{sub}[[subsystem.host]]\nnqn = \"hostid:XYZ\"\nmax_iops = 1\n"
+        ))
+        .contains("lowercase UUID"));
+        let h = "[[subsystem.host]]\nnqn = \"nqn.2024-01.io.vfpoll:h\"\nmax_iops = 1\n";
+        assert!(err(&format!("{sub}{h}{h}")).contains("given twice"));
     }
 
     #[test]

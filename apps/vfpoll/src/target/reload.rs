@@ -1,6 +1,7 @@
 //! Reloading `--config` on SIGHUP: the new file is read and checked as a whole, then the
 //! differences are applied to the running target one by one: listeners added or removed,
-//! subsystems added or removed, allowed hosts changed, namespaces added or removed. Hosts get
+//! subsystems added or removed, allowed hosts and rate limits changed, namespaces added or
+//! removed. Hosts get
 //! the asynchronous events the changes raise. Target-wide settings (cores, page size, IOMMU
 //! mode, spin) and a subsystem's serial or model need a restart: a reload says so and keeps
 //! the running ones.
@@ -152,6 +153,7 @@ pub fn build_subsystem(
         sub.model = model.clone();
     }
     sub.allowed_hosts = s.allowed_hosts.clone();
+    sub.limits = s.limits.clone();
     let mut backends = HashMap::new();
     for ns in &s.namespaces {
         let (info, b) = devices.namespace(&s.nqn, ns, workers)?;
@@ -183,6 +185,19 @@ fn update_subsystem(
                 cur.allowed_hosts = new.allowed_hosts.clone();
             }
             Err(e) => out.failed.push(format!("subsystem {nqn}: allowed hosts: {e}")),
+        }
+    }
+    if cur.limits != new.limits {
+        match server.set_limits(nqn, new.limits.clone()) {
+            Ok(()) => {
+                out.applied.push(format!(
+                    "subsystem {nqn}: rate limits for {} host(s) and {} namespace(s)",
+                    new.limits.hosts.values().filter(|l| l.is_limited()).count(),
+                    new.limits.namespaces.len()
+                ));
+                cur.limits = new.limits.clone();
+            }
+            Err(e) => out.failed.push(format!("subsystem {nqn}: rate limits: {e}")),
         }
     }
     for n in cur.namespaces.clone() {

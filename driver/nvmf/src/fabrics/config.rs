@@ -338,6 +338,8 @@ pub struct Subsystem {
     pub namespaces: Vec<NamespaceInfo>,
     /// Host NQNs that may connect; `None`: any host.
     pub allowed_hosts: Option<Vec<String>>,
+    /// Rate limits per host and per namespace (none by default).
+    pub limits: super::qos::Limits,
 }
 
 impl Subsystem {
@@ -351,6 +353,7 @@ impl Subsystem {
             firmware: crate_firmware(),
             namespaces: Vec::new(),
             allowed_hosts: None,
+            limits: super::qos::Limits::default(),
         }
     }
 

@@ -8,6 +8,7 @@
 //! next command. The ANA states of the controller's port are atomics the queue reads in place
 //! (`ana::AnaCell`).
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
@@ -16,6 +17,7 @@ use vfpoll_nvme::status::Status;
 
 use super::config::NamespaceInfo;
 use super::controller::CtrlShared;
+use super::qos::{Limiter, Limits};
 use super::target::{QueueRef, SubsystemId};
 use super::wire::{self, check_flags, cqe, data_xfer, status, Cqe, DataXfer, Sqe};
 
@@ -156,10 +158,42 @@ pub(crate) struct NsIo {
     pub group: u32,
 }
 
-/// A subsystem's namespaces, sorted by ID.
+/// The limiters of a subsystem's limits, by host label and by NSID.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Limiters {
+    hosts: HashMap<String, Arc<Limiter>>,
+    namespaces: HashMap<u32, Arc<Limiter>>,
+}
+
+impl Limiters {
+    /// Makes them match `limits`: a limit that stays keeps its limiter (and credit), with
+    /// its rates updated; new limits get full buckets; removed ones go.
+    pub fn update(&mut self, limits: &Limits) {
+        fn sync<K: std::hash::Hash + Ord + Clone>(
+            have: &mut HashMap<K, Arc<Limiter>>,
+            want: &std::collections::BTreeMap<K, super::qos::RateLimit>,
+        ) {
+            have.retain(|k, _| want.get(k).is_some_and(|l| l.is_limited()));
+            for (k, l) in want.iter().filter(|(_, l)| l.is_limited()) {
+                match have.get(k) {
+                    Some(x) if x.limit() == *l => {}
+                    Some(x) => x.set(*l),
+                    None => {
+                        have.insert(k.clone(), Arc::new(Limiter::new(*l)));
+                    }
+                }
+            }
+        }
+        sync(&mut self.hosts, &limits.hosts);
+        sync(&mut self.namespaces, &limits.namespaces);
+    }
+}
+
+/// A subsystem's namespaces, sorted by ID, and its limiters.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct NsTable {
     list: Vec<NsIo>,
+    limiters: Limiters,
 }
 
 impl NsTable {
@@ -177,7 +211,16 @@ impl NsTable {
             })
             .collect();
         list.sort_by_key(|n| n.nsid);
-        NsTable { list }
+        NsTable {
+            list,
+            limiters: Limiters::default(),
+        }
+    }
+
+    /// The table with these limiters.
+    pub fn with_limits(mut self, limiters: &Limiters) -> Self {
+        self.limiters = limiters.clone();
+        self
     }
 
     pub fn get(&self, nsid: u32) -> Option<&NsIo> {
@@ -239,6 +282,10 @@ pub struct IoQueue {
     table: Arc<NsTable>,
     version: u64,
     limits: IoLimits,
+    /// The host, as rate limits name it.
+    host: String,
+    /// The host's rate limit in this subsystem, from the table.
+    host_limit: Option<Arc<Limiter>>,
 }
 
 impl IoQueue {
@@ -248,9 +295,11 @@ impl IoQueue {
         shared: Arc<CtrlShared>,
         cell: Arc<NsCell>,
         limits: IoLimits,
+        host: String,
     ) -> Self {
         let version = cell.version();
         let table = cell.current();
+        let host_limit = table.limiters.hosts.get(&host).cloned();
         IoQueue {
             queue,
             subsystem,
@@ -259,7 +308,35 @@ impl IoQueue {
             table,
             version,
             limits,
+            host,
+            host_limit,
         }
+    }
+
+    /// Whether a command of `req` must pass rate limits (its host's or its namespace's).
+    pub fn is_limited(&self, req: &IoRequest) -> bool {
+        self.host_limit.is_some() || self.table.limiters.namespaces.contains_key(&req.nsid)
+    }
+
+    /// Admits `req` under its host's and its namespace's rate limits at `now_ns` (nanoseconds
+    /// from any fixed origin; [`RateLimit`](super::RateLimit)): true takes its cost from
+    /// every bucket it draws on; false leaves them untouched, and the command should wait
+    /// and ask again. Commands without limits are always admitted.
+    pub fn admit(&self, req: &IoRequest, now_ns: u64) -> bool {
+        let ns = self.table.limiters.namespaces.get(&req.nsid);
+        let limits = [self.host_limit.as_ref(), ns];
+        if !limits.iter().flatten().all(|l| l.ready(now_ns)) {
+            return false;
+        }
+        let bytes = match req.op {
+            IoOp::Read { len, .. } => len as u64,
+            IoOp::Write { data, .. } => data.len() as u64,
+            _ => 0,
+        };
+        for l in limits.iter().flatten() {
+            l.take(bytes);
+        }
+        true
     }
 
     /// The queue this decoder serves.
@@ -280,6 +357,7 @@ impl IoQueue {
         if v != self.version {
             self.table = self.cell.current();
             self.version = v;
+            self.host_limit = self.table.limiters.hosts.get(&self.host).cloned();
         }
         decode(&self.table, &self.shared, self.limits, self.subsystem, sqe).map_err(|st| {
             self.shared

@@ -13,8 +13,9 @@ use vfpoll_nvme::status::Status;
 use super::ana::{self, AnaPorts, AnaState};
 use super::config::{ConfigError, Listener, NamespaceInfo, Subsystem, TargetOptions, DISCOVERY_NQN};
 use super::controller::{Cntlid, Controller, Event};
-use super::io::{self, IoLimits, IoQueue, IoRequest, NsCell, NsTable};
+use super::io::{self, IoLimits, IoQueue, IoRequest, Limiters, NsCell, NsTable};
 use super::logpage::Health;
+use super::qos::Limits;
 use super::wire::{self, check_flags, cqe, data_xfer, status, Cqe, Sqe};
 
 /// Entries of an admin queue at most (ASQSZ of the discovery log; Linux asks for 32).
@@ -149,6 +150,8 @@ pub(super) struct SubsysState {
     pub max_nsid: u32,
     pub cell: Arc<NsCell>,
     pub health: BTreeMap<u32, Health>,
+    /// The limiters of `cfg.limits`, kept across changes so that a reload keeps their credit.
+    pub limiters: Limiters,
 }
 
 impl SubsysState {
@@ -162,7 +165,9 @@ impl SubsysState {
 
     fn publish(&mut self) {
         self.cfg.namespaces.sort_by_key(|n| n.nsid);
-        self.cell.replace(NsTable::new(&self.cfg.namespaces));
+        self.limiters.update(&self.cfg.limits);
+        self.cell
+            .replace(NsTable::new(&self.cfg.namespaces).with_limits(&self.limiters));
     }
 }
 
@@ -606,6 +611,7 @@ impl Target {
             c.shared.clone(),
             self.subsystems[&sid].cell.clone(),
             self.io_limits(),
+            host_label(&hostnqn, &hostid),
         );
         Ok(ConnectOutcome {
             queue,
@@ -655,6 +661,7 @@ impl Target {
                 c.shared.clone(),
                 self.subsystems[&sid].cell.clone(),
                 self.io_limits(),
+                host_label(&c.hostnqn, &c.hostid),
             )
         })
     }
@@ -768,6 +775,7 @@ impl Target {
             cell: Arc::new(NsCell::new(NsTable::default())),
             cfg: s,
             health: BTreeMap::new(),
+            limiters: Limiters::default(),
         };
         state.publish();
         self.subsystems.insert(id, state);
@@ -1043,6 +1051,15 @@ impl Target {
         }
         self.subsys_mut(id)?.cfg.allowed_hosts = hosts;
         Ok(self.discovery_changed())
+    }
+
+    /// Sets subsystem `id`'s rate limits (per host and per namespace): queues apply them from
+    /// their next command on; a limit that stays keeps its buckets' credit.
+    pub fn set_limits(&mut self, id: SubsystemId, limits: Limits) -> Result<(), ConfigError> {
+        let s = self.subsys_mut(id)?;
+        s.cfg.limits = limits;
+        s.publish();
+        Ok(())
     }
 
     /// Updates a namespace's health for the SMART / Health log; a newly set critical warning

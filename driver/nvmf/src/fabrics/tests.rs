@@ -6,6 +6,7 @@ mod ana;
 mod connect;
 mod io;
 mod props;
+mod qos;
 
 use vfpoll_nvme::cmd::{admin_op, Command};
 use vfpoll_nvme::status::Status;

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use vfpoll_dma::{DmaContext, DmaPool};
 
-use super::{ListenMsg, Msg, Shared, NAP, TICK};
+use super::{ListenMsg, Msg, Shared, WorkerMetrics, NAP, TICK};
 
 /// The longest sleep of an idle worker waiting for its sockets (messages from the other threads
 /// and the stop wake it at once through its eventfd).
@@ -256,6 +256,8 @@ impl ListenerThread {
 /// Everything one worker thread owns.
 pub(super) struct Worker {
     pub(super) index: usize,
+    /// This worker's counters per subsystem, namespace and host (written by this thread only).
+    pub(super) metrics: Arc<WorkerMetrics>,
     pub(super) shared: Arc<Shared>,
     pub(super) pool: DmaPool,
     pub(super) backends: Vec<Box<dyn Backend>>,
@@ -430,6 +432,7 @@ impl Worker {
                     ns: &self.ns,
                     retry: &mut retry,
                     subsystem_stats: &|id| shared.subsystem_stats(id),
+                    metrics: &self.metrics,
                     limits: &self.limits,
                     close: &mut ended,
                 };
