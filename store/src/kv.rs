@@ -1,0 +1,706 @@
+//! KV block pools (FORMAT.md §6): fixed-size blocks under 128-bit keys, for KV-cache offload.
+//!
+//! A pool keeps its whole slot header table in memory (64 bytes per slot, read in one burst
+//! when the pool is first opened in a process: the index is rebuilt from headers alone, never
+//! from the data). `put_many` writes the blocks and their header pages in one submission burst;
+//! `get_many` reads the hits in one burst and checks each block's crc32c, which binds the data
+//! to its key and generation: a torn, stale or overwritten block fails it and is a miss, never
+//! a hit. A put that finds the pool full evicts the least recently used blocks (a batch of
+//! 1/64 of the pool at a time, so the next puts find free slots) and deallocates the ones it
+//! does not reuse at once.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::error::{Result, StoreError};
+use crate::format::{slot_data_crc, PoolRec, SlotHeader, MAX_BLOCK, MAX_NAME, PAGE, SLOT_HEADER};
+use crate::io::Job;
+use crate::store::{now_ns, Change, Finding, Store};
+
+/// Counters of a pool since it was opened in this process.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KvStats {
+    /// Blocks put.
+    pub puts: u64,
+    /// Gets that returned the block.
+    pub hits: u64,
+    /// Gets that found nothing (or a block that failed its crc).
+    pub misses: u64,
+    /// Blocks evicted to make room.
+    pub evictions: u64,
+    /// Blocks that failed their crc on a get (torn or stale after a crash), counted in misses.
+    pub bad_blocks: u64,
+    /// Blocks deallocated (trimmed) after eviction or removal.
+    pub deallocated: u64,
+}
+
+/// A pool's definition and fill.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolInfo {
+    /// Name.
+    pub name: String,
+    /// Pool id.
+    pub id: u64,
+    /// Block size in bytes.
+    pub block_size: u32,
+    /// Slots.
+    pub slots: u64,
+    /// Occupied slots (known only for pools open in this process).
+    pub used: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    key: u128,
+    generation: u64,
+    len: u32,
+    crc: u32,
+    tick: u64,
+}
+
+struct PoolState {
+    headers: Vec<u8>,
+    slots: Vec<Option<Slot>>,
+    index: HashMap<u128, u64>,
+    free: Vec<u64>,
+    /// tick → slot, oldest first.
+    lru: BTreeMap<u64, u64>,
+    tick: u64,
+    next_gen: u64,
+    stats: KvStats,
+}
+
+impl PoolState {
+    fn touch(&mut self, slot: u64) {
+        self.tick += 1;
+        let t = self.tick;
+        if let Some(s) = self.slots[slot as usize].as_mut() {
+            self.lru.remove(&s.tick);
+            s.tick = t;
+            self.lru.insert(t, slot);
+        }
+    }
+
+    /// Empties `slot` in memory (header zeroed).
+    fn clear(&mut self, slot: u64) {
+        if let Some(s) = self.slots[slot as usize].take() {
+            self.lru.remove(&s.tick);
+            if self.index.get(&s.key) == Some(&slot) {
+                self.index.remove(&s.key);
+            }
+            let at = slot as usize * SLOT_HEADER;
+            self.headers[at..at + SLOT_HEADER].fill(0);
+            self.free.push(slot);
+        }
+    }
+}
+
+/// The state of a pool open in this process, shared by its handles.
+pub(crate) struct PoolShared {
+    rec: PoolRec,
+    state: Mutex<PoolState>,
+}
+
+impl PoolShared {
+    fn lock(&self) -> MutexGuard<'_, PoolState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A handle on a KV pool (`Send + Sync`, cheap to clone); see the module docs.
+///
+/// ```
+/// # use vfpoll_store::{FormatOptions, Store};
+/// # fn main() -> Result<(), vfpoll_store::StoreError> {
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let mut opts = FormatOptions::default();
+/// # opts.store.lock_dir = Some(dir.path().into());
+/// let store = Store::format(&["mem:64M"], &opts)?;
+/// let pool = store.create_pool("kv", 64 << 10, 128)?;
+/// let (a, b) = (vec![1u8; 65536], vec![2u8; 1000]);
+/// pool.put_many(&[7, 8], &[&a, &b])?;
+/// let mut out = vec![vec![0u8; 65536]; 3];
+/// let mut bufs: Vec<&mut [u8]> = out.iter_mut().map(|v| v.as_mut_slice()).collect();
+/// let hits = pool.get_many(&[8, 9, 7], &mut bufs)?;
+/// assert_eq!(hits, vec![Some(1000), None, Some(65536)]);
+/// assert_eq!(&out[2], &a);
+/// assert_eq!(pool.stats().misses, 1);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct KvPool {
+    store: Store,
+    shared: Arc<PoolShared>,
+}
+
+impl std::fmt::Debug for KvPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KvPool")
+            .field("name", &self.shared.rec.name)
+            .finish()
+    }
+}
+
+fn header_page_bytes(rec: &PoolRec) -> usize {
+    rec.header_pages() as usize * PAGE
+}
+
+/// Reads a pool's header table and builds its index (FORMAT.md §6).
+fn load(store: &Store, rec: &PoolRec) -> Result<PoolState> {
+    let mut headers = vec![0u8; header_page_bytes(rec)];
+    store.io().run(&mut [Job::Read {
+        page: rec.header_page,
+        dst: &mut headers,
+    }])?;
+    let mut slots: Vec<Option<Slot>> = vec![None; rec.slots as usize];
+    let mut index: HashMap<u128, u64> = HashMap::new();
+    let mut max_gen = 0;
+    for i in 0..rec.slots {
+        let at = i as usize * SLOT_HEADER;
+        let Some(h) = SlotHeader::decode(&headers[at..at + SLOT_HEADER], rec.id, rec.block_size) else {
+            continue;
+        };
+        max_gen = max_gen.max(h.generation);
+        let s = Slot {
+            key: h.key,
+            generation: h.generation,
+            len: h.len,
+            crc: h.crc,
+            tick: 0,
+        };
+        match index.get(&h.key).copied() {
+            Some(j) if slots[j as usize].is_some_and(|o| o.generation >= h.generation) => continue,
+            Some(j) => slots[j as usize] = None,
+            None => {}
+        }
+        index.insert(h.key, i);
+        slots[i as usize] = Some(s);
+    }
+    // LRU order at open: by generation (older puts first).
+    let mut by_gen: Vec<(u64, u64)> = slots
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| s.map(|s| (s.generation, i as u64)))
+        .collect();
+    by_gen.sort_unstable();
+    let mut lru = BTreeMap::new();
+    for (t, (_, i)) in by_gen.iter().enumerate() {
+        let tick = t as u64 + 1;
+        if let Some(s) = slots[*i as usize].as_mut() {
+            s.tick = tick;
+        }
+        lru.insert(tick, *i);
+    }
+    let free: Vec<u64> = (0..rec.slots)
+        .rev()
+        .filter(|&i| slots[i as usize].is_none())
+        .collect();
+    // Zero the stale headers in memory so rewriting a page never revives them.
+    for (i, s) in slots.iter().enumerate() {
+        if s.is_none() {
+            headers[i * SLOT_HEADER..(i + 1) * SLOT_HEADER].fill(0);
+        }
+    }
+    Ok(PoolState {
+        headers,
+        slots,
+        index,
+        free,
+        tick: by_gen.len() as u64,
+        lru,
+        next_gen: max_gen + 1,
+        stats: KvStats::default(),
+    })
+}
+
+impl Store {
+    /// Creates KV pool `name` of `slots` blocks of `block_size` bytes (a multiple of 4096),
+    /// committed like a checkpoint, and opens it.
+    pub fn create_pool(&self, name: &str, block_size: u32, slots: u64) -> Result<KvPool> {
+        if name.is_empty() || name.len() > MAX_NAME {
+            return Err(StoreError::Invalid(format!(
+                "pool {name:?}: names are 1 to {MAX_NAME} bytes"
+            )));
+        }
+        if block_size == 0 || !(block_size as usize).is_multiple_of(PAGE) || block_size > MAX_BLOCK {
+            return Err(StoreError::Invalid(format!(
+                "block size {block_size}: must be a multiple of 4096 up to 64 MiB"
+            )));
+        }
+        if slots == 0 || slots > 1 << 32 {
+            return Err(StoreError::Invalid(format!("{slots} slots: must be 1 to 2^32")));
+        }
+        self.commit_catalog(|meta, cat| {
+            if cat.pools.iter().any(|p| p.name == name) {
+                return Err(StoreError::Exists(format!("KV pool {name:?}")));
+            }
+            let id = meta.root.next_id.max(1);
+            let mut rec = PoolRec {
+                name: name.to_string(),
+                id,
+                block_size,
+                slots,
+                header_page: 0,
+                data_page: 0,
+                created: now_ns(),
+            };
+            let full = |meta: &crate::store::Meta, need: u64| StoreError::Full {
+                needed: need * PAGE as u64,
+                free: meta.alloc.free_pages() * PAGE as u64,
+            };
+            let hp = rec.header_pages();
+            rec.header_page = meta
+                .alloc
+                .alloc_contiguous(hp)
+                .ok_or_else(|| full(meta, hp + rec.data_pages()))?;
+            let Some(dp) = meta.alloc.alloc_contiguous(rec.data_pages()) else {
+                meta.alloc.free(rec.header_page, hp);
+                return Err(full(meta, hp + rec.data_pages()));
+            };
+            rec.data_page = dp;
+            meta.root.next_id = id + 1;
+            cat.pools.push(rec.clone());
+            // The header table is zeroed before the catalog naming the pool is durable; the
+            // data region is given back to the device.
+            let zeros = vec![0u8; header_page_bytes(&rec)];
+            Ok(Change {
+                writes: vec![(rec.header_page, zeros)],
+                taken: vec![(rec.header_page, hp), (rec.data_page, rec.data_pages())],
+                frees: Vec::new(),
+                out: rec,
+            })
+        })
+        .and_then(|rec| {
+            self.io().deallocate(rec.data_page, rec.data_pages());
+            self.pool(&rec.name)
+        })
+    }
+
+    /// Opens KV pool `name` (the first open in a process reads its header table).
+    pub fn pool(&self, name: &str) -> Result<KvPool> {
+        let rec = {
+            let m = self.meta();
+            m.catalog
+                .pools
+                .iter()
+                .find(|p| p.name == name)
+                .cloned()
+                .ok_or_else(|| StoreError::NotFound(format!("KV pool {name:?}")))?
+        };
+        if let Some(s) = self.meta().pools.get(&rec.id) {
+            return Ok(KvPool {
+                store: self.clone(),
+                shared: s.clone(),
+            });
+        }
+        let state = load(self, &rec)?;
+        let mut m = self.meta();
+        let shared = m
+            .pools
+            .entry(rec.id)
+            .or_insert_with(|| {
+                Arc::new(PoolShared {
+                    rec,
+                    state: Mutex::new(state),
+                })
+            })
+            .clone();
+        Ok(KvPool {
+            store: self.clone(),
+            shared,
+        })
+    }
+
+    /// The KV pools.
+    pub fn pools(&self) -> Vec<PoolInfo> {
+        let m = self.meta();
+        m.catalog
+            .pools
+            .iter()
+            .map(|p| PoolInfo {
+                name: p.name.clone(),
+                id: p.id,
+                block_size: p.block_size,
+                slots: p.slots,
+                used: m.pools.get(&p.id).map(|s| s.lock().index.len() as u64),
+            })
+            .collect()
+    }
+
+    /// Deletes KV pool `name` and deallocates its space; refused while a handle on it lives.
+    pub fn delete_pool(&self, name: &str) -> Result<()> {
+        let rec = self.commit_catalog(|meta, cat| {
+            let i = cat
+                .pools
+                .iter()
+                .position(|p| p.name == name)
+                .ok_or_else(|| StoreError::NotFound(format!("KV pool {name:?}")))?;
+            let rec = cat.pools.remove(i);
+            if meta.pools.get(&rec.id).is_some_and(|s| Arc::strong_count(s) > 1) {
+                return Err(StoreError::Invalid(format!(
+                    "KV pool {name:?} is open: drop its handles first"
+                )));
+            }
+            meta.pools.remove(&rec.id);
+            let frees = vec![
+                (rec.header_page, rec.header_pages(), None),
+                (rec.data_page, rec.data_pages(), None),
+            ];
+            Ok(Change {
+                out: rec,
+                writes: Vec::new(),
+                taken: Vec::new(),
+                frees,
+            })
+        })?;
+        let mut io = self.io();
+        io.deallocate(rec.header_page, rec.header_pages());
+        io.deallocate(rec.data_page, rec.data_pages());
+        Ok(())
+    }
+}
+
+impl KvPool {
+    /// The pool.
+    pub fn info(&self) -> PoolInfo {
+        let r = &self.shared.rec;
+        PoolInfo {
+            name: r.name.clone(),
+            id: r.id,
+            block_size: r.block_size,
+            slots: r.slots,
+            used: Some(self.len()),
+        }
+    }
+
+    /// Block size in bytes.
+    pub fn block_size(&self) -> u32 {
+        self.shared.rec.block_size
+    }
+
+    /// Occupied slots.
+    pub fn len(&self) -> u64 {
+        self.shared.lock().index.len() as u64
+    }
+
+    /// Whether no block is stored.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether `key` is held (its block may still fail its crc when read).
+    pub fn contains(&self, key: u128) -> bool {
+        self.shared.lock().index.contains_key(&key)
+    }
+
+    /// Counters since the pool was opened in this process.
+    pub fn stats(&self) -> KvStats {
+        self.shared.lock().stats
+    }
+
+    /// Stores `bufs[i]` (1 to block size bytes) under `keys[i]`, replacing an older block of
+    /// the same key, evicting least recently used blocks when the pool is full; all blocks and
+    /// their headers in one submission burst. Not durable until [`KvPool::sync`] (a cache: a
+    /// put lost to a power cut is a miss afterwards, never wrong bytes).
+    pub fn put_many(&self, keys: &[u128], bufs: &[&[u8]]) -> Result<()> {
+        let rec = &self.shared.rec;
+        if keys.len() != bufs.len() {
+            return Err(StoreError::Invalid(format!(
+                "{} keys and {} buffers",
+                keys.len(),
+                bufs.len()
+            )));
+        }
+        if keys.len() as u64 > rec.slots {
+            return Err(StoreError::Invalid(format!(
+                "{} blocks in one put; the pool has {} slots",
+                keys.len(),
+                rec.slots
+            )));
+        }
+        let mut seen = HashSet::with_capacity(keys.len());
+        for (k, b) in keys.iter().zip(bufs) {
+            if b.is_empty() || b.len() > rec.block_size as usize {
+                return Err(StoreError::Invalid(format!(
+                    "key {k:#x}: {} bytes; a block holds 1 to {}",
+                    b.len(),
+                    rec.block_size
+                )));
+            }
+            if !seen.insert(*k) {
+                return Err(StoreError::Invalid(format!(
+                    "key {k:#x} appears twice in one put"
+                )));
+            }
+        }
+        let mut st = self.shared.lock();
+        // Slots for the new blocks.
+        let mut chosen: Vec<u64> = Vec::with_capacity(keys.len());
+        let mut victims: Vec<u64> = Vec::new();
+        let mut replaced: Vec<u64> = Vec::new();
+        for k in keys {
+            if let Some(&old) = st.index.get(k) {
+                replaced.push(old);
+            }
+        }
+        for &old in &replaced {
+            st.clear(old);
+        }
+        let batch_evict = (rec.slots / 64).max(1);
+        for _ in keys {
+            if st.free.is_empty() {
+                let want = batch_evict.max((keys.len() - chosen.len()) as u64);
+                let mut n = 0;
+                while n < want {
+                    let Some((_, v)) = st.lru.pop_first() else { break };
+                    // Put back its tick so `clear` finds it consistent.
+                    if let Some(s) = st.slots[v as usize].as_mut() {
+                        s.tick = 0;
+                    }
+                    st.lru.insert(0, v);
+                    st.clear(v);
+                    st.stats.evictions += 1;
+                    victims.push(v);
+                    n += 1;
+                }
+            }
+            let slot = st
+                .free
+                .pop()
+                .ok_or_else(|| StoreError::Internal("no slot after eviction".into()))?;
+            chosen.push(slot);
+        }
+        // Headers in memory.
+        let mut pages: Vec<u64> = Vec::new();
+        for ((k, b), &slot) in keys.iter().zip(bufs).zip(&chosen) {
+            let generation = st.next_gen;
+            st.next_gen += 1;
+            let crc = slot_data_crc(*k, generation, b);
+            let h = SlotHeader {
+                pool: rec.id,
+                key: *k,
+                generation,
+                len: b.len() as u32,
+                crc,
+            };
+            let at = slot as usize * SLOT_HEADER;
+            st.headers[at..at + SLOT_HEADER].copy_from_slice(&h.encode());
+            st.slots[slot as usize] = Some(Slot {
+                key: *k,
+                generation,
+                len: b.len() as u32,
+                crc,
+                tick: 0,
+            });
+            st.index.insert(*k, slot);
+            st.touch(slot);
+            pages.push(at as u64 / PAGE as u64);
+        }
+        for &s in victims.iter().chain(&replaced) {
+            pages.push(s * SLOT_HEADER as u64 / PAGE as u64);
+        }
+        pages.sort_unstable();
+        pages.dedup();
+        let page_data: Vec<(u64, Vec<u8>)> = pages
+            .iter()
+            .map(|&p| (p, st.headers[p as usize * PAGE..(p as usize + 1) * PAGE].to_vec()))
+            .collect();
+        let bp = rec.block_pages();
+        let mut jobs: Vec<Job<'_>> = Vec::with_capacity(keys.len() + page_data.len());
+        for (b, &slot) in bufs.iter().zip(&chosen) {
+            jobs.push(Job::Write {
+                page: rec.data_page + slot * bp,
+                data: b,
+            });
+        }
+        for (p, d) in &page_data {
+            jobs.push(Job::Write {
+                page: rec.header_page + p,
+                data: d,
+            });
+        }
+        let mut io = self.store.io();
+        if let Err(e) = io.run(&mut jobs) {
+            drop(io);
+            // Those slots' contents on disk are unknown: forget them (misses, never hits).
+            for &slot in &chosen {
+                st.clear(slot);
+            }
+            return Err(e);
+        }
+        st.stats.puts += keys.len() as u64;
+        // Victims not reused at once go back to the device.
+        let reused: HashSet<u64> = chosen.iter().copied().collect();
+        for &v in victims.iter().chain(&replaced) {
+            if !reused.contains(&v) && st.slots[v as usize].is_none() {
+                io.deallocate(rec.data_page + v * bp, bp);
+                st.stats.deallocated += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads the blocks of `keys` into `bufs` (each at least as long as the block) in one
+    /// submission burst; per key, `Some(length)` for a hit, `None` for a miss. Every hit's
+    /// crc32c is checked: a block that fails it is a miss.
+    pub fn get_many(&self, keys: &[u128], bufs: &mut [&mut [u8]]) -> Result<Vec<Option<usize>>> {
+        if keys.len() != bufs.len() {
+            return Err(StoreError::Invalid(format!(
+                "{} keys and {} buffers",
+                keys.len(),
+                bufs.len()
+            )));
+        }
+        let rec = &self.shared.rec;
+        let mut want: Vec<Option<(u64, Slot)>> = Vec::with_capacity(keys.len());
+        {
+            let mut st = self.shared.lock();
+            for (i, k) in keys.iter().enumerate() {
+                match st.index.get(k).copied() {
+                    Some(slot) => {
+                        let s = st.slots[slot as usize].expect("indexed slots are occupied");
+                        if bufs[i].len() < s.len as usize {
+                            return Err(StoreError::Invalid(format!(
+                                "key {k:#x}: its block holds {} bytes, the buffer {}",
+                                s.len,
+                                bufs[i].len()
+                            )));
+                        }
+                        st.touch(slot);
+                        want.push(Some((slot, s)));
+                    }
+                    None => want.push(None),
+                }
+            }
+        }
+        // Read without the pool lock: a put that reuses a slot meanwhile makes its crc fail.
+        {
+            let mut jobs: Vec<Job<'_>> = Vec::new();
+            for (w, b) in want.iter().zip(bufs.iter_mut()) {
+                if let Some((slot, s)) = w {
+                    jobs.push(Job::Read {
+                        page: rec.data_page + slot * rec.block_pages(),
+                        dst: &mut b[..s.len as usize],
+                    });
+                }
+            }
+            self.store.io().run(&mut jobs)?;
+        }
+        let mut out = Vec::with_capacity(keys.len());
+        let mut st = self.shared.lock();
+        for ((k, w), b) in keys.iter().zip(&want).zip(bufs.iter()) {
+            match w {
+                None => {
+                    st.stats.misses += 1;
+                    out.push(None);
+                }
+                Some((slot, s)) => {
+                    if slot_data_crc(*k, s.generation, &b[..s.len as usize]) == s.crc {
+                        st.stats.hits += 1;
+                        out.push(Some(s.len as usize));
+                    } else {
+                        st.stats.misses += 1;
+                        st.stats.bad_blocks += 1;
+                        let same = st.slots[*slot as usize]
+                            .is_some_and(|c| c.key == *k && c.generation == s.generation);
+                        if same {
+                            log::warn!(
+                                "KV pool {:?}: block of key {k:#x} failed its crc; dropped",
+                                rec.name
+                            );
+                            st.clear(*slot);
+                        }
+                        out.push(None);
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Removes `keys` (absent ones are ignored); returns how many were held. Their headers
+    /// are cleared and their blocks deallocated in one burst.
+    pub fn remove_many(&self, keys: &[u128]) -> Result<usize> {
+        let rec = &self.shared.rec;
+        let mut st = self.shared.lock();
+        let slots: Vec<u64> = keys.iter().filter_map(|k| st.index.get(k).copied()).collect();
+        for &s in &slots {
+            st.clear(s);
+        }
+        let mut pages: Vec<u64> = slots
+            .iter()
+            .map(|s| s * SLOT_HEADER as u64 / PAGE as u64)
+            .collect();
+        pages.sort_unstable();
+        pages.dedup();
+        let page_data: Vec<(u64, Vec<u8>)> = pages
+            .iter()
+            .map(|&p| (p, st.headers[p as usize * PAGE..(p as usize + 1) * PAGE].to_vec()))
+            .collect();
+        let mut jobs: Vec<Job<'_>> = page_data
+            .iter()
+            .map(|(p, d)| Job::Write {
+                page: rec.header_page + p,
+                data: d,
+            })
+            .collect();
+        let mut io = self.store.io();
+        io.run(&mut jobs)?;
+        for &s in &slots {
+            io.deallocate(rec.data_page + s * rec.block_pages(), rec.block_pages());
+            st.stats.deallocated += 1;
+        }
+        Ok(slots.len())
+    }
+
+    /// Makes every put so far durable (flushes the namespaces' write caches).
+    pub fn sync(&self) -> Result<()> {
+        let _st = self.shared.lock();
+        self.store.io().flush_all()
+    }
+}
+
+/// fsck of one pool: reads the header table and the data of every occupied slot. Returns the
+/// slots checked and findings. Blocks that fail their crc are not findings (a put cut short by
+/// a crash leaves them, and they read as misses): they are counted in the report instead.
+pub(crate) fn fsck_pool(store: &Store, rec: &PoolRec) -> Result<(u64, Vec<Finding>)> {
+    let st = load(store, rec)?;
+    let mut findings = Vec::new();
+    let mut checked = 0;
+    let occupied: Vec<(u64, Slot)> = st
+        .slots
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| s.map(|s| (i as u64, s)))
+        .collect();
+    for batch in occupied.chunks(64) {
+        let mut bufs: Vec<Vec<u8>> = batch.iter().map(|(_, s)| vec![0u8; s.len as usize]).collect();
+        let mut jobs: Vec<Job<'_>> = batch
+            .iter()
+            .zip(bufs.iter_mut())
+            .map(|((i, _), b)| Job::Read {
+                page: rec.data_page + i * rec.block_pages(),
+                dst: b,
+            })
+            .collect();
+        store.io().run(&mut jobs)?;
+        drop(jobs);
+        for ((i, s), b) in batch.iter().zip(&bufs) {
+            checked += 1;
+            if slot_data_crc(s.key, s.generation, b) != s.crc {
+                log::info!(
+                    "KV pool {:?} slot {i}: block fails its crc (reads as a miss)",
+                    rec.name
+                );
+            }
+        }
+    }
+    let dupes = st.index.len() as u64 != occupied.len() as u64;
+    if dupes {
+        findings.push(Finding {
+            object: format!("KV pool {:?}", rec.name),
+            detail: "the index and the occupied slots disagree".into(),
+        });
+    }
+    Ok((checked, findings))
+}

@@ -1,0 +1,96 @@
+//! # vfpoll-store: crash-safe checkpoints and KV-cache blocks on raw namespaces
+//!
+//! A store lives on one or more namespaces (NVMe namespaces through vfpoll's VFIO driver, Linux
+//! files or block devices through io_uring, or test devices), striped over them in fixed chunks.
+//! It holds two kinds of objects:
+//!
+//! - **checkpoints**: named versions of many named tensors or buffers. A version is written
+//!   with [`Store::begin`] / [`CheckpointTx::put`] and made visible, all or nothing, by
+//!   [`CheckpointTx::commit`] (or [`CheckpointTx::commit_async`], whose [`SaveHandle`] tells
+//!   when the caller's memory may be reused and when the version is durable). Readers
+//!   ([`Store::open_version`]) see committed versions only and pin them; every extent carries a
+//!   crc32c checked on read ([`ReadOptions::verify`]). [`Store::keep_last`] and
+//!   [`Store::delete_version`] reclaim space.
+//! - **KV pools** ([`Store::create_pool`], [`KvPool`]): fixed-size blocks under 128-bit keys,
+//!   with batched [`KvPool::put_many`] / [`KvPool::get_many`], LRU eviction with deallocate, and
+//!   an index rebuilt at open from the slot headers alone.
+//!
+//! The on-disk format is specified in `store/FORMAT.md` (in the repository): two checksummed
+//! superblocks per namespace, a root record alternating between two slots, copy-on-write
+//! metadata reachable only from the committed root, free space rebuilt at open. A commit
+//! writes data, flushes the namespaces that have a volatile write cache, then writes the root
+//! with FUA; the newer valid root wins at open. [`Store::fsck`] checks all of it.
+//!
+//! ## Namespaces
+//!
+//! A store is named by its namespaces' spec strings ([`device::NamespaceSpec`]): `file:PATH`
+//! (`?size=4G` to create it), `blk:/dev/nvme0n1` or `/dev/...`, `vfio:0000:00:03.0/1`,
+//! `model:SIZE` (the in-process NVMe model) and `mem:SIZE` (memory). Custom backends implement
+//! [`device::Device`] and go through [`Store::format_devices`] / [`Store::open_devices`].
+//!
+//! ```
+//! use vfpoll_store::{FormatOptions, Store, StoreOptions};
+//! # fn main() -> Result<(), vfpoll_store::StoreError> {
+//! let dir = tempfile::tempdir().unwrap();
+//! let specs = [
+//!     format!("file:{}/a.img?size=32M", dir.path().display()),
+//!     format!("file:{}/b.img?size=32M", dir.path().display()),
+//! ];
+//! let mut opts = FormatOptions::default();
+//! opts.store.lock_dir = Some(dir.path().into());
+//! opts.store.allow_buffered_io = true; // the test's tempdir may be on tmpfs
+//! let store = Store::format(&specs, &opts)?;
+//! let mut tx = store.begin("model")?;
+//! tx.put("w", b"", &[7u8; 3_000_000])?; // striped over both files
+//! tx.commit()?;
+//! drop(store);
+//!
+//! let store = Store::open(&specs, &opts.store)?;
+//! assert_eq!(store.open_version("model", None)?.read_to_vec("w")?, vec![7u8; 3_000_000]);
+//! assert!(store.fsck()?.is_clean());
+//! # Ok(()) }
+//! ```
+//!
+//! ## Threading model
+//!
+//! [`Store`] is a cheap handle (`Clone + Send + Sync`) on shared state with two locks: the
+//! metadata (catalog, free space, pins) and the I/O engine (the namespaces' devices and their
+//! DMA buffers). A call takes the engine for one submission burst, submits everything it has
+//! over all namespaces at once, polls to completion on the calling thread, and lets go; so
+//! bursts from several threads are serialised, each at full queue depth over every namespace.
+//! This suits the two workloads (a checkpoint's tensors and a KV batch are big bursts), keeps
+//! each NVMe queue pair on one thread at a time as the driver requires, and needs no I/O
+//! thread. Commits hold the metadata lock while they write the catalog and the root, so
+//! commits are serialised; readers and KV gets do not wait for a checkpoint's data writes
+//! (only for its commit). A per-thread channel per namespace (SPDK blobstore's model) would
+//! let bursts of several threads overlap; it is the next step if one burst does not saturate
+//! the devices.
+//!
+//! ## Safety
+//!
+//! `unsafe` lives in `device::uring` (pushing io_uring entries that point at buffers the
+//! device keeps until their completion) and in `device`'s `IoBuffer` impl for [`device::IoBuf`];
+//! each block says why it is sound. No Rust reference is made into DMA memory: data moves
+//! through copies.
+
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks, missing_docs)]
+
+mod alloc;
+mod checkpoint;
+pub mod device;
+mod error;
+pub mod format;
+mod fsck;
+mod io;
+mod kv;
+mod lock;
+mod store;
+
+pub use checkpoint::{
+    CheckpointInfo, CheckpointTx, CommitInfo, EntryInfo, ReadOptions, SaveHandle, VersionInfo, VersionReader,
+};
+pub use device::{parse_size, NamespaceSpec};
+pub use error::{Result, StoreError};
+pub use kv::{KvPool, KvStats, PoolInfo};
+pub use lock::DEFAULT_LOCK_DIR;
+pub use store::{Finding, FormatOptions, FsckReport, MemberInfo, Store, StoreInfo, StoreOptions};

@@ -1,0 +1,896 @@
+//! [`Store`]: format, open, the commit protocol (FORMAT.md §7), info and fsck.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::alloc::Allocator;
+use crate::device::{open_all, Device, DeviceError, IoOp, NamespaceSpec, OpenSpecOptions};
+use crate::error::{Result, StoreError};
+use crate::format::{
+    decode_blob, encode_blob, BlobKind, BlobLoc, Catalog, Corrupt, Manifest, Root, Superblock, CHUNK_RANGE,
+    DATA_START, MAX_MEMBERS, PAGE, ROOT_OFFSETS,
+};
+use crate::io::{Geometry, Io, Job};
+use crate::kv::PoolShared;
+use crate::lock::{StoreLock, DEFAULT_LOCK_DIR};
+
+/// Options for opening a store (and for the store a format leaves open).
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    /// Directory of the lock file (default `/run/vfpoll`).
+    pub lock_dir: Option<PathBuf>,
+    /// Open files without `O_DIRECT` where the file system refuses it (tmpfs): slower, still
+    /// durable. Off by default: the error says so instead.
+    pub allow_buffered_io: bool,
+    /// I/O buffers of one chunk per namespace (in flight at once per namespace).
+    pub io_buffers: usize,
+    /// io_uring entries and NVMe queue entries per namespace.
+    pub queue_depth: u32,
+    /// Give up on a batch when nothing completes for this long.
+    pub io_timeout: Duration,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            lock_dir: None,
+            allow_buffered_io: false,
+            io_buffers: 32,
+            queue_depth: 128,
+            io_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Options for [`Store::format`].
+#[derive(Debug, Clone)]
+pub struct FormatOptions {
+    /// Stripe chunk in bytes: a power of two in 64 KiB..=64 MiB (default 1 MiB). Each extent
+    /// holds at most one chunk and has its own crc32c.
+    pub chunk_size: u32,
+    /// A label (at most 64 bytes).
+    pub label: String,
+    /// Size of `file:` namespaces that do not exist yet (or are smaller), unless their spec
+    /// gives `?size=`.
+    pub file_size: Option<u64>,
+    /// Overwrite namespaces that already hold a vfpoll store (refused while it is open).
+    pub force: bool,
+    /// How the new store is opened.
+    pub store: StoreOptions,
+}
+
+impl Default for FormatOptions {
+    fn default() -> Self {
+        FormatOptions {
+            chunk_size: 1 << 20,
+            label: String::new(),
+            file_size: None,
+            force: false,
+            store: StoreOptions::default(),
+        }
+    }
+}
+
+/// One namespace of an open store.
+#[derive(Debug, Clone)]
+pub struct MemberInfo {
+    /// Its index in the stripe.
+    pub index: u32,
+    /// The device.
+    pub device: String,
+    /// Bytes.
+    pub capacity: u64,
+    /// Block size.
+    pub block_size: u32,
+    /// Whether it has a volatile write cache (commits flush it).
+    pub volatile_write_cache: bool,
+}
+
+/// What [`Store::info`] reports.
+#[derive(Debug, Clone)]
+pub struct StoreInfo {
+    /// UUID, as 32 hex digits with dashes.
+    pub uuid: String,
+    /// Label.
+    pub label: String,
+    /// Format version (major, minor).
+    pub format_version: (u16, u16),
+    /// The namespaces, in stripe order.
+    pub members: Vec<MemberInfo>,
+    /// Stripe chunk.
+    pub chunk_size: u32,
+    /// Bytes of the logical space.
+    pub capacity: u64,
+    /// Bytes free.
+    pub free: u64,
+    /// Generation of the committed root.
+    pub generation: u64,
+    /// Checkpoints.
+    pub checkpoints: usize,
+    /// Versions over all checkpoints.
+    pub versions: usize,
+    /// Bytes of data in all versions.
+    pub data_bytes: u64,
+    /// KV pools.
+    pub pools: usize,
+    /// The lock file held.
+    pub lock_file: String,
+}
+
+/// One problem [`Store::fsck`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finding {
+    /// The object ("superblock B of member 1", "checkpoint m v3 entry w").
+    pub object: String,
+    /// What is wrong.
+    pub detail: String,
+}
+
+/// What [`Store::fsck`] checked and found.
+#[derive(Debug, Clone, Default)]
+pub struct FsckReport {
+    /// Versions checked.
+    pub versions: usize,
+    /// Entries checked.
+    pub entries: usize,
+    /// Extents whose crc32c was checked.
+    pub extents: u64,
+    /// Bytes of data read and checked.
+    pub bytes: u64,
+    /// KV slots whose data crc was checked.
+    pub kv_slots: u64,
+    /// Problems; empty when the store is sound.
+    pub findings: Vec<Finding>,
+}
+
+impl FsckReport {
+    /// Whether nothing was found.
+    pub fn is_clean(&self) -> bool {
+        self.findings.is_empty()
+    }
+}
+
+/// What a catalog change asks of [`Store::commit_catalog`].
+pub(crate) struct Change<T> {
+    /// What the commit returns.
+    pub out: T,
+    /// Pages to write before the catalog (logical page, whole pages of bytes).
+    pub writes: Vec<(u64, Vec<u8>)>,
+    /// Pages the change allocated: given back if the commit fails before its root.
+    pub taken: Vec<(u64, u64)>,
+    /// Pages freed once the new root is durable, with the version that may pin them.
+    pub frees: Vec<(u64, u64, Option<u64>)>,
+}
+
+/// In-memory state of the committed root, and what hangs off it.
+pub(crate) struct Meta {
+    pub root: Root,
+    pub catalog: Catalog,
+    pub manifests: HashMap<u64, Arc<Manifest>>,
+    pub alloc: Allocator,
+    /// Readers per version id.
+    pub pins: HashMap<u64, usize>,
+    /// Pages of deleted versions that readers still pin.
+    pub zombies: HashMap<u64, Vec<(u64, u64)>>,
+    pub poisoned: Option<String>,
+    /// KV pools opened in this process, by pool id.
+    pub pools: HashMap<u64, Arc<PoolShared>>,
+}
+
+pub(crate) struct Inner {
+    pub io: Mutex<Io>,
+    pub meta: Mutex<Meta>,
+    pub sb: Superblock,
+    pub members: Vec<MemberInfo>,
+    pub opts: StoreOptions,
+    lock: StoreLock,
+}
+
+/// An open store: checkpoints and KV pools on one or more namespaces.
+///
+/// Cheap to clone (a shared handle); `Send + Sync`. See the crate docs for the threading model.
+#[derive(Clone)]
+pub struct Store {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("uuid", &uuid_str(&self.inner.sb.uuid))
+            .finish()
+    }
+}
+
+pub(crate) fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+pub(crate) fn uuid_str(u: &[u8; 16]) -> String {
+    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+fn random_uuid() -> [u8; 16] {
+    use std::io::Read;
+    let mut u = [0u8; 16];
+    if std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut u))
+        .is_err()
+    {
+        let t = now_ns() ^ ((std::process::id() as u64) << 32);
+        u[..8].copy_from_slice(&t.to_le_bytes());
+        u[8..].copy_from_slice(
+            &t.rotate_left(17)
+                .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+                .to_le_bytes(),
+        );
+    }
+    u[6] = (u[6] & 0x0f) | 0x40;
+    u[8] = (u[8] & 0x3f) | 0x80;
+    u
+}
+
+fn parse_specs<S: AsRef<str>>(specs: &[S]) -> Result<Vec<NamespaceSpec>> {
+    if specs.is_empty() {
+        return Err(StoreError::Invalid("name at least one namespace".into()));
+    }
+    specs
+        .iter()
+        .map(|s| s.as_ref().parse::<NamespaceSpec>().map_err(StoreError::Invalid))
+        .collect()
+}
+
+fn dev_err(d: &dyn Device, e: DeviceError) -> StoreError {
+    StoreError::Device {
+        device: d.describe(),
+        source: e,
+    }
+}
+
+/// Reads `len` bytes at `off` of a device that has no engine yet (superblocks at open).
+fn sync_read(dev: &mut dyn Device, off: u64, len: usize, timeout: Duration) -> Result<Vec<u8>> {
+    let mut bufs = dev.alloc_buffers(1, len).map_err(|e| dev_err(dev, e))?;
+    let buf = bufs
+        .pop()
+        .ok_or_else(|| StoreError::Internal("no buffer".into()))?;
+    dev.submit(0, IoOp::Read { offset: off, buf })
+        .map_err(|(e, _)| dev_err(dev, e))?;
+    dev.kick().map_err(|e| dev_err(dev, e))?;
+    let start = std::time::Instant::now();
+    let mut done = Vec::new();
+    loop {
+        dev.poll(&mut done);
+        if let Some(d) = done.pop() {
+            d.result.map_err(|e| dev_err(dev, e))?;
+            let buf = d
+                .buf
+                .ok_or_else(|| StoreError::Internal("read without its buffer".into()))?;
+            let mut out = vec![0u8; len];
+            buf.read(0, &mut out).map_err(|e| dev_err(dev, e))?;
+            return Ok(out);
+        }
+        if start.elapsed() > timeout {
+            return Err(StoreError::Timeout {
+                waited: start.elapsed(),
+                outstanding: 1,
+            });
+        }
+        dev.wait(Duration::from_millis(1));
+    }
+}
+
+/// Reads both superblock copies of `dev`: the valid one (A first), or why neither is.
+fn read_superblock(dev: &mut dyn Device, timeout: Duration) -> Result<(Superblock, Vec<Finding>)> {
+    let b = sync_read(dev, 0, 2 * PAGE, timeout)?;
+    let name = dev.describe();
+    let a = Superblock::decode(&b[..PAGE], &format!("superblock A of {name}"));
+    let bb = Superblock::decode(&b[PAGE..], &format!("superblock B of {name}"));
+    let mut findings = Vec::new();
+    for r in [&a, &bb] {
+        if let Err(c) = r {
+            findings.push(Finding {
+                object: c.object.clone(),
+                detail: c.detail.clone(),
+            });
+        }
+    }
+    match (a, bb) {
+        (Ok(s), _) | (Err(_), Ok(s)) => {
+            if !findings.is_empty() {
+                log::warn!("{}: using the other copy", findings[0].object);
+            }
+            Ok((s, findings))
+        }
+        (Err(ea), Err(_)) => {
+            if !Superblock::has_magic(&b[..PAGE]) && !Superblock::has_magic(&b[PAGE..]) {
+                Err(StoreError::NotAStore(format!(
+                    "{name} holds no vfpoll store (no superblock): format it first (vfpoll store format)"
+                )))
+            } else {
+                Err(StoreError::Corrupt(Corrupt {
+                    object: format!("superblock of {name}"),
+                    detail: format!("both copies are damaged ({})", ea.detail),
+                }))
+            }
+        }
+    }
+}
+
+impl Store {
+    /// Formats the namespaces named by `specs` (see [`NamespaceSpec`]) as one new store, striped
+    /// over them in their order, and opens it.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), vfpoll_store::StoreError> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let spec = format!("file:{}/store.img?size=64M", dir.path().display());
+    /// let mut opts = vfpoll_store::FormatOptions::default();
+    /// opts.store.lock_dir = Some(dir.path().into());
+    /// opts.store.allow_buffered_io = true; // the tempdir may be on tmpfs
+    /// let store = vfpoll_store::Store::format(&[spec], &opts)?;
+    /// assert_eq!(store.info().members.len(), 1);
+    /// # Ok(()) }
+    /// ```
+    pub fn format<S: AsRef<str>>(specs: &[S], opts: &FormatOptions) -> Result<Store> {
+        let specs = parse_specs(specs)?;
+        let o = OpenSpecOptions {
+            create_size: opts.file_size,
+            create: true,
+            allow_buffered: opts.store.allow_buffered_io,
+            queue_depth: opts.store.queue_depth,
+        };
+        let devs = open_all(&specs, &o).map_err(|e| StoreError::Device {
+            device: "namespace".into(),
+            source: e,
+        })?;
+        Self::format_devices(devs, opts)
+    }
+
+    /// [`Store::format`] on devices made by the caller (tests, custom backends).
+    pub fn format_devices(mut devs: Vec<Box<dyn Device>>, opts: &FormatOptions) -> Result<Store> {
+        let cs = opts.chunk_size;
+        if !cs.is_power_of_two() || cs < CHUNK_RANGE.0 || cs > CHUNK_RANGE.1 {
+            return Err(StoreError::Invalid(format!(
+                "chunk size {cs}: must be a power of two from 64 KiB to 64 MiB"
+            )));
+        }
+        if devs.is_empty() || devs.len() > MAX_MEMBERS as usize {
+            return Err(StoreError::Invalid(format!(
+                "{} namespaces: a store has 1 to {MAX_MEMBERS}",
+                devs.len()
+            )));
+        }
+        if opts.label.len() > 64 {
+            return Err(StoreError::Invalid("the label is longer than 64 bytes".into()));
+        }
+        let timeout = opts.store.io_timeout;
+        let mut chunks = u64::MAX;
+        for d in devs.iter_mut() {
+            let bs = d.block_size();
+            if bs == 0 || !(PAGE as u32).is_multiple_of(bs) {
+                return Err(StoreError::Invalid(format!(
+                    "{}: {bs}-byte blocks; the store needs blocks that divide 4096",
+                    d.describe()
+                )));
+            }
+            let usable = d.capacity().saturating_sub(DATA_START) / cs as u64;
+            if usable == 0 {
+                return Err(StoreError::Invalid(format!(
+                    "{}: {} bytes is too small: a namespace needs at least {} bytes (1 MiB of headers and one chunk)",
+                    d.describe(),
+                    d.capacity(),
+                    DATA_START + cs as u64
+                )));
+            }
+            chunks = chunks.min(usable);
+            match read_superblock(d.as_mut(), timeout) {
+                Ok((old, _)) if !opts.force => {
+                    return Err(StoreError::Exists(format!(
+                        "{} already holds a vfpoll store ({}); pass force to overwrite it",
+                        d.describe(),
+                        uuid_str(&old.uuid)
+                    )));
+                }
+                Err(StoreError::Corrupt(_)) if !opts.force => {
+                    return Err(StoreError::Exists(format!(
+                        "{} holds a damaged vfpoll store superblock; pass force to overwrite it",
+                        d.describe()
+                    )));
+                }
+                Ok((old, _)) => {
+                    // Refused while another process has it open.
+                    let dir = opts
+                        .store
+                        .lock_dir
+                        .clone()
+                        .unwrap_or_else(|| DEFAULT_LOCK_DIR.into());
+                    drop(StoreLock::take(&dir, &uuid_str(&old.uuid))?);
+                }
+                Err(StoreError::NotAStore(_)) | Err(StoreError::Corrupt(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let members = devs.len() as u32;
+        let uuid = random_uuid();
+        let created = now_ns() / 1_000_000_000;
+        let geo = Geometry {
+            members,
+            chunk_pages: cs as u64 / PAGE as u64,
+            chunks_per_member: chunks,
+        };
+        let sbs: Vec<Superblock> = devs
+            .iter()
+            .enumerate()
+            .map(|(i, d)| Superblock {
+                uuid,
+                member: i as u32,
+                members,
+                chunk_size: cs,
+                chunks_per_member: chunks,
+                block_size: d.block_size(),
+                capacity: d.capacity(),
+                created,
+                label: opts.label.clone(),
+            })
+            .collect();
+        let mut io = Io::new(devs, geo, 4, timeout)?;
+        // An empty catalog at page 0, the other root slot zeroed; flush; superblocks; flush;
+        // root generation 1 with FUA.
+        let (cat, len, crc) =
+            encode_blob(BlobKind::Catalog, 1, &Catalog::default().encode()).map_err(StoreError::Internal)?;
+        io.run(&mut [Job::Write { page: 0, data: &cat }])?;
+        io.write_member(0, ROOT_OFFSETS[0], &[0u8; PAGE], false)?;
+        io.flush_all()?;
+        for (m, sb) in sbs.iter().enumerate() {
+            let b = sb.encode();
+            let mut two = b.clone();
+            two.extend_from_slice(&b);
+            io.write_member(m, 0, &two, false)?;
+        }
+        io.flush_all()?;
+        let root = Root {
+            uuid,
+            generation: 1,
+            catalog: BlobLoc { page: 0, len, crc },
+            committed: now_ns(),
+            next_id: 1,
+        };
+        io.write_member(0, ROOT_OFFSETS[1], &root.encode(), true)?;
+        log::info!("formatted store {} over {members} namespaces", uuid_str(&uuid));
+        let devs = io.members.into_iter().map(|m| m.dev).collect();
+        Self::open_devices(devs, &opts.store)
+    }
+
+    /// Opens the store on the namespaces named by `specs`, in any order (each namespace knows
+    /// its place in the stripe). Exclusive: a second open, in this process or another, gets
+    /// [`StoreError::InUse`] with the holder's PID.
+    pub fn open<S: AsRef<str>>(specs: &[S], opts: &StoreOptions) -> Result<Store> {
+        let specs = parse_specs(specs)?;
+        let o = OpenSpecOptions {
+            create_size: None,
+            create: false,
+            allow_buffered: opts.allow_buffered_io,
+            queue_depth: opts.queue_depth,
+        };
+        let devs = open_all(&specs, &o).map_err(|e| StoreError::Device {
+            device: "namespace".into(),
+            source: e,
+        })?;
+        Self::open_devices(devs, opts)
+    }
+
+    /// [`Store::open`] on devices made by the caller (tests, custom backends).
+    pub fn open_devices(mut devs: Vec<Box<dyn Device>>, opts: &StoreOptions) -> Result<Store> {
+        if devs.is_empty() {
+            return Err(StoreError::Invalid("name at least one namespace".into()));
+        }
+        let mut sbs = Vec::with_capacity(devs.len());
+        for d in devs.iter_mut() {
+            let (sb, _) = read_superblock(d.as_mut(), opts.io_timeout)?;
+            let need = DATA_START + sb.chunks_per_member * sb.chunk_size as u64;
+            if d.capacity() < need || !(PAGE as u32).is_multiple_of(d.block_size()) {
+                return Err(StoreError::Corrupt(Corrupt {
+                    object: format!("superblock of {}", d.describe()),
+                    detail: format!(
+                        "the namespace has {} bytes of {}-byte blocks; the store needs {need} bytes of blocks that divide 4096",
+                        d.capacity(),
+                        d.block_size()
+                    ),
+                }));
+            }
+            sbs.push(sb);
+        }
+        let first = sbs[0].clone();
+        if first.members as usize != devs.len() {
+            return Err(StoreError::Invalid(format!(
+                "store {} has {} namespaces; {} were named: name all of them",
+                uuid_str(&first.uuid),
+                first.members,
+                devs.len()
+            )));
+        }
+        let mut order: Vec<Option<Box<dyn Device>>> = (0..devs.len()).map(|_| None).collect();
+        for (d, sb) in devs.into_iter().zip(&sbs) {
+            if sb.uuid != first.uuid
+                || sb.chunk_size != first.chunk_size
+                || sb.chunks_per_member != first.chunks_per_member
+            {
+                return Err(StoreError::Invalid(format!(
+                    "{} belongs to store {}, not {}: the namespaces named are not one store",
+                    d.describe(),
+                    uuid_str(&sb.uuid),
+                    uuid_str(&first.uuid)
+                )));
+            }
+            let slot = &mut order[sb.member as usize];
+            if slot.is_some() {
+                return Err(StoreError::Invalid(format!(
+                    "two namespaces claim member {} of store {}",
+                    sb.member,
+                    uuid_str(&first.uuid)
+                )));
+            }
+            *slot = Some(d);
+        }
+        let devs: Vec<Box<dyn Device>> = order.into_iter().map(|d| d.expect("every member once")).collect();
+        let uuid = uuid_str(&first.uuid);
+        let dir = opts.lock_dir.clone().unwrap_or_else(|| DEFAULT_LOCK_DIR.into());
+        let lock = StoreLock::take(&dir, &uuid)?;
+        let members: Vec<MemberInfo> = devs
+            .iter()
+            .enumerate()
+            .map(|(i, d)| MemberInfo {
+                index: i as u32,
+                device: d.describe(),
+                capacity: d.capacity(),
+                block_size: d.block_size(),
+                volatile_write_cache: d.volatile_write_cache(),
+            })
+            .collect();
+        let geo = Geometry {
+            members: first.members,
+            chunk_pages: first.chunk_pages(),
+            chunks_per_member: first.chunks_per_member,
+        };
+        let mut io = Io::new(devs, geo, opts.io_buffers, opts.io_timeout)?;
+        let root = read_root(&mut io, &first.uuid)?;
+        let (catalog, manifests, alloc) = load_catalog(&mut io, &root, &geo)?;
+        let meta = Meta {
+            root,
+            catalog,
+            manifests,
+            alloc,
+            pins: HashMap::new(),
+            zombies: HashMap::new(),
+            poisoned: None,
+            pools: HashMap::new(),
+        };
+        Ok(Store {
+            inner: Arc::new(Inner {
+                io: Mutex::new(io),
+                meta: Mutex::new(meta),
+                sb: first,
+                members,
+                opts: opts.clone(),
+                lock,
+            }),
+        })
+    }
+
+    pub(crate) fn meta(&self) -> MutexGuard<'_, Meta> {
+        self.inner.meta.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn io(&self) -> MutexGuard<'_, Io> {
+        self.inner.io.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn chunk_pages(&self) -> u64 {
+        self.inner.sb.chunk_pages()
+    }
+
+    /// The options it was opened with.
+    pub fn options(&self) -> &StoreOptions {
+        &self.inner.opts
+    }
+
+    /// What the store is and holds.
+    pub fn info(&self) -> StoreInfo {
+        let m = self.meta();
+        StoreInfo {
+            uuid: uuid_str(&self.inner.sb.uuid),
+            label: self.inner.sb.label.clone(),
+            format_version: crate::format::VERSION,
+            members: self.inner.members.clone(),
+            chunk_size: self.inner.sb.chunk_size,
+            capacity: m.alloc.total() * PAGE as u64,
+            free: m.alloc.free_pages() * PAGE as u64,
+            generation: m.root.generation,
+            checkpoints: m.catalog.checkpoints.len(),
+            versions: m.catalog.checkpoints.iter().map(|c| c.versions.len()).sum(),
+            data_bytes: m
+                .catalog
+                .checkpoints
+                .iter()
+                .flat_map(|c| c.versions.iter())
+                .map(|v| v.bytes)
+                .sum(),
+            pools: m.catalog.pools.len(),
+            lock_file: self.inner.lock.path().display().to_string(),
+        }
+    }
+
+    /// Commits a catalog change (FORMAT.md §7). `change` edits a copy of the catalog and
+    /// returns what it needs written first (blobs: page and bytes) and the pages it frees once
+    /// the new root is durable; on any error before the root is written nothing changes.
+    pub(crate) fn commit_catalog<T>(
+        &self,
+        change: impl FnOnce(&mut Meta, &mut Catalog) -> Result<Change<T>>,
+    ) -> Result<T> {
+        let mut meta = self.meta();
+        if let Some(p) = &meta.poisoned {
+            return Err(StoreError::Poisoned(p.clone()));
+        }
+        let mut cat = meta.catalog.clone();
+        let Change {
+            out,
+            writes: blobs,
+            taken,
+            frees,
+        } = change(&mut meta, &mut cat)?;
+        let generation = meta.root.generation + 1;
+        let (cblob, len, crc) =
+            encode_blob(BlobKind::Catalog, generation, &cat.encode()).map_err(StoreError::Invalid)?;
+        let pages = cblob.len() as u64 / PAGE as u64;
+        let Some(cpage) = meta.alloc.alloc_contiguous(pages) else {
+            let free = meta.alloc.free_pages() * PAGE as u64;
+            for (p, n) in taken {
+                meta.alloc.free(p, n);
+            }
+            return Err(StoreError::Full {
+                needed: cblob.len() as u64,
+                free,
+            });
+        };
+        let root = Root {
+            uuid: self.inner.sb.uuid,
+            generation,
+            catalog: BlobLoc {
+                page: cpage,
+                len,
+                crc,
+            },
+            committed: now_ns(),
+            next_id: meta.root.next_id.max(next_id_of(&cat)),
+        };
+        let mut io = self.io();
+        let mut jobs: Vec<Job<'_>> = blobs
+            .iter()
+            .map(|(p, b)| Job::Write { page: *p, data: b })
+            .collect();
+        jobs.push(Job::Write {
+            page: cpage,
+            data: &cblob,
+        });
+        let written = io.run(&mut jobs).and_then(|()| io.flush_all());
+        if let Err(e) = written {
+            drop(io);
+            meta.alloc.free(cpage, pages);
+            for (p, n) in taken {
+                meta.alloc.free(p, n);
+            }
+            return Err(e);
+        }
+        let slot = (generation % 2) as usize;
+        if let Err(e) = io.write_member(0, ROOT_OFFSETS[slot], &root.encode(), true) {
+            meta.poisoned = Some(e.to_string());
+            return Err(e);
+        }
+        drop(io);
+        // The new root is durable: what only the old one reached may be reused.
+        let old = meta.root.catalog;
+        meta.alloc.free(old.page, old.pages());
+        for (p, n, pinned_by) in frees {
+            match pinned_by {
+                Some(v) if meta.pins.get(&v).is_some_and(|&c| c > 0) => {
+                    meta.zombies.entry(v).or_default().push((p, n));
+                }
+                Some(v) => {
+                    meta.manifests.remove(&v);
+                    meta.alloc.free(p, n);
+                }
+                None => meta.alloc.free(p, n),
+            }
+        }
+        meta.root = root;
+        meta.catalog = cat;
+        Ok(out)
+    }
+
+    /// Runs fsck: re-reads and checks every superblock copy, both roots, the catalog, every
+    /// manifest, every extent's crc32c and every occupied KV slot's data crc; reports what it
+    /// finds and changes nothing. An error means it could not run (I/O), not a finding.
+    pub fn fsck(&self) -> Result<FsckReport> {
+        crate::fsck::run(self)
+    }
+}
+
+fn next_id_of(cat: &Catalog) -> u64 {
+    let v = cat
+        .checkpoints
+        .iter()
+        .flat_map(|c| c.versions.iter().map(|v| v.id))
+        .max()
+        .unwrap_or(0);
+    let p = cat.pools.iter().map(|p| p.id).max().unwrap_or(0);
+    v.max(p) + 1
+}
+
+/// Reads both root slots; the newer valid one (FORMAT.md §4).
+pub(crate) fn read_root(io: &mut Io, uuid: &[u8; 16]) -> Result<Root> {
+    let (roots, errs) = read_roots(io, uuid)?;
+    roots
+        .into_iter()
+        .flatten()
+        .max_by_key(|r| r.generation)
+        .ok_or_else(|| {
+            StoreError::Corrupt(Corrupt {
+                object: "root".into(),
+                detail: format!(
+                    "no valid root in either slot ({}; {}): the format never finished, or both are damaged",
+                    errs[0], errs[1]
+                ),
+            })
+        })
+}
+
+/// Both root slots: each decoded or why not.
+pub(crate) fn read_roots(io: &mut Io, uuid: &[u8; 16]) -> Result<([Option<Root>; 2], [String; 2])> {
+    let mut b = vec![0u8; 2 * PAGE];
+    io.read_member(0, ROOT_OFFSETS[0], &mut b)?;
+    let mut roots = [None, None];
+    let mut errs = [String::new(), String::new()];
+    for slot in 0..2 {
+        match Root::decode(&b[slot * PAGE..(slot + 1) * PAGE], slot, uuid) {
+            Ok(r) => roots[slot] = Some(r),
+            Err(c) => errs[slot] = c.detail,
+        }
+    }
+    Ok((roots, errs))
+}
+
+/// Reads a blob at `loc` (whole pages).
+pub(crate) fn read_blob(io: &mut Io, loc: &BlobLoc) -> Result<Vec<u8>> {
+    let mut b = vec![0u8; loc.pages() as usize * PAGE];
+    io.run(&mut [Job::Read {
+        page: loc.page,
+        dst: &mut b,
+    }])?;
+    Ok(b)
+}
+
+fn overlap(object: &str, page: u64, pages: u64) -> StoreError {
+    StoreError::Corrupt(Corrupt {
+        object: object.into(),
+        detail: format!(
+            "pages {page}..{} overlap another object or lie outside the store",
+            page + pages
+        ),
+    })
+}
+
+/// Reads the catalog and every manifest of `root`, checks them, and rebuilds the free space
+/// (FORMAT.md §8).
+pub(crate) fn load_catalog(
+    io: &mut Io,
+    root: &Root,
+    geo: &Geometry,
+) -> Result<(Catalog, HashMap<u64, Arc<Manifest>>, Allocator)> {
+    let mut alloc = Allocator::new(geo.pages());
+    let cl = root.catalog;
+    alloc
+        .mark_used(cl.page, cl.pages())
+        .map_err(|_| overlap("catalog", cl.page, cl.pages()))?;
+    let blob = read_blob(io, &cl)?;
+    let (id, body) = decode_blob(&blob, BlobKind::Catalog, &cl, "catalog")?;
+    if id != root.generation {
+        return Err(StoreError::Corrupt(Corrupt {
+            object: "catalog".into(),
+            detail: format!(
+                "written for generation {id}, the root is generation {}",
+                root.generation
+            ),
+        }));
+    }
+    let catalog = Catalog::decode(body)?;
+    // All manifests in one batch.
+    let locs: Vec<(String, &crate::format::VersionRec)> = catalog
+        .checkpoints
+        .iter()
+        .flat_map(|c| c.versions.iter().map(move |v| (c.name.clone(), v)))
+        .collect();
+    let mut bufs: Vec<Vec<u8>> = locs
+        .iter()
+        .map(|(_, v)| vec![0u8; v.manifest.pages() as usize * PAGE])
+        .collect();
+    {
+        let mut jobs: Vec<Job<'_>> = locs
+            .iter()
+            .zip(bufs.iter_mut())
+            .map(|((_, v), b)| Job::Read {
+                page: v.manifest.page,
+                dst: b,
+            })
+            .collect();
+        for (name, v) in &locs {
+            if v.id >= root.next_id || v.manifest.page + v.manifest.pages() > geo.pages() {
+                return Err(StoreError::Corrupt(Corrupt {
+                    object: format!("catalog entry of checkpoint {name:?} version {}", v.id),
+                    detail: "version id or manifest location out of range".into(),
+                }));
+            }
+        }
+        io.run(&mut jobs)?;
+    }
+    let mut manifests = HashMap::new();
+    for ((name, v), b) in locs.iter().zip(&bufs) {
+        let object = format!("manifest of checkpoint {name:?} version {}", v.id);
+        alloc
+            .mark_used(v.manifest.page, v.manifest.pages())
+            .map_err(|_| overlap(&object, v.manifest.page, v.manifest.pages()))?;
+        let (id, body) = decode_blob(b, BlobKind::Manifest, &v.manifest, &object)?;
+        let m = Manifest::decode(body, &object, geo.chunk_pages)?;
+        let bytes: u64 = m.entries.iter().map(|e| e.len).sum();
+        if id != v.id
+            || m.id != v.id
+            || &m.checkpoint != name
+            || m.entries.len() != v.entries as usize
+            || bytes != v.bytes
+        {
+            return Err(StoreError::Corrupt(Corrupt {
+                object,
+                detail: "does not match its catalog entry (id, checkpoint, entries or bytes)".into(),
+            }));
+        }
+        for e in &m.entries {
+            for x in &e.extents {
+                alloc.mark_used(x.page, x.pages()).map_err(|_| {
+                    overlap(&format!("{object} entry {:?} extent", e.name), x.page, x.pages())
+                })?;
+            }
+        }
+        manifests.insert(v.id, Arc::new(m));
+    }
+    for p in &catalog.pools {
+        let object = format!("KV pool {:?}", p.name);
+        if p.id >= root.next_id {
+            return Err(StoreError::Corrupt(Corrupt {
+                object,
+                detail: format!(
+                    "pool id {} is not below the root's next id {}",
+                    p.id, root.next_id
+                ),
+            }));
+        }
+        alloc
+            .mark_used(p.header_page, p.header_pages())
+            .map_err(|_| overlap(&format!("{object} header table"), p.header_page, p.header_pages()))?;
+        alloc
+            .mark_used(p.data_page, p.data_pages())
+            .map_err(|_| overlap(&format!("{object} data"), p.data_page, p.data_pages()))?;
+    }
+    Ok((catalog, manifests, alloc))
+}
