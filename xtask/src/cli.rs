@@ -86,6 +86,10 @@ Options:
       --hotplug          Add NVMe controller R (0000:01:00.0) behind a PCIe root port, for
                          device_del/device_add through QMP (<run-dir>/qmp.sock, or /out/qmp/
                          requests from the guest)
+      --big-ns <SIZE>    Add NVMe controllers G (0000:00:0e.0, 512 B blocks) and H
+                         (0000:00:0f.0, 4 KiB blocks), one SIZE namespace each on a sparse
+                         image (nvme-g-ns1.img, nvme-h-ns1.img), e.g. 1G or 512M (MiB without
+                         a suffix), 16M to 64G [default: none]
   -v, --verbose          Show the guest init's lines and kernel warnings
   -h, --help             Print this help";
 
@@ -213,6 +217,8 @@ pub struct VmArgs {
     pub hugepages_1g: u32,
     /// `--numa`.
     pub numa_nodes: u32,
+    /// `--big-ns`, in MiB; 0: none.
+    pub big_ns_mib: u64,
 }
 
 /// Options of `cargo xtask test`.
@@ -324,6 +330,7 @@ fn parse_vm(mut p: Parser) -> Result<Task> {
         qemu: DEFAULT_EMULATOR,
         hugepages_1g: 0,
         numa_nodes: 1,
+        big_ns_mib: 0,
     };
     while let Some(arg) = p.args.next() {
         let s = arg.to_string_lossy().into_owned();
@@ -354,6 +361,7 @@ fn parse_vm(mut p: Parser) -> Result<Task> {
             "--qemu" => a.qemu = emulator_by_name(&p.value(name, inline)?)?,
             "--hugepages-1g" => a.hugepages_1g = number(name, &p.value(name, inline)?)?,
             "--numa" => a.numa_nodes = number(name, &p.value(name, inline)?)?,
+            "--big-ns" => a.big_ns_mib = size_mib(name, &p.value(name, inline)?)?,
             "--modules" => {
                 let v = p.value(name, inline)?;
                 a.modules = Some(v.split(',').filter(|m| !m.is_empty()).map(String::from).collect());
@@ -458,6 +466,27 @@ fn number(name: &str, v: &str) -> Result<u32> {
         .map_err(|_| err!("{name} takes a whole number, not {v:?}"))
 }
 
+/// A namespace size for `--big-ns`: `1G`, `512M` or `512` (MiB), 16 MiB to 64 GiB (the images
+/// are sparse: only what the guest writes takes host disk space).
+fn size_mib(name: &str, v: &str) -> Result<u64> {
+    let t = v.trim();
+    let (num, unit) = t.split_at(t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len()));
+    let shift = match unit.to_ascii_uppercase().as_str() {
+        "" | "M" | "MIB" => 0,
+        "G" | "GIB" => 10,
+        _ => return Err(err!("{name} takes a size such as 1G or 512M, not {v:?}")),
+    };
+    let mib = num
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_shl(shift))
+        .ok_or_else(|| err!("{name} takes a size such as 1G or 512M, not {v:?}"))?;
+    if !(16..=64 << 10).contains(&mib) {
+        return Err(err!("{name} takes 16M to 64G, not {v:?}"));
+    }
+    Ok(mib)
+}
+
 fn secs(v: &str) -> Result<Duration> {
     let n: u64 = v
         .parse()
@@ -511,7 +540,20 @@ mod tests {
         };
         assert_eq!(a.qemu, crate::setup_qemu::QEMU_10);
         assert_eq!((a.hugepages_1g, a.numa_nodes), (4, 2));
+        assert_eq!(a.big_ns_mib, 0);
         assert!(parse(args(&["vm", "--qemu", "8", "true"])).is_err());
+        for (v, mib) in [("1G", 1024), ("512M", 512), ("300", 300), ("2gib", 2048)] {
+            let Task::Vm(a) = parse(args(&["vm", "--big-ns", v, "true"])).unwrap() else {
+                panic!("not vm")
+            };
+            assert_eq!(a.big_ns_mib, mib, "{v}");
+        }
+        for v in ["", "1T", "8M", "65G", "x", "1.5G", "99999999999999999999G"] {
+            assert!(
+                parse(args(&["vm", "--big-ns", v, "true"])).is_err(),
+                "{v:?} accepted"
+            );
+        }
     }
 
     #[test]

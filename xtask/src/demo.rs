@@ -50,6 +50,7 @@ pub fn main(ws: &Workspace, mode: Mode, verbose: bool) -> Result<u8> {
         qemu: crate::setup_qemu::DEFAULT_EMULATOR,
         hugepages_1g: 0,
         numa_nodes: 1,
+        big_ns_mib: 0,
     };
     vm::main(ws, &args)
 }

@@ -37,6 +37,8 @@
 //! | 0000:00:0a.0 | virtio-net, MAC 52:54:00:00:00:03 | 1af4:1041 | modern only (`disable-legacy=on`), on hub 0 with the e1000e; `iommu_platform=on` in IOMMU mode; on the kernel's `virtio_net`, its interface down |
 //! | 0000:00:0b.0 | NVMe controller F               | 1b36:0010 | serial `vfpoll-f`, the namespace formats (`nvme-f-ns1.img` ... `ns7`): 1 512+8 extended, 2 512+8 separate metadata, 3 512+8 PI type 1, 4 4096+64 separate with PI type 1 (first bytes), 5 PI with a 64-bit guard, 6 zoned (4 KiB blocks, 1 MiB zones, 768 KiB capacity, 4 open / 6 active, ZASL 128 KiB), 7 plain 512 B for Format NVM |
 //! | 0000:00:0c.0 / 0000:01:00.0 | PCIe root port `rp1` / NVMe controller R | 1b36:000c / 1b36:0010 | only with `vm --hotplug` (the `recovery_removal` tests): serial `vfpoll-r`, nsid 1: 64 MiB, 512 B blocks (`nvme-r-ns1.img`, a `-blockdev` that outlives an unplug); `device_del`/`device_add` through QMP (`<run-dir>/qmp.sock`, or `/out/qmp` requests from the guest: `qmp.rs`) |
+//! | 0000:00:0e.0 | NVMe controller G               | 1b36:0010 | only with `vm --big-ns SIZE` (the `store` tests: 1 GiB): serial `vfpoll-g`, MDTS 2 MiB; nsid 1: SIZE, 512 B blocks (`nvme-g-ns1.img`, sparse) |
+//! | 0000:00:0f.0 | NVMe controller H               | 1b36:0010 | only with `vm --big-ns SIZE`: serial `vfpoll-h`, MDTS 2 MiB; nsid 1: SIZE, 4 KiB blocks (`nvme-h-ns1.img`, sparse) |
 //!
 //! Modes (`vm --mode`): `iommu` (default): emulated VT-d (`intel-iommu,caching-mode=on`,
 //! `intel_iommu=on`), one IOMMU group per device, type1 containers. `noiommu` (`--noiommu`): no

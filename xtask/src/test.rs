@@ -59,6 +59,11 @@ const HUGE_1G_BINS: &[&str] = &["hugepages_1g"];
 /// per node). The kernel finds aligned free gigabytes for one page on node 0 (below 4 GiB the
 /// PCI hole, above it the node's struct pages) and three on node 1; with 6 GiB, none on node 0.
 const HUGE_1G_MACHINE: (&str, u32, u32) = ("8G", 4, 2);
+/// Test binaries whose boots get the two big namespaces (NVMe controllers G and H,
+/// [`vm::BIG_NS`]), with their size in MiB: the store's, which formats a store over both and
+/// needs more than the fixed 64 MiB namespaces hold. The images are sparse: only what the
+/// tests write takes host disk space.
+const BIG_NS_BINS: &[(&str, u64)] = &[("store", 1024)];
 
 /// `cargo xtask test`.
 pub fn main(ws: &Workspace, a: &TestArgs) -> Result<u8> {
@@ -401,6 +406,10 @@ fn run_pair(
             qemu: qemu.clone(),
             hugepages_1g: if huge_1g { HUGE_1G_MACHINE.1 } else { 0 },
             numa_nodes: if huge_1g { HUGE_1G_MACHINE.2 } else { 1 },
+            big_ns_mib: BIG_NS_BINS
+                .iter()
+                .find(|(b, _)| *b == bin.name)
+                .map_or(0, |&(_, mib)| mib),
         },
     };
     eprintln!("test: {label}: {} guest tests, VFPOLL_SEED={seed}", guest.len());

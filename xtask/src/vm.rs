@@ -10,7 +10,8 @@
 //! device_add) through files in `/out/qmp/` that an agent of this process serves (see
 //! [`crate::qmp`]). With [`Boot::hotplug`], NVMe controller R (serial `vfpoll-r`, one 64 MiB
 //! namespace) sits behind a PCIe root port (slot 00:0c.0, so R is 0000:01:00.0 in the guest) and
-//! can be unplugged and plugged back.
+//! can be unplugged and plugged back. With [`Machine::big_ns_mib`] (`--big-ns`), NVMe
+//! controllers G and H ([`BIG_NS`]) each bring one namespace of that size.
 
 use std::ffi::OsString;
 use std::fs;
@@ -131,7 +132,26 @@ pub struct Machine {
     /// (`-smp`) are split evenly over them, and NVMe controller N sits on the last node (see
     /// [`NUMA_NVME_SERIAL`]).
     pub numa_nodes: u32,
+    /// MiB of each of the two big namespaces ([`BIG_NS`]: NVMe controllers G and H, one
+    /// namespace each, sparse images); 0: no such controllers (the default).
+    pub big_ns_mib: u64,
 }
+
+/// With [`Machine::big_ns_mib`] > 0, two more NVMe controllers, each with one namespace of that
+/// size on a sparse image (for the store's tests and benchmarks, which need namespaces bigger
+/// than the fixed 64 MiB ones, on two controllers): (QEMU id, serial, PCI slot, image,
+/// `nvme-ns` options). G has 512-byte blocks, H 4 KiB blocks; both allow 2 MiB transfers
+/// (MDTS 9).
+pub const BIG_NS: [(&str, &str, u8, &str, &str); 2] = [
+    ("nvmeg", "vfpoll-g", 0xe, "nvme-g-ns1.img", ""),
+    (
+        "nvmeh",
+        "vfpoll-h",
+        0xf,
+        "nvme-h-ns1.img",
+        ",logical_block_size=4096,physical_block_size=4096",
+    ),
+];
 
 /// With NUMA nodes ([`Machine::numa_nodes`] >= 2): NVMe controller N (serial `vfpoll-n`, one
 /// 64 MiB namespace) sits behind a PCI Express expander bridge (`pxb-pcie`, bus 0x80,
@@ -190,6 +210,7 @@ pub fn main(ws: &Workspace, a: &VmArgs) -> Result<u8> {
             qemu: crate::setup_qemu::current(ws, a.qemu)?,
             hugepages_1g: a.hugepages_1g,
             numa_nodes: a.numa_nodes,
+            big_ns_mib: a.big_ns_mib,
         },
     };
     if a.print_cmd {
@@ -393,6 +414,9 @@ fn prepare_run_dir(b: &Boot) -> Result<()> {
         for (f, _) in IMAGES.iter().chain([&GPUBAR]) {
             remove_file(&dir.join(f))?;
         }
+        for (.., f, _) in BIG_NS {
+            remove_file(&dir.join(f))?;
+        }
         if out.exists() {
             fs::remove_dir_all(&out).context(out.display())?;
         }
@@ -409,7 +433,9 @@ fn prepare_run_dir(b: &Boot) -> Result<()> {
         fs::remove_dir_all(&qmp_dir).context(qmp_dir.display())?;
     }
     remove_file(&crate::qmp::socket_path(&dir))?;
-    for &(f, mib) in IMAGES.iter().chain([&GPUBAR]) {
+    let big = BIG_NS.iter().map(|&(.., f, _)| (f, b.machine.big_ns_mib));
+    let big = big.filter(|&(_, mib)| mib > 0);
+    for (f, mib) in IMAGES.iter().chain([&GPUBAR]).copied().chain(big) {
         let p = dir.join(f);
         if !p.exists() {
             fs::File::create(&p)
@@ -682,6 +708,16 @@ pub fn qemu_command(assets: &Assets, b: &Boot) -> Result<Command> {
     }
     if b.machine.numa_nodes >= 2 {
         numa_nvme(&mut q, b, &drive("nvmen1", "nvme-n-ns1.img"));
+    }
+    if b.machine.big_ns_mib > 0 {
+        for (id, serial, addr, img, ns) in BIG_NS {
+            q.args([
+                "-device",
+                &format!("nvme,id={id},serial={serial},mdts=9,addr={addr:#x}"),
+            ]);
+            q.args(drive(&format!("{id}1"), img));
+            q.args(["-device", &format!("nvme-ns,drive={id}1,bus={id},nsid=1{ns}")]);
+        }
     }
     Ok(q)
 }
