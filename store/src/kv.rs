@@ -6,7 +6,7 @@
 //! `get_many` reads the hits in one burst and checks each block's crc32c, which binds the data
 //! to its key and generation: a torn, stale or overwritten block fails it and is a miss, never
 //! a hit. A put that finds the pool full evicts the least recently used blocks (a batch of
-//! 1/64 of the pool at a time, so the next puts find free slots) and deallocates the ones it
+//! 1/64 of the pool, at least 8 blocks, at a time, so the next puts find free slots) and deallocates the ones it
 //! does not reuse at once.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -446,7 +446,7 @@ impl KvPool {
         for &old in &replaced {
             st.clear(old);
         }
-        let batch_evict = (rec.slots / 64).max(1);
+        let batch_evict = (rec.slots / 64).max(8).min(rec.slots);
         for _ in keys {
             if st.free.is_empty() {
                 let want = batch_evict.max((keys.len() - chosen.len()) as u64);

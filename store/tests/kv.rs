@@ -1,0 +1,179 @@
+//! KV pools: batched put/get, replacement, LRU eviction with deallocate, removal, statistics,
+//! a restart that rebuilds the index from the headers, and refusals.
+
+mod common;
+
+use common::{bytes, mem_store, reopen};
+use vfpoll_store::StoreError;
+
+fn get(pool: &vfpoll_store::KvPool, keys: &[u128], bs: usize) -> (Vec<Option<usize>>, Vec<Vec<u8>>) {
+    let mut out = vec![vec![0u8; bs]; keys.len()];
+    let mut bufs: Vec<&mut [u8]> = out.iter_mut().map(|v| v.as_mut_slice()).collect();
+    let hits = pool.get_many(keys, &mut bufs).unwrap();
+    (hits, out)
+}
+
+#[test]
+fn put_get_replace_evict_remove_and_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, handles) = mem_store(dir.path(), 2, 16 << 20);
+    let bs = 64 << 10;
+    let pool = store.create_pool("kv", bs as u32, 64).unwrap();
+    assert!(matches!(
+        store.create_pool("kv", 4096, 1),
+        Err(StoreError::Exists(_))
+    ));
+    let v = |k: u128, round: u64| bytes(k as u64 * 1000 + round, 1 + (k as usize * 997) % bs);
+    // 64 keys fill the pool exactly.
+    let keys: Vec<u128> = (0..64).map(|k| k * 0x1_0000_0000_0000_0001).collect();
+    for chunk in keys.chunks(16) {
+        let vals: Vec<Vec<u8>> = chunk.iter().map(|&k| v(k, 0)).collect();
+        let refs: Vec<&[u8]> = vals.iter().map(|x| x.as_slice()).collect();
+        pool.put_many(chunk, &refs).unwrap();
+    }
+    assert_eq!(pool.len(), 64);
+    assert_eq!(pool.stats().evictions, 0);
+    let (hits, out) = get(&pool, &keys, bs);
+    for ((k, h), o) in keys.iter().zip(&hits).zip(&out) {
+        let want = v(*k, 0);
+        assert_eq!(*h, Some(want.len()));
+        assert_eq!(&o[..want.len()], &want[..]);
+    }
+    // Replace a key: the new value wins, the pool does not grow.
+    pool.put_many(&[keys[3]], &[&v(keys[3], 1)]).unwrap();
+    assert_eq!(pool.len(), 64);
+    let (h, o) = get(&pool, &[keys[3]], bs);
+    assert_eq!(&o[0][..h[0].unwrap()], &v(keys[3], 1)[..]);
+    // Touch keys 0..8 so they are recently used; new keys evict the least recent ones.
+    get(&pool, &keys[..8], bs);
+    let fresh: Vec<u128> = (1000..1004).collect();
+    let vals: Vec<Vec<u8>> = fresh.iter().map(|&k| v(k, 0)).collect();
+    let refs: Vec<&[u8]> = vals.iter().map(|x| x.as_slice()).collect();
+    pool.put_many(&fresh, &refs).unwrap();
+    let st = pool.stats();
+    assert!(st.evictions >= 4, "{st:?}");
+    assert!(
+        st.deallocated > 0,
+        "evicted blocks not reused at once are deallocated: {st:?}"
+    );
+    let (hits, _) = get(&pool, &keys[..8], bs);
+    assert!(hits.iter().all(Option::is_some), "recently used keys stay");
+    let (hits, _) = get(&pool, &fresh, bs);
+    assert!(hits.iter().all(Option::is_some));
+    // Remove.
+    assert_eq!(pool.remove_many(&[keys[0], 424242]).unwrap(), 1);
+    assert!(!pool.contains(keys[0]));
+    let before = pool.stats();
+    let (hits, _) = get(&pool, &[keys[0]], bs);
+    assert_eq!(hits, vec![None]);
+    assert_eq!(pool.stats().misses, before.misses + 1);
+    let held: Vec<u128> = keys
+        .iter()
+        .chain(&fresh)
+        .copied()
+        .filter(|&k| pool.contains(k))
+        .collect();
+    pool.sync().unwrap();
+    drop(pool);
+    drop(store);
+
+    // After a restart the index comes back from the headers alone.
+    let (store, _) = reopen(dir.path(), &handles);
+    let store = store.unwrap();
+    let pool = store.pool("kv").unwrap();
+    assert_eq!(pool.len() as usize, held.len());
+    let (hits, out) = get(&pool, &held, bs);
+    for ((k, h), o) in held.iter().zip(&hits).zip(&out) {
+        let want = if *k == keys[3] { v(*k, 1) } else { v(*k, 0) };
+        assert_eq!(*h, Some(want.len()), "key {k}");
+        assert_eq!(&o[..want.len()], &want[..]);
+    }
+    assert_eq!(store.pools()[0].used, Some(held.len() as u64));
+    let rep = store.fsck().unwrap();
+    assert!(rep.is_clean());
+    assert_eq!(rep.kv_slots, held.len() as u64);
+}
+
+#[test]
+fn refusals_and_pool_deletion() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _h) = mem_store(dir.path(), 1, 8 << 20);
+    assert!(store
+        .create_pool("p", 1000, 4)
+        .unwrap_err()
+        .to_string()
+        .contains("multiple of 4096"));
+    assert!(store.create_pool("p", 4096, 0).is_err());
+    let e = store.create_pool("huge", 1 << 20, 100).unwrap_err();
+    assert!(matches!(e, StoreError::Full { .. }), "{e}");
+    let free = store.info().free;
+    let pool = store.create_pool("p", 8192, 8).unwrap();
+    assert!(pool
+        .put_many(&[1], &[&[0u8; 8193]])
+        .unwrap_err()
+        .to_string()
+        .contains("block holds"));
+    assert!(pool
+        .put_many(&[1, 1], &[&[1u8][..], &[2u8][..]])
+        .unwrap_err()
+        .to_string()
+        .contains("twice"));
+    assert!(pool.put_many(&[1], &[&[][..]]).is_err());
+    pool.put_many(&[1], &[&[9u8; 8000]]).unwrap();
+    let mut small = [0u8; 100];
+    let e = pool.get_many(&[1], &mut [&mut small[..]]).unwrap_err();
+    assert!(e.to_string().contains("8000 bytes"), "{e}");
+    let e = store.delete_pool("p").unwrap_err();
+    assert!(e.to_string().contains("is open"), "{e}");
+    drop(pool);
+    store.delete_pool("p").unwrap();
+    assert!(store.pools().is_empty());
+    assert_eq!(store.info().free, free);
+    assert!(matches!(store.pool("p"), Err(StoreError::NotFound(_))));
+}
+
+#[test]
+fn concurrent_gets_and_puts_never_return_wrong_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _h) = mem_store(dir.path(), 2, 16 << 20);
+    let pool = store.create_pool("kv", 4096, 16).unwrap();
+    // Each value is its key and round, so a hit is checkable without shared state.
+    let val = |k: u128, r: u64| {
+        let mut b = vec![0u8; 4096];
+        b[..16].copy_from_slice(&k.to_le_bytes());
+        b[16..24].copy_from_slice(&r.to_le_bytes());
+        b[24..].copy_from_slice(&bytes(k as u64 ^ r, 4072));
+        b
+    };
+    let first: Vec<u128> = (0..8).collect();
+    let vals: Vec<Vec<u8>> = first.iter().map(|&k| val(k, 1000)).collect();
+    let refs: Vec<&[u8]> = vals.iter().map(|x| x.as_slice()).collect();
+    pool.put_many(&first, &refs).unwrap();
+    let writer = {
+        let pool = pool.clone();
+        std::thread::spawn(move || {
+            for r in 0..200u64 {
+                let keys: Vec<u128> = (0..8).map(|i| ((r * 8 + i) % 40) as u128).collect();
+                let vals: Vec<Vec<u8>> = keys.iter().map(|&k| val(k, r)).collect();
+                let refs: Vec<&[u8]> = vals.iter().map(|x| x.as_slice()).collect();
+                pool.put_many(&keys, &refs).unwrap();
+            }
+        })
+    };
+    let mut hits = 0;
+    let mut rounds = 0;
+    while !writer.is_finished() || rounds < 10 {
+        rounds += 1;
+        let keys: Vec<u128> = (0..40).collect();
+        let (h, out) = get(&pool, &keys, 4096);
+        for ((k, h), o) in keys.iter().zip(&h).zip(&out) {
+            if h.is_some() {
+                hits += 1;
+                let r = u64::from_le_bytes(o[16..24].try_into().unwrap());
+                assert_eq!(o, &val(*k, r), "key {k}");
+            }
+        }
+    }
+    writer.join().unwrap();
+    assert!(hits > 0);
+}
