@@ -32,6 +32,7 @@ mod reset;
 mod responder;
 mod setup;
 mod status;
+mod store;
 mod table;
 mod target;
 mod units;
@@ -179,6 +180,14 @@ enum Cmd {
     /// -t tcp` and other initiators, with the subsystem --nqn; --allow-host limits the hosts.
     /// Runs until SIGINT/SIGTERM, with a line of counters every second on a terminal.
     Target(target::Args),
+    /// Checkpoints and KV-cache blocks on raw namespaces: format, info, ls, put, get, rm, fsck,
+    /// bench.
+    ///
+    /// A store spans one or more namespaces (vfio:BDF/NSID through vfpoll's driver, file:PATH,
+    /// blk:/dev/X, model:SIZE, mem:SIZE), striped in chunks, with crash-safe commits and a
+    /// crc32c per extent (store/FORMAT.md). Name every namespace of the store, in any order.
+    /// Long work shows progress on stderr (on a terminal); --json prints JSON only.
+    Store(store::Args),
 }
 
 fn main() -> ExitCode {
@@ -224,6 +233,7 @@ fn main() -> ExitCode {
         Cmd::Responder(a) => responder::run(&ctx, a),
         Cmd::Gpu(a) => gpu::run(&ctx, a),
         Cmd::Target(a) => target::run(&ctx, a),
+        Cmd::Store(a) => store::run(&ctx, a),
     };
     result.unwrap_or_else(|e| {
         eprintln!("vfpoll: error: {e:#}");
