@@ -13,9 +13,10 @@
 //! - Every ```` ```c ```` block is a whole program: it is compiled and linked against the
 //!   installed libvfpoll the way `examples/c/` are (`cc -std=c11 -Wall -Wextra -Werror` and the
 //!   pkg-config file), never run.
-//! - Every page with ```` ```rust ```` blocks must be included in the doctests of
-//!   `vfpoll-tests` (`tests/src/lib.rs`, `#[doc = include_str!(...)]`), where `cargo test`
-//!   compiles (and, unless `no_run` or `ignore`, runs) them.
+//! - Every page with ```` ```rust ```` blocks must be included in the doctests of a crate of
+//!   the workspace (`#[doc = include_str!("../../README.md")]` on a `#[cfg(doctest)]` item of
+//!   its `src/lib.rs`: `vfpoll-tests` for the README, or the crate a page documents), where
+//!   `cargo test` compiles (and, unless `no_run` or `ignore`, runs) them.
 
 use std::ffi::OsString;
 use std::fmt::Write as _;
@@ -31,8 +32,39 @@ use crate::Workspace;
 /// (`apps/vfpoll/src/main.rs`).
 pub const PARSE_ONLY_ENV: &str = "VFPOLL_PARSE_ONLY";
 
-/// Where the doctests of the pages live.
+/// Where the doctests of the README live (other pages may live in the crate they document).
 const DOCTEST_HOST: &str = "tests/src/lib.rs";
+
+/// The text of every crate root (`src/lib.rs`) of the workspace, for the doctest includes.
+fn crate_roots(root: &Path) -> String {
+    let mut out = String::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        let Ok(entries) = fs::read_dir(&d) else { continue };
+        for e in entries.flatten() {
+            let p = e.path();
+            let name = e.file_name();
+            if p.is_dir() {
+                if !matches!(name.to_str(), Some("target" | ".git" | "node_modules" | "docs")) {
+                    dirs.push(p);
+                }
+            } else if name == "lib.rs" && p.parent().is_some_and(|x| x.ends_with("src")) {
+                out.push_str(&fs::read_to_string(&p).unwrap_or_default());
+            }
+        }
+    }
+    out
+}
+
+/// Whether a crate root includes `page` (relative to the workspace) in its docs.
+fn included(roots: &str, page: &str) -> bool {
+    roots.match_indices("include_str!(\"").any(|(i, m)| {
+        let rest = &roots[i + m.len()..];
+        rest.split('"')
+            .next()
+            .is_some_and(|path| path.trim_start_matches("../").trim_start_matches("./") == page)
+    })
+}
 
 /// One fenced code block of a page.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -333,7 +365,7 @@ pub fn check(ws: &Workspace) -> Result<String> {
     run(vm::cargo(ws).args(["build", "-p", "vfpoll", "--bin", "vfpoll"]))?;
     let vfpoll = ws.target.join("debug/vfpoll");
     let mut f = Findings::default();
-    let doctests = fs::read_to_string(ws.root.join(DOCTEST_HOST)).unwrap_or_default();
+    let doctests = crate_roots(&ws.root);
     let mut c_blocks = Vec::new();
     for page in pages(&ws.root)? {
         let rel = page.strip_prefix(&ws.root).unwrap_or(&page).display().to_string();
@@ -370,10 +402,11 @@ pub fn check(ws: &Workspace) -> Result<String> {
                 }
             }
         }
-        let include = format!("include_str!(\"../../{rel}\")");
-        if has_rust && !doctests.contains(&include) {
+        if has_rust && !included(&doctests, &rel) {
             f.errors.push(format!(
-                "{rel} has Rust examples that no doctest compiles: add `#[doc = {include}]` to {DOCTEST_HOST}'s doctest module"
+                "{rel} has Rust examples that no doctest compiles: add `#[doc = include_str!(\"../../{rel}\")]` \
+                 to a `#[cfg(doctest)]` item in the src/lib.rs of a crate that has their dependencies \
+                 ({DOCTEST_HOST}, or the crate the page documents)"
             ));
         }
     }
@@ -542,6 +575,16 @@ mod tests {
             [x(&["test", "--filter", "nvme"])]
         );
         assert_eq!(commands("sudo -E vfpoll status >/dev/null"), [v(&["status"])]);
+    }
+
+    #[test]
+    fn doctest_includes_are_found_in_crate_roots() {
+        let roots =
+            "#[doc = include_str!(\"../../README.md\")]\n#[doc = include_str!(\"../../docs/store.md\")]";
+        assert!(included(roots, "README.md"));
+        assert!(included(roots, "docs/store.md"));
+        assert!(!included(roots, "docs/python.md"));
+        assert!(!included(roots, "store.md"));
     }
 
     /// The check itself, on this tree: `cargo test -p xtask -- --ignored docs_of_this_tree`.
