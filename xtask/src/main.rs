@@ -94,6 +94,7 @@ mod demo;
 mod docs;
 mod fuzz;
 mod json;
+mod python;
 mod qmp;
 mod setup;
 mod setup_qemu;

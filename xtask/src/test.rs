@@ -135,6 +135,9 @@ pub fn main(ws: &Workspace, a: &TestArgs) -> Result<u8> {
     // README.md and docs/*.md: command lines through the real parsers, C examples built
     // (docs.rs; the Rust examples are doctests of vfpoll-tests, run by `cargo test` above).
     r.step("docs", || crate::docs::check(ws).map(|n| ((), n)));
+    // The Python package: wheel built with maturin, installed in target/python/venv, pytest
+    // (python.rs).
+    r.step("python", || crate::python::test(ws).map(|n| ((), n)));
     // vfpoll's fio engine, for the test bed's fio_engine tests (tests/tests/fio_engine.rs).
     r.step("fio engine", || {
         fio_engine(ws, "debug").map(|so| ((), so.display().to_string()))
