@@ -337,6 +337,9 @@ pub use nvmf::*;
 // QMP through the `out` share (device_del/device_add of hot-pluggable controller R).
 pub mod qmp;
 
+// The store's big-namespace controllers and an independent decoder of its on-disk format.
+pub mod store;
+
 /// The Rust examples of README.md and docs/*.md, compiled (and, unless `no_run` or `ignore`,
 /// run) as this crate's doctests by `cargo test`. `cargo xtask test`'s docs check fails when a
 /// page with Rust examples is missing here.
