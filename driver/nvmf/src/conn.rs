@@ -260,10 +260,13 @@ impl Conn {
 
     /// Whether answers wait for room in the socket, or received bytes wait to be parsed.
     pub(crate) fn busy(&self) -> bool {
-        !self.tx.is_empty()
-            || !self.stage.available().is_empty()
-            || !self.waiting.is_empty()
-            || !self.throttled.is_empty()
+        !self.tx.is_empty() || !self.stage.available().is_empty() || !self.waiting.is_empty()
+    }
+
+    /// Whether commands wait for a rate limit's credit (the worker must look again soon, but
+    /// need not spin: credit comes with time, not with an event).
+    pub(crate) fn throttled(&self) -> bool {
+        !self.throttled.is_empty()
     }
 
     /// The port ID of the listener the connection came through.

@@ -24,12 +24,12 @@ fn throttled(srv: &vfpoll_nvmf::server::Server, host: &str) -> u64 {
 fn a_limited_host_waits_for_credit_and_others_do_not() {
     let srv = server_with(2);
     let addr = srv.local_addrs()[0];
-    // 100 IOPS for HOST: a burst of one command, then one every 10 ms.
+    // 20 IOPS for HOST: a burst of one command (50 ms at 20/s), then one every 50 ms.
     let limits = Limits {
         hosts: BTreeMap::from([(
             HOST.to_owned(),
             RateLimit {
-                iops: Some(100),
+                iops: Some(20),
                 bytes_per_s: None,
             },
         )]),

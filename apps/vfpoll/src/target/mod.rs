@@ -53,10 +53,29 @@ pub struct Args {
     /// Allow only these host NQNs (repeat for more); without it every host may connect.
     #[arg(long, value_name = "NQN", conflicts_with = "config")]
     allow_host: Vec<String>,
-    /// Serve what this TOML file describes: target settings, `[[listener]]`s, `[[subsystem]]`s
-    /// with `[[subsystem.namespace]]`s (the README shows one). SIGHUP
-    /// reloads it: listeners, subsystems, namespaces and allowed hosts change without a
-    /// restart.
+    /// Serve what this TOML file describes; SIGHUP reloads it (listeners, subsystems,
+    /// namespaces, allowed hosts and rate limits change on the running target; the rest
+    /// needs a restart). docs/target.md explains every key; docs/target-example.toml has
+    /// them all. The keys:
+    ///
+    /// cores = "1-2" (one pinned worker per core); page_size = "2M" | "1G" | "4K"; noiommu =
+    /// false; spin_us = 100; nvme_completion = "irq" | "poll"; metrics = "ADDR:PORT"
+    /// (Prometheus text at /metrics). The command line's flags of the same names win.
+    ///
+    /// [[listener]]: address = "IP:PORT"; port_id = N (default: its place, from 1);
+    /// ana_state = "optimized" | "non-optimized" | "inaccessible" | "persistent-loss" |
+    /// "change"; tls (reserved: NVMe/TCP TLS is not built, refused).
+    ///
+    /// [[subsystem]]: nqn = "NQN"; serial = "..." (default: derived from the NQN); model =
+    /// "..." (default "vfpoll"); allow_hosts = ["NQN", ...] (default: any host).
+    ///
+    /// [[subsystem.namespace]]: nsid = N (default: the next); nvme = "BDF/NSID" or malloc =
+    /// "SIZE"; block_size = 512 | 4096 (malloc only); ana_group = 1..128; max_iops = N;
+    /// max_bytes_per_s = "SIZE" (limits over all hosts).
+    ///
+    /// [[subsystem.host]]: nqn = "NQN" or "hostid:UUID"; max_iops = N; max_bytes_per_s =
+    /// "SIZE" (that host's limits over the subsystem); dhchap_secret (reserved: in-band
+    /// authentication is not built, refused).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Use VFIO's no-IOMMU mode for NVMe namespaces (needs root and
@@ -106,6 +125,7 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
         noiommu: a.noiommu,
         spin_us: a.spin_us,
         nvme_irq: a.nvme_completion,
+        metrics: a.metrics,
     };
     let mut plan = match &a.config {
         Some(path) => Plan::from_file(path, &settings)?,
@@ -191,12 +211,12 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
         spin: plan.spin,
     })
     .context("starting the target")?;
-    let _metrics = match a.metrics {
+    let metrics = match plan.metrics {
         Some(addr) => {
             let source = server.metrics_handle();
-            let ep = metrics::Endpoint::start(addr, move || source.metrics().to_prometheus())?;
-            println!("vfpoll target: metrics at http://{}/metrics", ep.addr());
-            Some(ep)
+            Some(metrics::Endpoint::start(addr, move || {
+                source.metrics().to_prometheus()
+            })?)
         }
         None => None,
     };
@@ -221,6 +241,9 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
             first.port(),
             s.nqn
         );
+    }
+    if let Some(ep) = &metrics {
+        println!("vfpoll target: metrics at http://{}/metrics", ep.addr());
     }
     drop(std::io::stdout().flush());
     let tty = std::io::stderr().is_terminal();
@@ -358,4 +381,97 @@ fn stats_line(server: &Server, now: &Sample, last: &Sample, started: Instant) ->
         "protocol_errors": now.1.protocol_errors,
         "worker_connections": server.worker_connections(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser};
+
+    use super::plan::{file_keys, Plan, Settings, Source};
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: super::Args,
+    }
+
+    const EXAMPLE: &str = include_str!("../../../../docs/target-example.toml");
+    const DOCS: &str = include_str!("../../../../docs/target.md");
+
+    /// Every key of the file is in `--help`, in docs/target.md's table and in the example
+    /// (as a key, or as a comment for the reserved ones), and the example loads.
+    #[test]
+    fn every_key_is_documented_and_the_example_has_it() {
+        let keys = file_keys();
+        assert!(keys.len() >= 25, "{keys:?}");
+        let help = Cli::command().render_long_help().to_string();
+        let example: toml::Value = toml::from_str(EXAMPLE).unwrap();
+        let mut used = std::collections::BTreeSet::new();
+        fn walk(v: &toml::Value, prefix: &str, out: &mut std::collections::BTreeSet<String>) {
+            match v {
+                toml::Value::Table(t) => {
+                    for (k, v) in t {
+                        let path = format!("{prefix}{k}");
+                        match v {
+                            toml::Value::Array(a) if a.iter().all(toml::Value::is_table) && !a.is_empty() => {
+                                for x in a {
+                                    walk(x, &format!("{path}."), out);
+                                }
+                            }
+                            _ => {
+                                out.insert(path);
+                            }
+                        }
+                    }
+                }
+                _ => unreachable!("tables only"),
+            }
+        }
+        walk(&example, "", &mut used);
+        for k in &keys {
+            let name = k.rsplit('.').next().unwrap();
+            assert!(help.contains(&format!("{name} ")), "--help does not name {k}");
+            assert!(
+                DOCS.contains(&format!("| `{k}` |")),
+                "docs/target.md's table lacks {k}"
+            );
+            let reserved = matches!(k.as_str(), "listener.tls" | "subsystem.host.dhchap_secret");
+            if reserved {
+                assert!(
+                    EXAMPLE.contains(&format!("# {name} = ")),
+                    "the example does not show {k}"
+                );
+            } else {
+                assert!(used.contains(k), "the example does not set {k}");
+            }
+        }
+        for k in &used {
+            assert!(
+                keys.contains(k),
+                "the example sets {k}, which the parser does not know"
+            );
+        }
+        let p = Plan::from_toml(EXAMPLE, &Settings::default()).unwrap();
+        assert_eq!(p.listeners.len(), 2);
+        assert_eq!(p.metrics, Some("127.0.0.1:9464".parse().unwrap()));
+        let s = &p.subsystems[0];
+        assert_eq!(s.allowed_hosts.as_ref().map(Vec::len), Some(2));
+        assert!(matches!(s.namespaces[0].source, Source::Nvme { nsid: 1, .. }));
+        assert_eq!(s.limits.namespaces[&1].iops, Some(200_000));
+        assert_eq!(s.limits.hosts.len(), 1);
+    }
+
+    /// The reserved keys are refused with the reason.
+    #[test]
+    fn reserved_keys_say_they_are_not_built() {
+        let sub = "[[subsystem]]\nnqn = \"nqn.2024-01.io.vfpoll:a\"\n";
+        let tls = format!("[[listener]]\naddress = \"127.0.0.1:1\"\ntls = true\n{sub}");
+        let e = format!("{:#}", Plan::from_toml(&tls, &Settings::default()).unwrap_err());
+        assert!(e.contains("tlshd") && e.contains("Debian 12"), "{e}");
+        let auth = format!(
+            "{sub}[[subsystem.host]]\nnqn = \"nqn.2024-01.io.vfpoll:h\"\ndhchap_secret = \"DHHC-1:00:x:\"\n"
+        );
+        let e = format!("{:#}", Plan::from_toml(&auth, &Settings::default()).unwrap_err());
+        assert!(e.contains("not built"), "{e}");
+    }
 }

@@ -3,7 +3,7 @@
 //! subsystems added or removed, allowed hosts and rate limits changed, namespaces added or
 //! removed. Hosts get
 //! the asynchronous events the changes raise. Target-wide settings (cores, page size, IOMMU
-//! mode, spin) and a subsystem's serial or model need a restart: a reload says so and keeps
+//! mode, spin, completion mode, metrics address) and a subsystem's serial or model need a restart: a reload says so and keeps
 //! the running ones.
 
 use std::collections::HashMap;
@@ -35,9 +35,10 @@ pub fn apply(server: &Server, devices: &mut Devices, current: &mut Plan, new: &P
         || new.noiommu != current.noiommu
         || new.spin != current.spin
         || new.nvme_irq != current.nvme_irq
+        || new.metrics != current.metrics
     {
         out.failed.push(
-            "cores, page_size, noiommu, spin_us and nvme_completion change only with a restart; the running ones stay".into(),
+            "cores, page_size, noiommu, spin_us, nvme_completion and metrics change only with a restart; the running ones stay".into(),
         );
     }
     // Listeners, by port ID: gone or moved ones first (a moved one is removed and re-added).

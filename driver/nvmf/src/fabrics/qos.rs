@@ -18,9 +18,11 @@ use std::collections::BTreeMap;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-/// How much of its rate a bucket holds at most: 10 ms worth (at least one command or one
-/// byte's worth of credit, so that a low rate still admits).
-pub const BURST: Duration = Duration::from_millis(10);
+/// How much of its rate a bucket holds at most: 50 ms worth (at least one command or one
+/// byte's worth of credit, so that a low rate still admits). Credit past it is lost, so a
+/// worker kept off its core for longer (a loaded host) lets a limited host fall below its
+/// rate; with 10 ms, the benchmark on a loaded 2-core machine fell 12-16 % short.
+pub const BURST: Duration = Duration::from_millis(50);
 
 const NS_PER_S: u128 = 1_000_000_000;
 
@@ -200,14 +202,14 @@ mod tests {
             iops: Some(1000),
             bytes_per_s: None,
         });
-        // 10 s at a 100 us clock: 10,000 plus the initial burst of 10 ms (10 commands).
+        // 10 s at a 100 us clock: 10,000 plus the initial burst of 50 ms (50 commands).
         let n = admitted(&l, 4096, 100_000, 10);
-        assert!((10_000..=10_011).contains(&n), "{n}");
+        assert!((10_000..=10_051).contains(&n), "{n}");
     }
 
     #[test]
     fn byte_limits_hold_and_large_commands_pass_on_debt() {
-        // 1 MB/s with 128 KiB commands (larger than the 10 KB burst): each passes, then the
+        // 1 MB/s with 128 KiB commands (larger than the 50 KB burst): each passes, then the
         // debt holds the next back.
         let l = Limiter::new(RateLimit {
             iops: None,
@@ -225,7 +227,7 @@ mod tests {
             bytes_per_s: Some(1 << 30),
         });
         let n = admitted(&l, 4096, 1_000_000, 5);
-        assert!((500..=502).contains(&n), "{n}");
+        assert!((500..=505).contains(&n), "{n}");
     }
 
     #[test]
@@ -235,12 +237,12 @@ mod tests {
             bytes_per_s: None,
         });
         assert!(l.ready(0));
-        // An hour idle: still only 10 ms worth (100 commands) at once.
+        // An hour idle: still only 50 ms worth (500 commands) at once.
         let mut n = 0;
         while l.try_admit(3_600_000_000_000, 0) {
             n += 1;
         }
-        assert_eq!(n, 100);
+        assert_eq!(n, 500);
         // A reload to 1000 IOPS: the empty bucket stays empty, then refills at the new rate.
         l.set(RateLimit {
             iops: Some(1000),

@@ -16,6 +16,9 @@ use super::{ListenMsg, Msg, Shared, WorkerMetrics, NAP, TICK};
 /// The longest sleep of an idle worker waiting for its sockets (messages from the other threads
 /// and the stop wake it at once through its eventfd).
 const SLEEP_MS: i32 = 1000;
+/// The longest sleep of an idle worker whose connections have commands waiting for a rate
+/// limit's credit.
+const THROTTLED_SLEEP_MS: i32 = 1;
 /// The nap of a worker past its spin time whose backends have operations in flight.
 const INFLIGHT_NAP: Duration = Duration::from_micros(20);
 use crate::backend::{Backend, Completion};
@@ -366,6 +369,12 @@ impl Worker {
         }
         if nap {
             std::thread::sleep(INFLIGHT_NAP);
+        } else if conns.values().any(Conn::throttled) {
+            // Commands wait for a rate limit: its buckets hold 50 ms of credit, so a look
+            // every millisecond keeps the rate, and the other connections of this worker keep
+            // the spin-then-sleep they have without it (a nap after every idle round would
+            // cost them their answers' latency).
+            ep.wait(THROTTLED_SLEEP_MS);
         } else {
             ep.wait(SLEEP_MS);
         }
