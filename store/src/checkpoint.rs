@@ -293,6 +293,33 @@ impl CheckpointTx {
     /// and `data`. When it returns the data is on the devices (not yet durable) and `data` may
     /// be reused: the *staged* point for this entry.
     pub fn put(&mut self, name: &str, meta: &[u8], data: &[u8]) -> Result<()> {
+        self.put_inner(name, meta, data.len() as u64, Some(data), |_, _| Ok(()))
+    }
+
+    /// Writes entry `name` of `len` bytes whose contents `fill(offset, dst)` provides, window
+    /// by window (up to `window` bytes, in order): for data that is not in one host slice
+    /// (device memory staged through host slots, a stream). When it returns every window was
+    /// filled and written.
+    pub(crate) fn put_with(
+        &mut self,
+        name: &str,
+        meta: &[u8],
+        len: u64,
+        fill: impl FnMut(u64, &mut [u8]) -> Result<()>,
+    ) -> Result<()> {
+        self.put_inner(name, meta, len, None, fill)
+    }
+
+    /// [`CheckpointTx::put`] from `direct` (written straight from it), or [`put_with`]'s
+    /// `fill` through a window buffer.
+    fn put_inner(
+        &mut self,
+        name: &str,
+        meta: &[u8],
+        len: u64,
+        direct: Option<&[u8]>,
+        mut fill: impl FnMut(u64, &mut [u8]) -> Result<()>,
+    ) -> Result<()> {
         check_name("entry", name, MAX_ENTRY_NAME)?;
         if meta.len() > MAX_META {
             return Err(StoreError::Invalid(format!(
@@ -303,7 +330,7 @@ impl CheckpointTx {
         if self.names.contains(name) {
             return Err(StoreError::Exists(format!("entry {name:?} in this version")));
         }
-        let pages = (data.len() as u64).div_ceil(PAGE as u64);
+        let pages = len.div_ceil(PAGE as u64);
         let runs = if pages == 0 {
             Vec::new()
         } else {
@@ -313,25 +340,55 @@ impl CheckpointTx {
             }
             let cp = self.store.chunk_pages();
             m.alloc.alloc_runs(pages, cp).ok_or_else(|| StoreError::Full {
-                needed: data.len() as u64,
+                needed: len,
                 free: m.alloc.free_pages() * PAGE as u64,
             })?
         };
+        let window = (self.store.options().io_buffers.max(2) as u64
+            * self.store.chunk_pages()
+            * PAGE as u64
+            * self.store.inner.members.len() as u64)
+            .max(PAGE as u64);
         let mut extents = Vec::with_capacity(runs.len());
-        let mut jobs = Vec::with_capacity(runs.len());
-        let mut off = 0usize;
-        for &(page, n) in &runs {
-            let len = (data.len() - off).min(n as usize * PAGE);
-            let piece = &data[off..off + len];
-            extents.push(Extent {
-                page,
-                len: len as u32,
-                crc: crc32c(piece),
-            });
-            jobs.push(Job::Write { page, data: piece });
-            off += len;
-        }
-        let written = self.store.io().run(&mut jobs);
+        let mut buf: Vec<u8> = Vec::new();
+        let written = (|| {
+            let mut off = 0u64;
+            let mut i = 0;
+            while i < runs.len() {
+                // A window of whole runs.
+                let mut j = i;
+                let mut bytes = 0u64;
+                while j < runs.len() && (j == i || bytes + runs[j].1 * PAGE as u64 <= window) {
+                    bytes += (runs[j].1 * PAGE as u64).min(len - off - bytes);
+                    j += 1;
+                }
+                let data: &[u8] = match direct {
+                    Some(d) => &d[off as usize..(off + bytes) as usize],
+                    None => {
+                        buf.resize(bytes as usize, 0);
+                        fill(off, &mut buf)?;
+                        &buf
+                    }
+                };
+                let mut jobs = Vec::with_capacity(j - i);
+                let mut at = 0usize;
+                for &(page, n) in &runs[i..j] {
+                    let l = (bytes as usize - at).min(n as usize * PAGE);
+                    let piece = &data[at..at + l];
+                    extents.push(Extent {
+                        page,
+                        len: l as u32,
+                        crc: crc32c(piece),
+                    });
+                    jobs.push(Job::Write { page, data: piece });
+                    at += l;
+                }
+                self.store.io().run(&mut jobs)?;
+                off += bytes;
+                i = j;
+            }
+            Ok(())
+        })();
         if let Err(e) = written {
             let mut m = self.store.meta();
             for &(p, n) in &runs {
@@ -344,10 +401,14 @@ impl CheckpointTx {
         self.entries.push(Entry {
             name: name.to_string(),
             meta: meta.to_vec(),
-            len: data.len() as u64,
+            len,
             extents,
         });
         Ok(())
+    }
+
+    pub(crate) fn store(&self) -> &Store {
+        &self.store
     }
 
     /// Deletes all but the newest `n` versions (this one counted) in the same commit.
@@ -560,6 +621,10 @@ impl std::fmt::Debug for VersionReader {
 }
 
 impl VersionReader {
+    pub(crate) fn store(&self) -> &Store {
+        &self.store
+    }
+
     /// The version's id.
     pub fn version(&self) -> u64 {
         self.info.id

@@ -120,7 +120,7 @@ impl Io {
                 Job::Write { page, data } => (*page, data.len()),
                 Job::Read { page, dst } => (*page, dst.len()),
             };
-            if (page + len.div_ceil(PAGE) as u64) > self.geo.pages() {
+            if page.saturating_add(len.div_ceil(PAGE) as u64) > self.geo.pages() {
                 return Err(StoreError::Internal(format!(
                     "I/O of {len} bytes at logical page {page} runs past the {} pages of the store",
                     self.geo.pages()

@@ -10,7 +10,9 @@
 //!   when the caller's memory may be reused and when the version is durable). Readers
 //!   ([`Store::open_version`]) see committed versions only and pin them; every extent carries a
 //!   crc32c checked on read ([`ReadOptions::verify`]). [`Store::keep_last`] and
-//!   [`Store::delete_version`] reclaim space.
+//!   [`Store::delete_version`] reclaim space. Tensors in GPU memory go through vfpoll-gpu's
+//!   copy engines and staging slots ([`CheckpointTx::put_device`],
+//!   [`VersionReader::load_device`]; CUDA behind the `cuda` feature).
 //! - **KV pools** ([`Store::create_pool`], [`KvPool`]): fixed-size blocks under 128-bit keys,
 //!   with batched [`KvPool::put_many`] / [`KvPool::get_many`], LRU eviction with deallocate, and
 //!   an index rebuilt at open from the slot headers alone.
@@ -81,6 +83,7 @@ pub mod device;
 mod error;
 pub mod format;
 mod fsck;
+mod gpu;
 mod io;
 mod kv;
 mod lock;

@@ -720,6 +720,57 @@ impl Store {
         Ok(out)
     }
 
+    /// Measures the namespaces through the store's own I/O engine, as the ceiling a
+    /// checkpoint's rate is compared with: writes (or reads) `bytes` of free pages, striped like
+    /// a checkpoint, in the same batches, without metadata or checksums; returns the time it
+    /// took. The pages are taken for the run and given back (they stay free: nothing committed
+    /// is touched). For benchmarks.
+    pub fn bench_raw(&self, bytes: u64, write: bool) -> Result<Duration> {
+        let pages = bytes.div_ceil(PAGE as u64);
+        let runs = {
+            let mut m = self.meta();
+            let cp = self.chunk_pages();
+            m.alloc.alloc_runs(pages, cp).ok_or_else(|| StoreError::Full {
+                needed: bytes,
+                free: m.alloc.free_pages() * PAGE as u64,
+            })?
+        };
+        let per_batch = self.inner.opts.io_buffers.max(2) * self.inner.members.len();
+        let chunk = self.chunk_pages() as usize * PAGE;
+        let mut bufs: Vec<Vec<u8>> = (0..per_batch).map(|i| vec![i as u8; chunk]).collect();
+        let start = std::time::Instant::now();
+        let r = (|| {
+            for batch in runs.chunks(per_batch) {
+                let mut jobs: Vec<Job<'_>> = batch
+                    .iter()
+                    .zip(bufs.iter_mut())
+                    .map(|(&(page, n), b)| {
+                        let len = n as usize * PAGE;
+                        if write {
+                            Job::Write {
+                                page,
+                                data: &b[..len],
+                            }
+                        } else {
+                            Job::Read {
+                                page,
+                                dst: &mut b[..len],
+                            }
+                        }
+                    })
+                    .collect();
+                self.io().run(&mut jobs)?;
+            }
+            Ok(())
+        })();
+        let took = start.elapsed();
+        let mut m = self.meta();
+        for (p, n) in runs {
+            m.alloc.free(p, n);
+        }
+        r.map(|()| took)
+    }
+
     /// Runs fsck: re-reads and checks every superblock copy, both roots, the catalog, every
     /// manifest, every extent's crc32c and every occupied KV slot's data crc; reports what it
     /// finds and changes nothing. An error means it could not run (I/O), not a finding.
@@ -836,7 +887,7 @@ pub(crate) fn load_catalog(
             })
             .collect();
         for (name, v) in &locs {
-            if v.id >= root.next_id || v.manifest.page + v.manifest.pages() > geo.pages() {
+            if v.id >= root.next_id || v.manifest.page.saturating_add(v.manifest.pages()) > geo.pages() {
                 return Err(StoreError::Corrupt(Corrupt {
                     object: format!("catalog entry of checkpoint {name:?} version {}", v.id),
                     detail: "version id or manifest location out of range".into(),

@@ -1,9 +1,12 @@
-//! `cargo xtask fuzz`: coverage-guided fuzzing of vfpoll-nvmf's wire-facing code with
-//! libFuzzer, on stable Rust; `cargo xtask test` runs it for a bounded time.
+//! `cargo xtask fuzz`: coverage-guided fuzzing of vfpoll-nvmf's wire-facing code and
+//! vfpoll-store's on-disk parsers with libFuzzer, on stable Rust; `cargo xtask test` runs it
+//! for a bounded time.
 //!
 //! The targets live in `driver/nvmf/fuzz` (crate `vfpoll-nvmf-fuzz`): `fuzz_pdu` (the NVMe/TCP
 //! PDU parser, builders, digests, ICReq/ICResp negotiation) and `fuzz_fabrics` (Connect, admin
-//! and I/O command decoding). They are built with the crate's `libfuzzer` feature (libFuzzer
+//! and I/O command decoding); and in `store/fuzz` (crate `vfpoll-store-fuzz`): `fuzz_superblock`,
+//! `fuzz_root`, `fuzz_catalog`, `fuzz_manifest` and `fuzz_slot` (the store's format parsers).
+//! They are built with the crate's `libfuzzer` feature (libFuzzer
 //! from `libfuzzer-sys`, compiled by the C++ compiler) and LLVM's SanitizerCoverage passes, which
 //! stable rustc runs with `-Cpasses=sancov-module` (no sanitizer, which would need nightly:
 //! safe Rust panics on an out-of-bounds read anyway), into `target/fuzz/`, with overflow checks
@@ -28,11 +31,12 @@ use crate::vm;
 use crate::Workspace;
 
 pub const HELP: &str = "\
-Fuzz vfpoll-nvmf's NVMe/TCP PDU parser and fabrics command decoding with libFuzzer
+Fuzz vfpoll-nvmf's NVMe/TCP PDU parser and fabrics command decoding, and vfpoll-store's on-disk
+parsers, with libFuzzer
 
 Usage: cargo xtask fuzz [OPTIONS]
 
-Builds the targets of driver/nvmf/fuzz with coverage instrumentation (stable Rust, libFuzzer
+Builds the targets of driver/nvmf/fuzz and store/fuzz with coverage instrumentation (stable Rust, libFuzzer
 built by the C++ compiler) into target/fuzz/, checks that a planted crash is found (the proof
 that a real one would be), then runs each target for SECS seconds, in parallel. Fails on a crash,
 hang or out-of-memory, printing the input and the commands that reproduce it. The corpus grows
@@ -41,7 +45,8 @@ in target/fuzz/corpus/<target>/; inputs that fail are saved in target/fuzz/artif
 
 Options:
       --secs <SECS>      Seconds per target [default: 300]
-      --target <NAME>    Only this target: pdu or fabrics [default: both]
+      --target <NAME>    Only this target: pdu, fabrics, superblock, root, catalog, manifest or
+                         slot [default: all]
       --no-selftest      Skip the planted-crash check
   -h, --help             Print this help";
 
@@ -51,8 +56,8 @@ pub const TEST_SECS: u64 = 30;
 pub const SECS_ENV: &str = "VFPOLL_FUZZ_SECS";
 /// `cargo xtask fuzz` without `--secs`.
 const DEFAULT_SECS: u64 = 300;
-/// The crate of the targets.
-const PACKAGE: &str = "vfpoll-nvmf-fuzz";
+/// The crates of the targets.
+const PACKAGES: [&str; 2] = ["vfpoll-nvmf-fuzz", "vfpoll-store-fuzz"];
 /// The environment variables and the message of `vfpoll_nvmf_fuzz` (`PLANT_ENV`, `SEEDS_ENV`,
 /// `PLANTED_MESSAGE`; a unit test checks they match).
 const PLANT_ENV: &str = "VFPOLL_FUZZ_PLANT";
@@ -81,17 +86,31 @@ pub struct Target {
     pub name: &'static str,
     /// libFuzzer's `-max_len`: the seeds fit.
     max_len: usize,
+    /// Its crate, and the crate's directory in the workspace.
+    package: &'static str,
+    dir: &'static str,
 }
 
-pub const TARGETS: [Target; 2] = [
+const NVMF: (&str, &str) = ("vfpoll-nvmf-fuzz", "driver/nvmf/fuzz");
+const STORE: (&str, &str) = ("vfpoll-store-fuzz", "store/fuzz");
+
+const fn target(name: &'static str, max_len: usize, (package, dir): (&'static str, &'static str)) -> Target {
     Target {
-        name: "pdu",
-        max_len: 16384,
-    },
-    Target {
-        name: "fabrics",
-        max_len: 16384,
-    },
+        name,
+        max_len,
+        package,
+        dir,
+    }
+}
+
+pub const TARGETS: [Target; 7] = [
+    target("pdu", 16384, NVMF),
+    target("fabrics", 16384, NVMF),
+    target("superblock", 4200, STORE),
+    target("root", 4200, STORE),
+    target("catalog", 16384, STORE),
+    target("manifest", 16384, STORE),
+    target("slot", 128, STORE),
 ];
 
 /// Options of `cargo xtask fuzz`.
@@ -147,10 +166,10 @@ pub fn parse(args: &[String]) -> Result<Task> {
             }
             "--target" => {
                 let v = value()?;
-                let t = TARGETS
-                    .iter()
-                    .find(|t| t.name == v)
-                    .ok_or_else(|| err!("fuzz: --target takes pdu or fabrics, not {v:?}"))?;
+                let t = TARGETS.iter().find(|t| t.name == v).ok_or_else(|| {
+                    let names: Vec<&str> = TARGETS.iter().map(|t| t.name).collect();
+                    err!("fuzz: --target takes one of {}, not {v:?}", names.join(", "))
+                })?;
                 a.targets = vec![*t];
             }
             _ => {
@@ -240,8 +259,13 @@ fn build(ws: &Workspace) -> Result<PathBuf> {
     let triple = host_triple()?;
     let dir = ws.target.join("fuzz");
     let mut cmd = vm::cargo(ws);
-    cmd.args(["build", "--release", "--package", PACKAGE])
-        .args(["--features", "libfuzzer", "--bins", "--target", &triple])
+    cmd.args(["build", "--release"]);
+    for p in PACKAGES {
+        cmd.args(["--package", p]);
+    }
+    let features: Vec<String> = PACKAGES.iter().map(|p| format!("{p}/libfuzzer")).collect();
+    cmd.args(["--features", &features.join(",")])
+        .args(["--bins", "--target", &triple])
         .env("CARGO_TARGET_DIR", &dir)
         .env("RUSTFLAGS", RUSTFLAGS.join(" "))
         .env_remove("CARGO_ENCODED_RUSTFLAGS")
@@ -422,7 +446,7 @@ fn judge(ws: &Workspace, r: &Running, status: ExitStatus, log: &str, saved: &[Pa
          input (hex{}): {}\n\
          saved as {}\n\
          reproduce: {} {}\n\
-         or, without libFuzzer and with a plain panic: cargo run -p {PACKAGE} --bin fuzz_{name} -- {}\n\
+         or, without libFuzzer and with a plain panic: cargo run -p {} --bin fuzz_{name} -- {}\n\
          full log: {}",
         bytes.len(),
         r.started.elapsed().as_secs_f64(),
@@ -436,6 +460,7 @@ fn judge(ws: &Workspace, r: &Running, status: ExitStatus, log: &str, saved: &[Pa
         rel(input),
         rel(&r.exe),
         rel(input),
+        r.job.target.package,
         rel(input),
         rel(&r.job.log),
     );
@@ -515,9 +540,11 @@ mod tests {
             assert!(lib.contains(&line), "{line} is not in the fuzz crate's lib.rs");
         }
         for t in TARGETS {
+            assert!(PACKAGES.contains(&t.package), "{}", t.package);
             let bin = format!(
-                "{}/../driver/nvmf/fuzz/src/bin/fuzz_{}.rs",
+                "{}/../{}/src/bin/fuzz_{}.rs",
                 env!("CARGO_MANIFEST_DIR"),
+                t.dir,
                 t.name
             );
             assert!(Path::new(&bin).exists(), "{bin}");
