@@ -122,7 +122,7 @@ def main() -> int:
     ap.add_argument("--store", required=True, help="namespace spec of the store, e.g. file:/tmp/train.img?size=2G")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--every", type=int, default=10, help="checkpoint every N steps")
-    ap.add_argument("--kill-at", type=int, default=35, help="the step at which the train phase kills itself")
+    ap.add_argument("--kill-at", type=int, default=40, help="the step at which the train phase kills itself")
     ap.add_argument("phase", choices=["demo", "train", "resume", "reference"])
     args = ap.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -48,6 +48,7 @@ pub struct Buffer {
     len: usize,
     place: Place,
     writable: bool,
+    stream: Option<usize>,
     _hold: Hold,
 }
 
@@ -60,6 +61,9 @@ pub struct Range {
     pub len: usize,
     /// Where it is.
     pub place: Place,
+    /// A CUDA stream (`__cuda_array_interface__`'s `stream`) on which the producer may still be
+    /// writing the bytes: copies wait for it first.
+    pub stream: Option<usize>,
 }
 
 impl Buffer {
@@ -87,6 +91,7 @@ impl Buffer {
                 len: v.len(),
                 place: Place::Host,
                 writable: v.writable(),
+                stream: None,
                 _hold: Hold::Host(v),
             }),
             // torch CPU tensors have no buffer protocol but do have DLPack.
@@ -101,9 +106,21 @@ impl Buffer {
     }
 
     fn from_dlpack(obj: &Bound<'_, PyAny>, writable: bool, what: &str, place: Place) -> PyResult<Buffer> {
-        // No stream argument: the caller synchronises the producer's work first (vfpoll.torch
-        // does; see the package docs), and no producer-side event is made.
-        let cap = obj.call_method0("__dlpack__")?;
+        // For CUDA, stream=1 (the legacy default stream): the producer makes that stream wait
+        // for its pending work on the tensor, and our copies run on a blocking stream, which
+        // waits for the legacy one. Producers older than the stream argument get none.
+        let cap = match place {
+            Place::Cuda(_) => {
+                let kw = pyo3::types::PyDict::new(obj.py());
+                kw.set_item("stream", 1)?;
+                match obj.call_method("__dlpack__", (), Some(&kw)) {
+                    Ok(c) => c,
+                    Err(e) if e.is_instance_of::<PyTypeError>(obj.py()) => obj.call_method0("__dlpack__")?,
+                    Err(e) => return Err(e),
+                }
+            }
+            Place::Host => obj.call_method0("__dlpack__")?,
+        };
         let cap = cap
             .cast_into::<PyCapsule>()
             .map_err(|_| PyTypeError::new_err(format!("{what}.__dlpack__() did not return a capsule")))?;
@@ -126,6 +143,7 @@ impl Buffer {
             len: v.len(),
             place,
             writable: !v.readonly(),
+            stream: None,
             _hold: Hold::Dl(v),
         })
     }
@@ -181,12 +199,19 @@ impl Buffer {
         if writable && readonly {
             return Err(PyBufferError::new_err(format!("{what} is read-only")));
         }
+        // Version 3's `stream`: the producer's stream, which the consumer must wait for
+        // (None: the producer needs no synchronisation; 0 is not allowed).
+        let stream = match cai.get_item("stream")? {
+            Some(s) if !s.is_none() => Some(s.extract::<usize>()?).filter(|&s| s != 0),
+            _ => None,
+        };
         let device = cuda_device_of(obj)?;
         Ok(Buffer {
             addr,
             len,
             place: Place::Cuda(device),
             writable: !readonly,
+            stream,
             _hold: Hold::Object(obj.clone().unbind()),
         })
     }
@@ -197,6 +222,7 @@ impl Buffer {
             addr: self.addr,
             len: self.len,
             place: self.place,
+            stream: self.stream,
         }
     }
 

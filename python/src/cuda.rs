@@ -23,10 +23,13 @@ use std::ffi::{c_int, c_void};
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use vfpoll_gpu::cuda::ffi::{
-    Api, CuContext, CuDevice, CuStream, CU_MEMHOSTREGISTER_PORTABLE, CU_STREAM_NON_BLOCKING,
-};
+use vfpoll_gpu::cuda::ffi::{Api, CuContext, CuDevice, CuStream, CU_MEMHOSTREGISTER_PORTABLE};
 use vfpoll_gpu::CopyError;
+
+/// `CU_STREAM_DEFAULT`: a blocking stream, ordered after the work of the legacy default
+/// stream (PyTorch's default stream), on which producers of DLPack tensors order their work for
+/// us (`__dlpack__(stream=1)`).
+const CU_STREAM_DEFAULT: std::ffi::c_uint = 0;
 
 /// A CUDA device with its primary context retained.
 pub struct Device {
@@ -84,7 +87,7 @@ impl Device {
         let mut raw: CuStream = std::ptr::null_mut();
         // SAFETY: `raw` is a valid out-pointer; the context is current.
         self.api.check("cuStreamCreate", unsafe {
-            (self.api.stream_create)(&mut raw, CU_STREAM_NON_BLOCKING)
+            (self.api.stream_create)(&mut raw, CU_STREAM_DEFAULT)
         })?;
         Ok(Copier {
             dev: self.clone(),
@@ -110,6 +113,16 @@ pub struct Copier<'a> {
 }
 
 impl Copier<'_> {
+    /// Waits for the work queued on the producer's stream `stream` (a `CUstream` handle from
+    /// `__cuda_array_interface__`; 1 and 2 are the legacy and per-thread default streams).
+    pub fn after(&mut self, stream: usize) -> Result<(), CopyError> {
+        self.dev.current()?;
+        // SAFETY: the handle is the exporter's stream of this context (trusted, like its
+        // addresses); synchronising a stream only waits.
+        let r = unsafe { (self.dev.api.stream_synchronize)(stream as CuStream) };
+        self.dev.api.check("cuStreamSynchronize (producer's stream)", r)
+    }
+
     /// Queues a copy of `len` bytes from device address `src` to the staging's `at..at + len`.
     pub fn d2h(&mut self, src: u64, at: usize, len: usize) -> Result<(), CopyError> {
         let host = self.staging.span(at, len)?;

@@ -155,6 +155,9 @@ fn stage(items: &[Item], staging: &mut Staging) -> Result<u64, Failure> {
         for it in items {
             if let (Some(at), Place::Cuda(x)) = (it.staged_at, it.range.place) {
                 if x == d && it.range.len > 0 {
+                    if let Some(st) = it.range.stream {
+                        c.after(st)?;
+                    }
                     c.d2h(it.range.addr as u64, at, it.range.len)?;
                     gpu += it.range.len as u64;
                 }
@@ -884,6 +887,9 @@ fn read_entries(
                 reader.read_range(entry, off, s.bytes_mut(0, r.len), &o)?;
                 let dev = Device::open(d)?;
                 let mut c = dev.copier(s)?;
+                if let Some(st) = r.stream {
+                    c.after(st)?;
+                }
                 c.h2d(0, r.addr as u64, r.len)?;
                 c.finish()?;
                 total += r.len as u64;
@@ -1319,6 +1325,9 @@ impl KvPool {
                     let dev = Device::open(d)?;
                     let mut c = dev.copier(s)?;
                     for (n, len) in list {
+                        if let Some(st) = ranges[gpu[n]].stream {
+                            c.after(st)?;
+                        }
                         c.h2d(n * per, ranges[gpu[n]].addr as u64, len)?;
                     }
                     c.finish()?;
