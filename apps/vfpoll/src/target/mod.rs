@@ -29,6 +29,32 @@ use crate::units::{parse_nonzero_bytes, parse_page_size};
 use devices::Devices;
 use plan::{Plan, Settings, DEFAULT_NQN};
 
+/// `--config`'s long help: every key of the file (docs/target.md explains them; a test checks
+/// that this names each one the parser knows).
+const CONFIG_HELP: &str = "Serve what this TOML file describes; SIGHUP reloads it (listeners, \
+subsystems, namespaces, allowed hosts and rate limits change on the running target; the rest \
+needs a restart). docs/target.md explains every key; docs/target-example.toml has them all. \
+The keys:
+
+cores = \"1-2\" (one pinned worker per core); page_size = \"2M\" | \"1G\" | \"4K\"; noiommu = \
+false; spin_us = 100; nvme_completion = \"irq\" | \"poll\"; metrics = \"ADDR:PORT\" \
+(Prometheus text at /metrics). The command line's flags of the same names win.
+
+[[listener]]: address = \"IP:PORT\"; port_id = N (default: its place, from 1); ana_state = \
+\"optimized\" | \"non-optimized\" | \"inaccessible\" | \"persistent-loss\" | \"change\"; tls \
+(reserved: NVMe/TCP TLS is not built, refused).
+
+[[subsystem]]: nqn = \"NQN\"; serial = \"...\" (default: derived from the NQN); model = \
+\"...\" (default \"vfpoll\"); allow_hosts = [\"NQN\", ...] (default: any host).
+
+[[subsystem.namespace]]: nsid = N (default: the next); nvme = \"BDF/NSID\" or malloc = \
+\"SIZE\"; block_size = 512 | 4096 (malloc only); ana_group = 1..128; max_iops = N; \
+max_bytes_per_s = \"SIZE\" (limits over all hosts).
+
+[[subsystem.host]]: nqn = \"NQN\" or \"hostid:UUID\"; max_iops = N; max_bytes_per_s = \
+\"SIZE\" (that host's limits over the subsystem); dhchap_secret (reserved: in-band \
+authentication is not built, refused).";
+
 /// Options of `vfpoll target`.
 #[derive(Debug, ClapArgs)]
 pub struct Args {
@@ -53,30 +79,8 @@ pub struct Args {
     /// Allow only these host NQNs (repeat for more); without it every host may connect.
     #[arg(long, value_name = "NQN", conflicts_with = "config")]
     allow_host: Vec<String>,
-    /// Serve what this TOML file describes; SIGHUP reloads it (listeners, subsystems,
-    /// namespaces, allowed hosts and rate limits change on the running target; the rest
-    /// needs a restart). docs/target.md explains every key; docs/target-example.toml has
-    /// them all. The keys:
-    ///
-    /// cores = "1-2" (one pinned worker per core); page_size = "2M" | "1G" | "4K"; noiommu =
-    /// false; spin_us = 100; nvme_completion = "irq" | "poll"; metrics = "ADDR:PORT"
-    /// (Prometheus text at /metrics). The command line's flags of the same names win.
-    ///
-    /// [[listener]]: address = "IP:PORT"; port_id = N (default: its place, from 1);
-    /// ana_state = "optimized" | "non-optimized" | "inaccessible" | "persistent-loss" |
-    /// "change"; tls (reserved: NVMe/TCP TLS is not built, refused).
-    ///
-    /// [[subsystem]]: nqn = "NQN"; serial = "..." (default: derived from the NQN); model =
-    /// "..." (default "vfpoll"); allow_hosts = ["NQN", ...] (default: any host).
-    ///
-    /// [[subsystem.namespace]]: nsid = N (default: the next); nvme = "BDF/NSID" or malloc =
-    /// "SIZE"; block_size = 512 | 4096 (malloc only); ana_group = 1..128; max_iops = N;
-    /// max_bytes_per_s = "SIZE" (limits over all hosts).
-    ///
-    /// [[subsystem.host]]: nqn = "NQN" or "hostid:UUID"; max_iops = N; max_bytes_per_s =
-    /// "SIZE" (that host's limits over the subsystem); dhchap_secret (reserved: in-band
-    /// authentication is not built, refused).
-    #[arg(long, value_name = "FILE")]
+    /// Serve what this TOML file describes; SIGHUP reloads it (`--help` lists the keys).
+    #[arg(long, value_name = "FILE", long_help = CONFIG_HELP)]
     config: Option<PathBuf>,
     /// Use VFIO's no-IOMMU mode for NVMe namespaces (needs root and
     /// enable_unsafe_noiommu_mode).
