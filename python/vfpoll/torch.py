@@ -282,6 +282,7 @@ from torch.distributed.checkpoint.planner import (  # noqa: E402
     SavePlanner,
     WriteItemType,
 )
+from torch.distributed.checkpoint.staging import BlockingAsyncStager  # noqa: E402
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult  # noqa: E402
 from torch.futures import Future  # noqa: E402
 
@@ -289,18 +290,29 @@ from torch.futures import Future  # noqa: E402
 DCP_METADATA = ".metadata"
 
 
-class StoreWriter(StorageWriter):
+class StoreWriter(StorageWriter, BlockingAsyncStager):
     """A ``torch.distributed.checkpoint`` storage writer that writes one version of checkpoint
     ``name`` of a vfpoll store: ``write_data`` puts every tensor (from its device, CUDA
     included) and byte item as an entry; ``finish`` adds DCP's metadata and commits, so the
     DCP checkpoint appears whole or not at all.
 
+    For ``dcp.async_save`` it is also the stager (like ``FileSystemWriter``): the state dict is
+    copied into host memory; with ``cache_staged_state_dict`` (default where CUDA is available)
+    that is pinned memory, kept and reused by the next ``async_save`` through the same writer,
+    so that training is blocked only for the copy (``False`` gives the memory back after each
+    save).
+
     ``checkpoint_id`` (of ``dcp.save``) overrides ``name``. One process writes a store; in a job
     of several ranks, each rank needs a store of its own.
     """
 
-    def __init__(self, store: Store, name: Optional[str] = None) -> None:
-        super().__init__()
+    def __init__(
+        self, store: Store, name: Optional[str] = None, *, cache_staged_state_dict: Optional[bool] = None
+    ) -> None:
+        StorageWriter.__init__(self)
+        if cache_staged_state_dict is None:
+            cache_staged_state_dict = torch.cuda.is_available()  # pinned memory needs CUDA
+        BlockingAsyncStager.__init__(self, cache_staged_state_dict=cache_staged_state_dict)
         self.store = store
         self.name = name
         self.save_id = uuid.uuid4().hex
