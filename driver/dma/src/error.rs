@@ -6,7 +6,7 @@
 use std::io;
 use std::path::PathBuf;
 
-use crate::hugepage::PageSize;
+use crate::page::PageSize;
 use vfpoll_pci::Iova;
 
 /// The error a [`crate::DmaMapper`] returns as the cause of a failed map or unmap

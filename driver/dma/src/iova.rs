@@ -173,11 +173,7 @@ impl IovaAllocator {
     }
 }
 
-/// `v` rounded up to a multiple of `align` (a power of two); `None` on overflow.
-pub(crate) fn align_up(v: u64, align: u64) -> Option<u64> {
-    debug_assert!(align.is_power_of_two());
-    v.checked_add(align - 1).map(|x| x & !(align - 1))
-}
+pub(crate) use crate::page::align_up;
 
 #[cfg(test)]
 mod tests {

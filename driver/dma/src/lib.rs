@@ -3,6 +3,8 @@
 //! The DMA memory layer of vfpoll, between the platform layer (`vfpoll-pci`: VFIO container,
 //! BARs) and the device drivers (NVMe queues, NIC rings). Layers, bottom up:
 //!
+//! - the private `page` module: [`PageSize`] and [`hugepage::HugepageCounters`], imported by
+//!   every module above it and importing none (also re-exported from [`hugepage`]);
 //! - [`hugepage`]: pinned host memory ([`HugeMem`]): shared, populated, locked, never forked;
 //!   2 MiB / 1 GiB hugepages, or 4 KiB pages for tests; errors that say how to reserve pages;
 //! - [`pagemap`]: virtual → physical addresses (no-IOMMU mode only, needs root);
@@ -51,6 +53,7 @@ pub mod iova;
 pub mod mapper;
 mod mapping;
 pub mod numa;
+mod page;
 pub mod pagemap;
 pub mod piece;
 pub mod pool;

@@ -19,7 +19,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use crate::error::DmaError;
-use crate::hugepage::{HugepageCounters, PageSize};
+use crate::page::{HugepageCounters, PageSize};
 
 /// `mbind(2)` flag: fail if pages already in the range break the policy
 /// (`include/uapi/linux/mempolicy.h`, `MPOL_MF_STRICT`). Nothing is faulted in yet when this
