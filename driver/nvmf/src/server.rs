@@ -182,7 +182,8 @@ pub enum ServerError {
     },
 }
 
-/// Counters the threads keep (read with [`Server::stats`]).
+/// Counters of one worker's connections (of the whole target, or of one subsystem), written
+/// by that worker only; [`Server::stats`] sums the workers'.
 #[derive(Debug, Default)]
 pub(crate) struct Stats {
     accepted: AtomicU64,
@@ -195,53 +196,70 @@ pub(crate) struct Stats {
     io_errors: AtomicU64,
 }
 
+/// Adds `n` to a counter only one thread writes: a relaxed load and store, no locked
+/// instruction (each worker has its own [`Stats`]; readers sum them).
+#[inline]
+fn bump(a: &AtomicU64, n: u64) {
+    a.store(a.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+}
+
 impl Stats {
     pub(crate) fn add_io_error(&self) {
-        self.io_errors.fetch_add(1, Ordering::Relaxed);
+        bump(&self.io_errors, 1);
     }
 
     pub(crate) fn connected(&self) {
-        self.active.fetch_add(1, Ordering::Relaxed);
-        self.accepted.fetch_add(1, Ordering::Relaxed);
+        bump(&self.active, 1);
+        bump(&self.accepted, 1);
     }
 
     pub(crate) fn disconnected(&self) {
-        self.active.fetch_sub(1, Ordering::Relaxed);
+        self.active.store(
+            self.active.load(Ordering::Relaxed).wrapping_sub(1),
+            Ordering::Relaxed,
+        );
     }
 
-    fn snapshot(&self) -> StatsSnapshot {
+    /// Adds these counters to `s`.
+    fn add_to(&self, s: &mut StatsSnapshot) {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        StatsSnapshot {
-            accepted: get(&self.accepted),
-            active: get(&self.active),
-            commands: get(&self.commands),
-            io_commands: get(&self.io_commands),
-            read_bytes: get(&self.read_bytes),
-            written_bytes: get(&self.written_bytes),
-            protocol_errors: get(&self.protocol_errors),
-            io_errors: get(&self.io_errors),
-        }
+        s.accepted += get(&self.accepted);
+        s.active = s.active.wrapping_add(get(&self.active));
+        s.commands += get(&self.commands);
+        s.io_commands += get(&self.io_commands);
+        s.read_bytes += get(&self.read_bytes);
+        s.written_bytes += get(&self.written_bytes);
+        s.protocol_errors += get(&self.protocol_errors);
+        s.io_errors += get(&self.io_errors);
     }
 
     pub(crate) fn add_command(&self) {
-        self.commands.fetch_add(1, Ordering::Relaxed);
+        bump(&self.commands, 1);
     }
 
     pub(crate) fn add_io_command(&self) {
-        self.io_commands.fetch_add(1, Ordering::Relaxed);
+        bump(&self.io_commands, 1);
     }
 
     pub(crate) fn add_read(&self, n: u64) {
-        self.read_bytes.fetch_add(n, Ordering::Relaxed);
+        bump(&self.read_bytes, n);
     }
 
     pub(crate) fn add_written(&self, n: u64) {
-        self.written_bytes.fetch_add(n, Ordering::Relaxed);
+        bump(&self.written_bytes, n);
     }
 
     pub(crate) fn add_protocol_error(&self) {
-        self.protocol_errors.fetch_add(1, Ordering::Relaxed);
+        bump(&self.protocol_errors, 1);
     }
+}
+
+/// Connections of the whole target: counted by the listener thread when it hands one to a
+/// worker, and by the worker when it ends (per connection, not per command).
+#[derive(Debug, Default)]
+pub(crate) struct ConnTotals {
+    pub accepted: AtomicU64,
+    pub active: AtomicU64,
 }
 
 /// The counters at one moment: of the whole target ([`Server::stats`]), or of one subsystem
@@ -320,9 +338,12 @@ struct Shared {
     /// Connections per worker, for the listener's choice.
     loads: Vec<AtomicU64>,
     stop: AtomicBool,
-    stats: Arc<Stats>,
-    /// Counters per subsystem; a connection takes its subsystem's at Connect.
-    subsystems: Mutex<HashMap<SubsystemId, Arc<Stats>>>,
+    /// Each worker's counters.
+    stats: Vec<Arc<Stats>>,
+    /// Connections of the whole target.
+    conns: ConnTotals,
+    /// Each worker's counters per subsystem; a connection takes its subsystem's at Connect.
+    subsystems: Vec<Mutex<HashMap<SubsystemId, Arc<Stats>>>>,
     /// Each worker's counters per subsystem, namespace and host.
     metrics: Vec<Arc<WorkerMetrics>>,
 }
@@ -364,14 +385,38 @@ impl Shared {
                 .map(|(id, s)| (id, (s.nqn.clone(), t.refused_connects(id))))
                 .collect()
         };
-        let st = self.stats.snapshot();
+        let st = self.stats();
         metrics::collect(&self.metrics, &names, st.active, st.protocol_errors)
     }
 
-    /// The counters of subsystem `id` (made on first use).
-    pub(crate) fn subsystem_stats(&self, id: SubsystemId) -> Arc<Stats> {
-        let mut m = self.subsystems.lock().unwrap_or_else(PoisonError::into_inner);
+    /// Worker `worker`'s counters of subsystem `id` (made on first use).
+    pub(crate) fn subsystem_stats(&self, worker: usize, id: SubsystemId) -> Arc<Stats> {
+        let mut m = self.subsystems[worker]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         m.entry(id).or_default().clone()
+    }
+
+    /// Subsystem `id`'s counters, summed over the workers.
+    fn subsystem_snapshot(&self, id: SubsystemId) -> StatsSnapshot {
+        let mut s = StatsSnapshot::default();
+        for w in &self.subsystems {
+            if let Some(st) = w.lock().unwrap_or_else(PoisonError::into_inner).get(&id) {
+                st.add_to(&mut s);
+            }
+        }
+        s
+    }
+
+    /// The whole target's counters.
+    fn stats(&self) -> StatsSnapshot {
+        let mut s = StatsSnapshot::default();
+        for w in &self.stats {
+            w.add_to(&mut s);
+        }
+        s.accepted = self.conns.accepted.load(Ordering::Relaxed);
+        s.active = self.conns.active.load(Ordering::Relaxed);
+        s
     }
 }
 
@@ -464,8 +509,9 @@ impl Server {
             inboxes,
             listen: Mutex::new(listen_tx),
             stop: AtomicBool::new(false),
-            stats: Arc::default(),
-            subsystems: Mutex::new(HashMap::new()),
+            stats: workers.iter().map(|_| Arc::default()).collect(),
+            conns: ConnTotals::default(),
+            subsystems: workers.iter().map(|_| Mutex::default()).collect(),
             metrics: workers.iter().map(|_| Arc::default()).collect(),
         });
         let mut server = Server {
@@ -556,7 +602,7 @@ impl Server {
 
     /// The counters of the whole target now.
     pub fn stats(&self) -> StatsSnapshot {
-        self.shared.stats.snapshot()
+        self.shared.stats()
     }
 
     /// The counters of each subsystem now, by NQN, in the target's order (the discovery
@@ -570,7 +616,7 @@ impl Server {
             .collect();
         names
             .into_iter()
-            .map(|(id, nqn)| (nqn, self.shared.subsystem_stats(id).snapshot()))
+            .map(|(id, nqn)| (nqn, self.shared.subsystem_snapshot(id)))
             .collect()
     }
 

@@ -237,11 +237,12 @@ impl ListenerThread {
                         *next_id += 1;
                         // Counted here so that the next accept sees it; the worker uncounts it.
                         loads[worker].fetch_add(1, Ordering::Relaxed);
-                        self.shared.stats.connected();
+                        self.shared.conns.accepted.fetch_add(1, Ordering::Relaxed);
+                        self.shared.conns.active.fetch_add(1, Ordering::Relaxed);
                         if self.shared.inboxes[worker].send(Msg::Conn(id, s, info)).is_err() {
                             log::warn!("{peer}: worker {worker} has ended; connection dropped");
                             loads[worker].fetch_sub(1, Ordering::Relaxed);
-                            self.shared.stats.disconnected();
+                            self.shared.conns.active.fetch_sub(1, Ordering::Relaxed);
                         }
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -299,7 +300,7 @@ impl Worker {
     fn message(&mut self, m: Msg, conns: &mut HashMap<u64, Conn>, close: &mut Vec<QueueRef>) {
         match m {
             Msg::Conn(id, s, info) => {
-                let c = Conn::new(id, s, info, &self.limits, self.shared.stats.clone());
+                let c = Conn::new(id, s, info, &self.limits, self.shared.stats[self.index].clone());
                 if let Some(ep) = &self.epoll {
                     if let Err(e) = ep.add_keyed(c.fd(), CONN_KEY | id) {
                         log::warn!("worker {}: epoll: {e}; napping instead", self.index);
@@ -398,6 +399,7 @@ impl Worker {
 
     pub(super) fn run(mut self) {
         let shared = self.shared.clone();
+        let index = self.index;
         for b in std::mem::take(&mut self.backends) {
             self.push_backend(b);
         }
@@ -440,7 +442,7 @@ impl Worker {
                     backends: &mut self.backends,
                     ns: &self.ns,
                     retry: &mut retry,
-                    subsystem_stats: &|id| shared.subsystem_stats(id),
+                    subsystem_stats: &|id| shared.subsystem_stats(index, id),
                     metrics: &self.metrics,
                     limits: &self.limits,
                     close: &mut ended,
@@ -492,7 +494,7 @@ impl Worker {
                 progress = true;
                 let gone = (before - conns.len()) as u64;
                 shared.loads[self.index].fetch_sub(gone, Ordering::Relaxed);
-                shared.stats.active.fetch_sub(gone, Ordering::Relaxed);
+                shared.conns.active.fetch_sub(gone, Ordering::Relaxed);
             }
             // Queues that ended here may be carried by other workers' connections.
             shared.close_everywhere(ended.drain(..));
@@ -556,7 +558,7 @@ impl Worker {
             }
         }
         shared.loads[self.index].fetch_sub(n + pending, Ordering::Relaxed);
-        shared.stats.active.fetch_sub(n + pending, Ordering::Relaxed);
+        shared.conns.active.fetch_sub(n + pending, Ordering::Relaxed);
         if left > 0 {
             std::mem::forget(self);
         }
