@@ -6,6 +6,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+use crate::background::{Window, Writer};
 use crate::error::{Result, StoreError};
 use crate::format::{
     crc32c, encode_blob, BlobKind, CheckpointRec, Entry, Extent, Manifest, VersionRec, MAX_ENTRY_NAME,
@@ -152,6 +153,7 @@ impl Store {
             allocated: Vec::new(),
             keep_last: None,
             done: false,
+            bg: None,
         })
     }
 
@@ -277,6 +279,8 @@ pub struct CheckpointTx {
     allocated: Vec<(u64, u64)>,
     keep_last: Option<usize>,
     done: bool,
+    /// The background writer, once [`CheckpointTx::background`] started it.
+    bg: Option<Writer>,
 }
 
 impl std::fmt::Debug for CheckpointTx {
@@ -344,13 +348,17 @@ impl CheckpointTx {
                 free: m.alloc.free_pages() * PAGE as u64,
             })?
         };
-        let window = (self.store.options().io_buffers.max(2) as u64
+        let mut window = (self.store.options().io_buffers.max(2) as u64
             * self.store.chunk_pages()
             * PAGE as u64
             * self.store.inner.members.len() as u64)
             .max(PAGE as u64);
+        if let Some(w) = &self.bg {
+            window = window.min(w.budget()).max(PAGE as u64);
+        }
         let mut extents = Vec::with_capacity(runs.len());
         let mut buf: Vec<u8> = Vec::new();
+        let bg = self.bg.as_ref();
         let written = (|| {
             let mut off = 0u64;
             let mut i = 0;
@@ -361,6 +369,37 @@ impl CheckpointTx {
                 while j < runs.len() && (j == i || bytes + runs[j].1 * PAGE as u64 <= window) {
                     bytes += (runs[j].1 * PAGE as u64).min(len - off - bytes);
                     j += 1;
+                }
+                if let Some(w) = bg {
+                    // Staged: copy the window into host memory, hand it to the writer.
+                    let mut data = w.take_buffer(bytes as usize)?;
+                    let filled = match direct {
+                        Some(d) => {
+                            data.copy_from_slice(&d[off as usize..(off + bytes) as usize]);
+                            Ok(())
+                        }
+                        None => fill(off, &mut data),
+                    };
+                    if let Err(e) = filled {
+                        w.untake(data);
+                        return Err(e);
+                    }
+                    let mut pieces = Vec::with_capacity(j - i);
+                    let mut at = 0usize;
+                    for &(page, n) in &runs[i..j] {
+                        let l = (bytes as usize - at).min(n as usize * PAGE);
+                        extents.push(Extent {
+                            page,
+                            len: l as u32,
+                            crc: crc32c(&data[at..at + l]),
+                        });
+                        pieces.push((page, at, l));
+                        at += l;
+                    }
+                    w.send(Window { data, pieces })?;
+                    off += bytes;
+                    i = j;
+                    continue;
                 }
                 let data: &[u8] = match direct {
                     Some(d) => &d[off as usize..(off + bytes) as usize],
@@ -390,6 +429,12 @@ impl CheckpointTx {
             Ok(())
         })();
         if let Err(e) = written {
+            // Nothing may still be writing into these pages when they are given back.
+            if let Some(w) = &self.bg {
+                if let Err(first) = w.drain() {
+                    log::debug!("background write: {first}");
+                }
+            }
             let mut m = self.store.meta();
             for &(p, n) in &runs {
                 m.alloc.free(p, n);
@@ -409,6 +454,33 @@ impl CheckpointTx {
 
     pub(crate) fn store(&self) -> &Store {
         &self.store
+    }
+
+    /// From now on, puts return as soon as their data is copied into host staging memory (at
+    /// most `staging_bytes` of it; a put waits for writes when it is full), and a background
+    /// thread writes it to the namespaces: the caller's memory (host or GPU) is reusable
+    /// earlier, while the devices are still busy. [`CheckpointTx::commit`] waits for the
+    /// writes. A write error comes back from a later put or from the commit.
+    pub fn background(&mut self, staging_bytes: u64) -> Result<&mut Self> {
+        if self.bg.is_some() {
+            return Err(StoreError::Invalid(
+                "the background writer is already running".into(),
+            ));
+        }
+        if staging_bytes < PAGE as u64 {
+            return Err(StoreError::Invalid(format!(
+                "{staging_bytes} bytes of staging: at least {PAGE}"
+            )));
+        }
+        self.bg = Some(Writer::start(self.store.clone(), staging_bytes)?);
+        Ok(self)
+    }
+
+    /// Waits until every put so far is written to the namespaces (not yet committed); the
+    /// first background write error, if one happened. Puts without [`CheckpointTx::background`]
+    /// are written when they return.
+    pub fn wait_written(&self) -> Result<()> {
+        self.bg.as_ref().map_or(Ok(()), Writer::drain)
     }
 
     /// Deletes all but the newest `n` versions (this one counted) in the same commit.
@@ -432,8 +504,9 @@ impl CheckpointTx {
     }
 
     /// [`CheckpointTx::commit`] on a background thread. Every entry is staged already (each
-    /// `put` returned after its data reached the devices), so [`SaveHandle::wait_staged`]
-    /// returns at once; [`SaveHandle::wait_durable`] waits for the commit.
+    /// `put` returned once the caller's memory was free again: written, or copied into host
+    /// staging with [`CheckpointTx::background`]), so [`SaveHandle::wait_staged`] returns at
+    /// once; [`SaveHandle::wait_durable`] waits for the remaining writes and the commit.
     pub fn commit_async(self) -> SaveHandle {
         let (tx, rx) = mpsc::channel();
         let thread = std::thread::Builder::new()
@@ -463,6 +536,7 @@ impl CheckpointTx {
     pub fn abort(self) {}
 
     fn commit_inner(&mut self) -> Result<CommitInfo> {
+        self.wait_written()?;
         let name = self.name.clone();
         let entries = std::mem::take(&mut self.entries);
         let keep_last = self.keep_last;
@@ -560,6 +634,11 @@ impl CheckpointTx {
 
 impl Drop for CheckpointTx {
     fn drop(&mut self) {
+        // Stop the writer first: no write may land in pages given back.
+        if let Some(w) = self.bg.take() {
+            let _ = w.drain();
+            drop(w);
+        }
         if !self.done && !self.allocated.is_empty() {
             let mut m = self.store.meta();
             for &(p, n) in &self.allocated {

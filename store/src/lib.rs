@@ -78,6 +78,7 @@
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks, missing_docs)]
 
 mod alloc;
+mod background;
 mod checkpoint;
 pub mod device;
 mod error;

@@ -90,3 +90,37 @@ fn a_failed_copy_fails_the_put_and_the_version_stays_out() {
     }
     assert!(store.checkpoints().is_empty());
 }
+
+#[test]
+fn background_puts_return_once_staged_and_commit_waits_for_the_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _h) = mem_store(dir.path(), 2, 32 << 20);
+    let len = 2 << 20;
+    let mut gpu = CpuEngine::new(len);
+    gpu.memory_mut().copy_from_slice(&bytes(7, len));
+    let mut slots = Slots::alloc(&DmaContext::for_testing(), 2, 64 << 10, PageSize::Base4K).unwrap();
+    let mut tx = store.begin("m").unwrap();
+    tx.background(512 << 10).unwrap();
+    assert!(tx.background(1 << 20).is_err(), "one writer per transaction");
+    tx.put_device("gpu", b"", &mut gpu, &mut slots, 0, len as u64)
+        .unwrap();
+    // Staged: the device memory may change now; the checkpoint keeps what was there.
+    gpu.memory_mut().fill(0xee);
+    let mut host = bytes(8, 3_000_000);
+    tx.put("host", b"", &host).unwrap();
+    host.fill(0);
+    let h = tx.commit_async();
+    h.wait_staged().unwrap();
+    h.wait_durable().unwrap();
+    let r = store.open_version("m", None).unwrap();
+    assert_eq!(r.read_to_vec("gpu").unwrap(), bytes(7, len));
+    assert_eq!(r.read_to_vec("host").unwrap(), bytes(8, 3_000_000));
+    assert!(store.fsck().unwrap().is_clean());
+    // An aborted background transaction gives its space back once its writes are done.
+    let free = store.info().free;
+    let mut tx = store.begin("m").unwrap();
+    tx.background(1 << 20).unwrap();
+    tx.put("x", b"", &bytes(9, 5_000_000)).unwrap();
+    drop(tx);
+    assert_eq!(store.info().free, free);
+}

@@ -149,6 +149,10 @@ fn hundreds_of_power_cuts_during_puts_and_commits() {
                 if keep {
                     tx.keep_last(2);
                 }
+                if rng.below(2) == 0 {
+                    // Puts staged in host memory, written by the background thread.
+                    tx.background(64 << 10 << rng.below(3)).unwrap();
+                }
                 let r = (|| {
                     for t in 0..1 + rng.below(4) {
                         seq += 1;
