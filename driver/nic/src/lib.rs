@@ -9,6 +9,7 @@
 //!   [`Port`];
 //! - [`e1000e`]: the Intel 82574L driver (QEMU's `e1000e`), from the 82574 datasheet;
 //! - [`virtio`]: the virtio-net driver (modern PCI transport, split virtqueues), from VIRTIO 1.2;
+//! - [`open`]: [`probe`] (which driver a device needs) and [`Port::open`], above both drivers;
 //! - [`irq`]: interrupt mode ([`CompletionMode`]): a receive queue that sleeps in
 //!   [`RxQueue::wait`] (or epoll on [`RxQueue::event_fd`]) until frames arrive;
 //! - [`mac`], [`stats`], [`error`]: addresses, counters, errors.
@@ -56,6 +57,7 @@ pub mod error;
 pub mod irq;
 pub mod mac;
 mod mem;
+pub mod open;
 pub mod pool;
 pub mod port;
 pub mod stats;
@@ -64,6 +66,7 @@ pub mod virtio;
 pub use error::{NicError, Result};
 pub use irq::{CompletionMode, IrqKind};
 pub use mac::MacAddr;
+pub use open::{probe, SUPPORTED};
 pub use pool::{free_bulk, Mempool, Packet, DEFAULT_BUF_SIZE};
-pub use port::{probe, Link, NicControl, Port, PortInfo, PortOptions, RxQueue, TxQueue, SUPPORTED};
+pub use port::{Link, NicControl, Port, PortInfo, PortOptions, RxQueue, TxQueue};
 pub use stats::{PortStats, RxQueueStats, TxQueueStats};
