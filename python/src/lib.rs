@@ -28,6 +28,8 @@ pub mod buffer;
 mod cuda;
 pub mod errors;
 mod ffi;
+pub mod kv;
+pub mod save;
 pub mod store;
 
 use pyo3::prelude::*;
@@ -42,9 +44,9 @@ fn _vfpoll(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
     m.add_class::<store::PyStore>()?;
-    m.add_class::<store::Writer>()?;
-    m.add_class::<store::SaveHandle>()?;
-    m.add_class::<store::KvPool>()?;
+    m.add_class::<save::Writer>()?;
+    m.add_class::<save::SaveHandle>()?;
+    m.add_class::<kv::KvPool>()?;
     m.add_class::<store::VersionInfo>()?;
     m.add_class::<store::EntryInfo>()?;
     m.add_function(wrap_pyfunction!(buffer_info, m)?)?;
