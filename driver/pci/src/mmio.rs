@@ -15,7 +15,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use crate::vfio::SysOps;
+use crate::vfio::sys::SysOps;
 
 /// One mmap of a BAR; unmapped when the last [`Mmio`] over it is dropped.
 ///
@@ -368,10 +368,15 @@ impl SysOps for AnonSys {
     fn open(&self, _: &std::path::Path) -> io::Result<std::os::fd::OwnedFd> {
         Err(io::Error::from_raw_os_error(libc::ENOSYS))
     }
-    fn ioctl(&self, _: i32, _: u64, _: crate::vfio::IoctlArg<'_>) -> io::Result<i32> {
+    fn ioctl(&self, _: i32, _: u64, _: crate::vfio::sys::IoctlArg<'_>) -> io::Result<i32> {
         Err(io::Error::from_raw_os_error(libc::ENOSYS))
     }
-    fn ioctl_new_fd(&self, _: i32, _: u64, _: crate::vfio::IoctlArg<'_>) -> io::Result<std::os::fd::OwnedFd> {
+    fn ioctl_new_fd(
+        &self,
+        _: i32,
+        _: u64,
+        _: crate::vfio::sys::IoctlArg<'_>,
+    ) -> io::Result<std::os::fd::OwnedFd> {
         Err(io::Error::from_raw_os_error(libc::ENOSYS))
     }
     fn pread(&self, _: i32, _: &mut [u8], _: u64) -> io::Result<()> {
