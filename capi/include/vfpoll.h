@@ -107,17 +107,29 @@
 // A DMA buffer of a pool: see `vfpoll_buf_alloc`.
 typedef struct vfpoll_buf vfpoll_buf;
 
+// A committed version, pinned while the handle lives.
+typedef struct vfpoll_ckpt_reader vfpoll_ckpt_reader;
+
+// A checkpoint version being written. `None` once committed or aborted.
+typedef struct vfpoll_ckpt_tx vfpoll_ckpt_tx;
+
 // An open NVMe controller: see `vfpoll_ctrl_open`.
 typedef struct vfpoll_ctrl vfpoll_ctrl;
 
 // An environment: see `vfpoll_env_open`.
 typedef struct vfpoll_env vfpoll_env;
 
+// An open KV pool.
+typedef struct vfpoll_kv_pool vfpoll_kv_pool;
+
 // A pool of DMA buffers: see `vfpoll_pool_create`.
 typedef struct vfpoll_pool vfpoll_pool;
 
 // A queue pair: see `vfpoll_qpair_create`.
 typedef struct vfpoll_qpair vfpoll_qpair;
+
+// An open store.
+typedef struct vfpoll_store vfpoll_store;
 
 // What a controller says about itself (Identify Controller, NVMe Base 2.0 §5.17.2.1, and the
 // registers). Strings are NUL-terminated, trailing spaces removed.
@@ -275,6 +287,96 @@ typedef struct vfpoll_completion {
 // submit to and poll the same queue pair (for example to resubmit); the completion is valid
 // only during the call.
 typedef void (*vfpoll_completion_cb)(void *ctx, const struct vfpoll_completion *completion);
+
+// Options of `vfpoll_store_format` and `vfpoll_store_open`; fill with `vfpoll_store_opts_init`.
+typedef struct vfpoll_store_opts {
+  // IOMMU mode for `vfio:` namespaces (`VFPOLL_IOMMU_*`); default `VFPOLL_IOMMU_AUTO`.
+  uint32_t iommu_mode;
+  // Non-zero: open files without O_DIRECT where the file system refuses it (tmpfs).
+  uint32_t allow_buffered;
+  // Queue entries per namespace; 0: the default (128).
+  uint32_t queue_depth;
+  // Format: the stripe chunk, a power of two from 64 KiB to 64 MiB; 0: 1 MiB.
+  uint32_t chunk_size;
+  // Format: non-zero overwrites namespaces that hold a store.
+  uint32_t force;
+  // Format: size of `file:` namespaces that do not exist yet; 0: their `?size=` only.
+  uint64_t file_size;
+  // Directory of the lock file; NULL: `/run/vfpoll`.
+  const char *lock_dir;
+  // Format: a label (at most 64 bytes); NULL: none.
+  const char *label;
+} vfpoll_store_opts;
+
+// What `vfpoll_store_get_info` reports.
+typedef struct vfpoll_store_info {
+  // Namespaces.
+  uint32_t members;
+  // Stripe chunk in bytes.
+  uint32_t chunk_size;
+  // Bytes of the logical space.
+  uint64_t capacity;
+  // Bytes free.
+  uint64_t free;
+  // Generation of the committed root.
+  uint64_t generation;
+  // Checkpoints.
+  uint64_t checkpoints;
+  // Versions over all checkpoints.
+  uint64_t versions;
+  // Bytes of data in all versions.
+  uint64_t data_bytes;
+  // KV pools.
+  uint64_t pools;
+  // The UUID, NUL-terminated.
+  char uuid[40];
+} vfpoll_store_info;
+
+// What `vfpoll_store_fsck` found.
+typedef struct vfpoll_fsck_result {
+  // Problems found (0: clean).
+  uint64_t findings;
+  // Versions checked.
+  uint64_t versions;
+  // Entries checked.
+  uint64_t entries;
+  // Extents whose crc32c was checked.
+  uint64_t extents;
+  // Bytes of data read.
+  uint64_t bytes;
+  // Occupied KV slots checked.
+  uint64_t kv_slots;
+  // The first finding ("object: detail"), NUL-terminated and cut to fit; empty when clean.
+  char first[256];
+} vfpoll_fsck_result;
+
+// A 128-bit KV key.
+typedef struct vfpoll_kv_key {
+  // Low 64 bits.
+  uint64_t lo;
+  // High 64 bits.
+  uint64_t hi;
+} vfpoll_kv_key;
+
+// Counters of a KV pool since it was opened in this process.
+typedef struct vfpoll_kv_stats {
+  // Blocks put.
+  uint64_t puts;
+  // Gets that returned the block.
+  uint64_t hits;
+  // Gets that found nothing (or a block that failed its crc).
+  uint64_t misses;
+  // Blocks evicted to make room.
+  uint64_t evictions;
+  // Blocks that failed their crc on a get (counted in misses).
+  uint64_t bad_blocks;
+  // Blocks deallocated.
+  uint64_t deallocated;
+  // Occupied slots.
+  uint64_t used;
+  // Slots.
+  uint64_t slots;
+} vfpoll_kv_stats;
 
 #ifdef __cplusplus
 extern "C" {
@@ -609,6 +711,229 @@ int vfpoll_qpair_poll(struct vfpoll_qpair *qp, struct vfpoll_completion *out, ui
 // # Safety
 // `qp` is NULL or live; `cb` is NULL or a function that is sound to call with `ctx`.
 int vfpoll_qpair_poll_cb(struct vfpoll_qpair *qp, uint32_t max, vfpoll_completion_cb cb, void *ctx);
+
+// Fills `*opts` with the defaults: `VFPOLL_IOMMU_AUTO`, O_DIRECT required, 128 queue entries,
+// 1 MiB chunks, no force, lock files in `/run/vfpoll`, no label.
+//
+// # Safety
+// `opts` is NULL or writable.
+int vfpoll_store_opts_init(struct vfpoll_store_opts *opts);
+
+// Formats a store over the `n` namespaces of `specs` (`"vfio:0000:00:03.0/1"`,
+// `"file:/data/a.img?size=64G"`, `"/dev/nvme0n1"`, `"model:1G"`, `"mem:1G"`; see
+// docs/store.md): everything on them is lost. `opts` may be NULL (defaults). On success
+// `*out` is the open store: close it with `vfpoll_store_close`. `-EEXIST` when a namespace
+// holds a store and `opts->force` is 0.
+//
+// # Safety
+// `specs` points to `n` C strings; `opts` is NULL or valid; `out` is writable.
+int vfpoll_store_format(const char *const *specs,
+                        size_t n,
+                        const struct vfpoll_store_opts *opts,
+                        struct vfpoll_store **out);
+
+// Opens the store on the `n` namespaces of `specs`, in any order (every namespace of the
+// store must be named). `-EBUSY` while another process (or handle) has it open, `-ENODEV`
+// when the namespaces hold no store, `-EBADMSG` when a structure is damaged.
+//
+// # Safety
+// As `vfpoll_store_format`.
+int vfpoll_store_open(const char *const *specs,
+                      size_t n,
+                      const struct vfpoll_store_opts *opts,
+                      struct vfpoll_store **out);
+
+// Closes a store. Readers, transactions and pools made from it keep it open until they are
+// closed too. NULL is accepted.
+//
+// # Safety
+// `s` is NULL or a live store handle; it is invalid afterwards.
+int vfpoll_store_close(struct vfpoll_store *s);
+
+// Fills `*out` with the store's geometry, fill and object counts.
+//
+// # Safety
+// `s` is a live store; `out` is writable.
+int vfpoll_store_get_info(const struct vfpoll_store *s, struct vfpoll_store_info *out);
+
+// Writes the store's objects into `buf` (`cap` bytes), one line each:
+// `checkpoint NAME VERSION BYTES ENTRIES` per committed version and
+// `pool NAME BLOCK_SIZE SLOTS` per KV pool, NUL-terminated. Returns the length the text needs
+// (without the NUL); when that is `cap` or more, the text was cut (call again with more room).
+// `buf` may be NULL with `cap` 0 to ask for the length.
+//
+// # Safety
+// `s` is a live store; `buf` is NULL or writable for `cap` bytes.
+int vfpoll_store_list(const struct vfpoll_store *s, char *buf, size_t cap);
+
+// Checks every structure and checksum of the store (reads all data) and fills `*out`.
+// Returns 0 when clean, else the number of findings (the first is in `out->first`).
+//
+// # Safety
+// `s` is a live store; `out` is writable.
+int vfpoll_store_fsck(const struct vfpoll_store *s, struct vfpoll_fsck_result *out);
+
+// Begins a new version of checkpoint `name` (made by its first commit). Nothing is visible
+// until `vfpoll_ckpt_commit`. On success `*out` is the transaction; end it with
+// `vfpoll_ckpt_commit` or `vfpoll_ckpt_abort` (which also free it).
+//
+// # Safety
+// `s` is a live store; `name` a C string; `out` writable.
+int vfpoll_ckpt_begin(const struct vfpoll_store *s, const char *name, struct vfpoll_ckpt_tx **out);
+
+// Writes entry `entry` of `len` bytes at `data`, with `meta_len` opaque bytes at `meta` (a
+// dtype and shape; NULL with 0). When it returns the data is on the devices and the caller's
+// memory may be reused (the *staged* point of this entry).
+//
+// # Safety
+// `tx` is a live transaction; `entry` a C string; `meta` and `data` readable for their lengths
+// (or NULL with length 0).
+int vfpoll_ckpt_put(const struct vfpoll_ckpt_tx *tx,
+                    const char *entry,
+                    const void *meta,
+                    size_t meta_len,
+                    const void *data,
+                    size_t len);
+
+// Makes the commit of `tx` delete all but the newest `n` versions (this one counted).
+//
+// # Safety
+// `tx` is a live transaction.
+int vfpoll_ckpt_keep_last(const struct vfpoll_ckpt_tx *tx, uint32_t n);
+
+// Commits: data, then a flush of every namespace with a write cache, then the root with FUA.
+// On success the version is durable and visible and `*version` (may be NULL) is its id. The
+// transaction is freed either way; on an error nothing of it is visible.
+//
+// # Safety
+// `tx` is a live transaction (invalid afterwards); `version` is NULL or writable.
+int vfpoll_ckpt_commit(struct vfpoll_ckpt_tx *tx, uint64_t *version);
+
+// Drops the transaction: its space is given back, nothing was ever visible. NULL is accepted.
+//
+// # Safety
+// `tx` is NULL or a live transaction (invalid afterwards).
+int vfpoll_ckpt_abort(struct vfpoll_ckpt_tx *tx);
+
+// Opens version `version` of checkpoint `name` for reading (0: the newest). The version is
+// pinned (never reclaimed) until `vfpoll_ckpt_close`. `-ENOENT` when there is none.
+//
+// # Safety
+// `s` is a live store; `name` a C string; `out` writable.
+int vfpoll_ckpt_open(const struct vfpoll_store *s,
+                     const char *name,
+                     uint64_t version,
+                     struct vfpoll_ckpt_reader **out);
+
+// The reader's version id into `*version`, and `entry`'s length into `*len` when `entry` is
+// not NULL (`-ENOENT` when the version has no such entry).
+//
+// # Safety
+// `r` is a live reader; `entry` NULL or a C string; `version` and `len` NULL or writable.
+int vfpoll_ckpt_stat(const struct vfpoll_ckpt_reader *r,
+                     const char *entry,
+                     uint64_t *version,
+                     uint64_t *len);
+
+// Reads `len` bytes of `entry` from byte `offset` into `dst`. With `verify` non-zero every
+// extent's crc32c is checked (`-EBADMSG` on a mismatch, and `dst` then holds nothing to trust);
+// 0 skips the checks.
+//
+// # Safety
+// `r` is a live reader; `entry` a C string; `dst` writable for `len` bytes.
+int vfpoll_ckpt_read(const struct vfpoll_ckpt_reader *r,
+                     const char *entry,
+                     uint64_t offset,
+                     void *dst,
+                     size_t len,
+                     int verify);
+
+// Closes a reader (unpins its version). NULL is accepted.
+//
+// # Safety
+// `r` is NULL or a live reader (invalid afterwards).
+int vfpoll_ckpt_close(struct vfpoll_ckpt_reader *r);
+
+// Deletes version `version` of checkpoint `name`, or the whole checkpoint when `version` is 0.
+// A version being read is reclaimed only when its last reader closes.
+//
+// # Safety
+// `s` is a live store; `name` a C string.
+int vfpoll_ckpt_delete(const struct vfpoll_store *s, const char *name, uint64_t version);
+
+// Creates KV pool `name` of `slots` blocks of `block_size` bytes (a multiple of 4096) and
+// opens it into `*out`; close it with `vfpoll_kv_close`.
+//
+// # Safety
+// `s` is a live store; `name` a C string; `out` writable.
+int vfpoll_kv_create(const struct vfpoll_store *s,
+                     const char *name,
+                     uint32_t block_size,
+                     uint64_t slots,
+                     struct vfpoll_kv_pool **out);
+
+// Opens KV pool `name` into `*out` (`-ENOENT` when there is none).
+//
+// # Safety
+// `s` is a live store; `name` a C string; `out` writable.
+int vfpoll_kv_open(const struct vfpoll_store *s, const char *name, struct vfpoll_kv_pool **out);
+
+// Closes a pool handle. NULL is accepted.
+//
+// # Safety
+// `p` is NULL or a live pool (invalid afterwards).
+int vfpoll_kv_close(struct vfpoll_kv_pool *p);
+
+// Puts `n` blocks in one submission burst: `bufs[i]` (`lens[i]` bytes, 1 to the block size)
+// under `keys[i]`, replacing older blocks of those keys and evicting the least recently used
+// when the pool is full. Not durable until `vfpoll_kv_sync`.
+//
+// # Safety
+// `p` is a live pool; `keys`, `bufs` and `lens` hold `n` elements; `bufs[i]` is readable for
+// `lens[i]` bytes.
+int vfpoll_kv_put(const struct vfpoll_kv_pool *p,
+                  const struct vfpoll_kv_key *keys,
+                  const void *const *bufs,
+                  const size_t *lens,
+                  size_t n);
+
+// Gets `n` blocks in one submission burst into `bufs[i]` (each `buf_len` bytes, at least the
+// block's length). `lens[i]` becomes the block's length for a hit and -1 for a miss (a block
+// that fails its crc32c is a miss). Returns the number of hits.
+//
+// # Safety
+// `p` is a live pool; `keys`, `bufs` and `lens` hold `n` elements; `bufs[i]` is writable for
+// `buf_len` bytes and no two overlap.
+int vfpoll_kv_get(const struct vfpoll_kv_pool *p,
+                  const struct vfpoll_kv_key *keys,
+                  void *const *bufs,
+                  size_t buf_len,
+                  int64_t *lens,
+                  size_t n);
+
+// Removes `n` keys (absent ones are ignored); returns how many were held.
+//
+// # Safety
+// `p` is a live pool; `keys` holds `n` elements.
+int vfpoll_kv_remove(const struct vfpoll_kv_pool *p, const struct vfpoll_kv_key *keys, size_t n);
+
+// Makes every put so far durable (flushes the namespaces' write caches).
+//
+// # Safety
+// `p` is a live pool.
+int vfpoll_kv_sync(const struct vfpoll_kv_pool *p);
+
+// The pool's counters since it was opened in this process, and its fill.
+//
+// # Safety
+// `p` is a live pool; `out` writable.
+int vfpoll_kv_get_stats(const struct vfpoll_kv_pool *p, struct vfpoll_kv_stats *out);
+
+// Deletes KV pool `name` and deallocates its space (refused while a handle on it is open).
+//
+// # Safety
+// `s` is a live store; `name` a C string.
+int vfpoll_kv_delete(const struct vfpoll_store *s, const char *name);
 
 #ifdef __cplusplus
 }  // extern "C"
