@@ -169,6 +169,13 @@ fn timeout_of(t: Option<f64>) -> PyResult<Option<Duration>> {
     }
 }
 
+fn panicked(what: &str) -> Failure {
+    Failure::new(
+        Kind::Store,
+        format!("internal error: the {what} thread panicked (a bug: please report it)"),
+    )
+}
+
 /// The body of an async save's thread.
 pub(crate) fn run_save(
     shared: &Shared,
@@ -181,7 +188,8 @@ pub(crate) fn run_save(
 ) {
     let t0 = Instant::now();
     let mut turn = false;
-    let r = (|| -> Result<u64, Failure> {
+    // A panic (a bug) must still end the save: its handle waits for staged and durable.
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<u64, Failure> {
         let mut total = 0usize;
         for it in &mut items {
             if stage_host || matches!(it.range.place, Place::Cuda(_)) {
@@ -223,7 +231,8 @@ pub(crate) fn run_save(
             shared.give_staging(s);
         }
         Ok(info.version)
-    })();
+    }))
+    .unwrap_or_else(|_| Err(panicked("save")));
     if !turn {
         shared.wait_turn(ticket);
     }
@@ -358,7 +367,10 @@ impl Writer {
         std::thread::Builder::new()
             .name("vfpoll-commit".into())
             .spawn(move || {
-                let r = tx.commit().map(|i| i.version).map_err(Failure::from);
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tx.commit()))
+                    .unwrap_or_else(|_| Err(vfpoll_store::StoreError::Internal("the commit panicked".into())))
+                    .map(|i| i.version)
+                    .map_err(Failure::from);
                 if r.is_ok() {
                     shared.counters.bytes_written.fetch_add(bytes, Ordering::Relaxed);
                     shared.counters.saves.fetch_add(1, Ordering::Relaxed);
