@@ -404,3 +404,39 @@ fn decoder_checks_crcs() {
     assert!(r.is_err(), "a damaged extent must fail its crc");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// libvfpoll's store API: the C example `examples/c/store.c` (built by `cargo xtask test` into
+/// `target/debug/vfpoll-c-store`, plain and with ASan/UBSan) over controllers A and B: format,
+/// commit, read back, KV batches, fsck, reopen, a second open refused. In no-IOMMU mode it
+/// passes `-n` (VFPOLL_IOMMU_NONE: the library's own opener); otherwise VFPOLL_IOMMU_AUTO (the
+/// store's).
+#[test]
+#[ignore = "test bed"]
+fn guest_store_c_example() {
+    bind_all(&[NVME_A, NVME_B]);
+    reserve_hugepages(160);
+    for exe in ["vfpoll-c-store", "vfpoll-c-store-asan"] {
+        let mut cmd = std::process::Command::new(exe);
+        if mode_name() == "noiommu" {
+            cmd.arg("-n");
+        }
+        let out = cmd
+            .args([format!("vfio:{NVME_A}/1"), format!("vfio:{NVME_B}/1")])
+            .output()
+            .unwrap_or_else(|e| {
+                panic!("{exe}: {e} (`cargo xtask test` builds the C examples into target/debug)")
+            });
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        println!(
+            "{exe}: {}\n{stdout}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "{exe} failed");
+        assert!(
+            stdout.contains("checkpoint model 1 5242888 3") && stdout.ends_with("ok\n"),
+            "{stdout}"
+        );
+        assert!(stdout.contains("32 hits, 1 misses"), "{stdout}");
+    }
+}
