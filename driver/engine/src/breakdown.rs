@@ -26,7 +26,7 @@
 use hdrhistogram::Histogram;
 
 use crate::clock::Clock;
-use crate::report::new_histogram;
+use crate::histogram::new_histogram;
 
 /// The four segments of each I/O (nanoseconds), over all I/Os of a run.
 #[derive(Debug, Clone)]

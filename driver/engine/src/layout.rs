@@ -7,8 +7,7 @@ use std::ops::Range;
 use vfpoll_nvme::format::{Access, PiMode};
 use vfpoll_nvme::Namespace;
 
-use crate::engine::JobSpec;
-use crate::worker::Setup;
+use crate::job::{JobSpec, WorkerSpec};
 use crate::EngineError;
 
 /// How one I/O of the job moves bytes on a namespace, by its format.
@@ -65,14 +64,14 @@ impl IoLayout {
 }
 
 /// The largest data or metadata buffer any queue of the worker needs.
-pub(crate) fn largest_buffer(s: &Setup) -> Result<usize, EngineError> {
+pub(crate) fn largest_buffer(job: &JobSpec, spec: &WorkerSpec) -> Result<usize, EngineError> {
     let mut most = 0;
-    for t in &s.spec.targets {
+    for t in &spec.targets {
         let n = t.ctrl.namespace(t.nsid).map_err(|source| EngineError::Nvme {
             device: t.device.clone(),
             source,
         })?;
-        let io = IoLayout::of(&s.job, &t.device, &n)?;
+        let io = IoLayout::of(job, &t.device, &n)?;
         most = most.max(io.data_len).max(io.meta_len);
     }
     Ok(most)

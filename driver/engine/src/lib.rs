@@ -12,6 +12,10 @@
 //! - [`clock`]: the per-I/O clock (the TSC, calibrated);
 //! - [`workload`]: access patterns, the read/write mix, generators;
 //! - [`pattern`]: the LBA-tagged verify pattern and its checker;
+//! - the private `job` module: [`JobSpec`], [`Limit`], [`WorkerSpec`], [`Target`],
+//!   [`split_evenly`]: what a run is asked to do, imported by the engine, its workers, the
+//!   zoned writer and the I/O layout (and importing none of them); the private `histogram`
+//!   module: the latency histogram under both [`report`] and [`breakdown`];
 //! - [`report`]: per-worker and merged results (`hdrhistogram`s, merged at the end), and
 //!   SPDK-style latency histogram ranges;
 //! - [`breakdown`]: the queue-depth-1 latency breakdown (where an I/O's microseconds go);
@@ -52,6 +56,8 @@ pub mod affinity;
 pub mod breakdown;
 pub mod clock;
 mod engine;
+mod histogram;
+mod job;
 mod layout;
 pub mod pattern;
 pub mod report;
@@ -61,8 +67,9 @@ pub mod workload;
 pub mod zoned;
 
 pub use breakdown::Breakdown;
-pub use engine::{split_evenly, Engine, JobSpec, Limit, Namespace, Progress, Target, WorkerSpec};
+pub use engine::{Engine, Progress};
 pub use hdrhistogram::Histogram;
+pub use job::{split_evenly, JobSpec, Limit, Namespace, Target, WorkerSpec};
 pub use report::{LatencySummary, Report, ZoneReport};
 pub use workload::Workload;
 

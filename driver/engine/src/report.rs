@@ -6,15 +6,8 @@ use hdrhistogram::Histogram;
 use vfpoll_nvme::QpairStats;
 
 use crate::breakdown::Breakdown;
+pub use crate::histogram::{new_histogram, MAX_LATENCY_NS};
 use crate::pattern::Found;
-
-/// Latency histograms hold nanoseconds from 1 ns to this, at 3 significant digits.
-pub const MAX_LATENCY_NS: u64 = 3_600_000_000_000;
-
-/// An empty latency histogram (nanoseconds).
-pub fn new_histogram() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, MAX_LATENCY_NS, 3).expect("valid histogram bounds")
-}
 
 /// Counts and latencies of one direction (reads or writes).
 #[derive(Debug, Clone)]

@@ -18,7 +18,7 @@ use vfpoll_nvme::{Controller, NvmeError, QpairOptions, QpairStats, QueuePair};
 use crate::affinity::pin_current;
 use crate::breakdown::{Off, On, Stamps};
 use crate::clock::Clock;
-use crate::engine::{JobSpec, Target, WorkerSpec};
+use crate::job::{JobSpec, Target, WorkerSpec};
 use crate::layout::{largest_buffer, IoLayout};
 use crate::pattern;
 use crate::report::{
@@ -87,7 +87,7 @@ pub(crate) fn main(s: Setup) {
     let events = s.events.clone();
     let index = s.index;
     let page = s.job.buffer_page.bytes() as usize;
-    let largest = match largest_buffer(&s) {
+    let largest = match largest_buffer(&s.job, &s.spec) {
         Ok(b) => b,
         Err(error) => {
             let _ = events.send(Event::Failed { worker: index, error });

@@ -61,7 +61,7 @@ use vfpoll_dma::{DmaContext, PageSize};
 use vfpoll_nvme::zns::{self, Zone, ZoneAction, ZoneFilter, ZoneState};
 use vfpoll_nvme::{Controller, Namespace, QueuePair};
 
-use crate::engine::{JobSpec, WorkerSpec};
+use crate::job::{JobSpec, WorkerSpec};
 use crate::slots::Slots;
 use crate::workload::Workload;
 use crate::EngineError;
