@@ -246,7 +246,12 @@ struct RmArgs {
     )]
     checkpoint: Option<String>,
     /// Delete this version only.
-    #[arg(long = "version-id", value_name = "ID", requires = "checkpoint", conflicts_with = "keep_last")]
+    #[arg(
+        long = "version-id",
+        value_name = "ID",
+        requires = "checkpoint",
+        conflicts_with = "keep_last"
+    )]
     version_id: Option<u64>,
     /// Delete all but the newest N versions.
     #[arg(long, value_name = "N", requires = "checkpoint")]
