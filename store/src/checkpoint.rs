@@ -348,11 +348,7 @@ impl CheckpointTx {
                 free: m.alloc.free_pages() * PAGE as u64,
             })?
         };
-        let mut window = (self.store.options().io_buffers.max(2) as u64
-            * self.store.chunk_pages()
-            * PAGE as u64
-            * self.store.inner.members.len() as u64)
-            .max(PAGE as u64);
+        let mut window = self.window();
         if let Some(w) = &self.bg {
             window = window.min(w.budget()).max(PAGE as u64);
         }
@@ -454,6 +450,46 @@ impl CheckpointTx {
 
     pub(crate) fn store(&self) -> &Store {
         &self.store
+    }
+
+    /// Bytes a put hands to the engine at once: every namespace's I/O buffers full.
+    pub(crate) fn window(&self) -> u64 {
+        (self.store.options().io_buffers.max(2) as u64
+            * self.store.chunk_pages()
+            * PAGE as u64
+            * self.store.inner.members.len() as u64)
+            .max(PAGE as u64)
+    }
+
+    pub(crate) fn has_background(&self) -> bool {
+        self.bg.is_some()
+    }
+
+    /// Waits for the background writer and stops it; its first error, if any.
+    pub(crate) fn end_background(&mut self) -> Result<()> {
+        match self.bg.take() {
+            Some(w) => w.drain(),
+            None => Ok(()),
+        }
+    }
+
+    /// Takes the last entry out again (its writes failed after its put was queued), giving its
+    /// pages back; only once no writer runs.
+    pub(crate) fn forget_last_entry(&mut self) {
+        debug_assert!(self.bg.is_none());
+        let Some(e) = self.entries.pop() else { return };
+        self.names.remove(&e.name);
+        let mut m = self.store.meta();
+        for x in &e.extents {
+            m.alloc.free(x.page, x.pages());
+            if let Some(i) = self
+                .allocated
+                .iter()
+                .rposition(|&(p, n)| p == x.page && n == x.pages())
+            {
+                self.allocated.remove(i);
+            }
+        }
     }
 
     /// From now on, puts return as soon as their data is copied into host staging memory (at

@@ -186,9 +186,24 @@ impl CheckpointTx {
             )));
         }
         let timeout = self.store().options().io_timeout;
-        self.put_with(name, meta, len, |off, dst| {
+        // Without the transaction's background writer, a writer of two windows overlaps the
+        // device copies of one window with the writes of the previous one; the put still
+        // returns only once everything is written.
+        let temporary = !self.has_background();
+        if temporary {
+            self.background(2 * self.window())?;
+        }
+        let r = self.put_with(name, meta, len, |off, dst| {
             device_to_host(engine, slots, dev_offset + off, dst, timeout)
-        })
+        });
+        if temporary {
+            let written = self.end_background();
+            if r.is_ok() && written.is_err() {
+                self.forget_last_entry();
+            }
+            return r.and(written);
+        }
+        r
     }
 }
 
@@ -221,15 +236,46 @@ impl VersionReader {
             * store.inner.members.len() as u64)
             .max(1 << 20);
         let timeout = store.options().io_timeout;
-        let mut buf = Vec::new();
-        let mut pos = 0u64;
-        while pos < len {
-            let n = (len - pos).min(window) as usize;
-            buf.resize(n, 0);
-            self.read_range(name, offset + pos, &mut buf, o)?;
-            host_to_device(engine, slots, dev_offset + pos, &buf, timeout)?;
-            pos += n as u64;
-        }
+        // A reader thread reads (and checks) window k + 1 while this one copies window k to
+        // the device.
+        std::thread::scope(|scope| {
+            let (to_copy, ready) = std::sync::mpsc::sync_channel::<Result<(u64, Vec<u8>)>>(1);
+            let (to_read, free) = std::sync::mpsc::channel::<Vec<u8>>();
+            let _ = to_read.send(Vec::new());
+            let _ = to_read.send(Vec::new());
+            scope.spawn(move || {
+                let mut pos = 0u64;
+                while pos < len {
+                    let Ok(mut buf) = free.recv() else { return };
+                    let n = (len - pos).min(window) as usize;
+                    buf.resize(n, 0);
+                    let r = self
+                        .read_range(name, offset + pos, &mut buf, o)
+                        .map(|()| (pos, buf));
+                    let failed = r.is_err();
+                    if to_copy.send(r).is_err() || failed {
+                        return;
+                    }
+                    pos += n as u64;
+                }
+            });
+            let copied = (|| {
+                let mut done = 0u64;
+                while done < len {
+                    let (pos, buf) = ready
+                        .recv()
+                        .map_err(|_| StoreError::Internal("the reader thread stopped".into()))??;
+                    host_to_device(engine, slots, dev_offset + pos, &buf, timeout)?;
+                    done += buf.len() as u64;
+                    let _ = to_read.send(buf);
+                }
+                Ok::<(), StoreError>(())
+            })();
+            // Closing both channels ends the reader wherever it waits.
+            drop(ready);
+            drop(to_read);
+            copied
+        })?;
         Ok(())
     }
 }

@@ -124,3 +124,46 @@ fn background_puts_return_once_staged_and_commit_waits_for_the_writes() {
     drop(tx);
     assert_eq!(store.info().free, free);
 }
+
+#[test]
+fn a_failed_load_stops_both_sides() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, h) = mem_store(dir.path(), 1, 64 << 20);
+    let len = 40 << 20; // several windows
+    let mut tx = store.begin("m").unwrap();
+    tx.put("w", b"", &bytes(3, len)).unwrap();
+    tx.commit().unwrap();
+    let r = store.open_version("m", None).unwrap();
+    let mut slots = Slots::alloc(&DmaContext::for_testing(), 2, 64 << 10, PageSize::Base4K).unwrap();
+    // A copy fails in the middle.
+    let mut gpu = CpuEngine::new(len);
+    gpu.inject(100, CopyFault::Complete);
+    let e = r
+        .load_device(
+            "w",
+            0,
+            len as u64,
+            &mut gpu,
+            &mut slots,
+            0,
+            &ReadOptions::default(),
+        )
+        .unwrap_err();
+    assert!(matches!(e, StoreError::Copy(_)), "{e}");
+    // An extent fails its crc in a later window: the reader's error comes back.
+    let bad_page_off = (1u64 << 20) + (30u64 << 20);
+    h[0].flip(bad_page_off + 5, 1);
+    let mut gpu = CpuEngine::new(len);
+    let e = r
+        .load_device(
+            "w",
+            0,
+            len as u64,
+            &mut gpu,
+            &mut slots,
+            0,
+            &ReadOptions::default(),
+        )
+        .unwrap_err();
+    assert!(matches!(e, StoreError::Checksum { .. }), "{e}");
+}
