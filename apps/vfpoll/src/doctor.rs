@@ -3,112 +3,21 @@
 //! The checks are pure functions of a [`Host`] (the trees) and a [`Process`] (who we are), so the
 //! tests run them on fake trees with a made-up process.
 
-use std::fmt;
-use std::path::Path;
 use std::process::ExitCode;
 
-use nix::unistd::{eaccess, AccessFlags};
-use vfpoll_hugepages::{self as hp, Memlock};
+use vfpoll_hugepages as hp;
 use vfpoll_pci::bind::{self, NoIommu, VFIO_PCI};
 use vfpoll_pci::sysfs;
 use vfpoll_pci::{Bdf, Host};
 
 use crate::ctx::Ctx;
 
-/// `vfpoll doctor` options.
-#[derive(Debug, Clone, clap::Args)]
-pub struct Args {
-    /// Check for vfio's no-IOMMU mode instead of an IOMMU (unsafe: devices can DMA anywhere);
-    /// the same as --iommu-backend noiommu.
-    #[arg(long)]
-    pub noiommu: bool,
-    /// Check for the run's IOMMU backend: auto (iommufd where /dev/iommu exists and every
-    /// device has a VFIO cdev, type1 otherwise), iommufd, type1 or noiommu.
-    #[arg(long, value_name = "BACKEND", default_value = "auto")]
-    pub iommu_backend: vfpoll_pci::vfio::Backend,
-    /// Devices the run will use (repeatable). Default: every device on vfio-pci.
-    #[arg(long = "device", value_name = "BDF")]
-    pub devices: Vec<Bdf>,
-    /// Hugepage memory the run needs free, and may pin, in MiB.
-    #[arg(long, value_name = "MiB", default_value_t = 64)]
-    pub hugepages: u64,
-}
+mod backend;
+mod types;
+mod user;
 
-/// How bad a finding is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Level {
-    /// Fine.
-    Ok,
-    /// Works, but worth knowing.
-    Warn,
-    /// A run will fail.
-    Fail,
-}
-
-/// One finding.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Finding {
-    /// How bad.
-    pub level: Level,
-    /// Which check (`iommu`, `modules`, a BDF, ...).
-    pub check: String,
-    /// What was found.
-    pub detail: String,
-    /// The command or step that fixes it.
-    pub fix: Option<String>,
-}
-
-impl fmt::Display for Finding {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let l = match self.level {
-            Level::Ok => "OK",
-            Level::Warn => "WARN",
-            Level::Fail => "FAIL",
-        };
-        write!(f, "{l:<4}  {}: {}", self.check, self.detail)?;
-        if let Some(fix) = &self.fix {
-            write!(f, "\n      fix: {fix}")?;
-        }
-        Ok(())
-    }
-}
-
-/// Who runs the check.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Process {
-    /// Effective user ID.
-    pub euid: u32,
-    /// Whether it has CAP_IPC_LOCK; `None` if unknown.
-    pub cap_ipc_lock: Option<bool>,
-    /// Its memlock limit.
-    pub memlock: Memlock,
-}
-
-impl Process {
-    /// This process.
-    pub fn current(host: &Host) -> anyhow::Result<Self> {
-        Ok(Process {
-            euid: nix::unistd::geteuid().as_raw(),
-            cap_ipc_lock: hp::cap_ipc_lock(host),
-            memlock: Memlock::current()?,
-        })
-    }
-}
-
-/// A finding of `level` for `check`.
-pub(crate) fn finding(level: Level, check: &str, detail: impl Into<String>, fix: Option<String>) -> Finding {
-    Finding {
-        level,
-        check: check.to_owned(),
-        detail: detail.into(),
-        fix,
-    }
-}
-
-/// Whether this process may read and write `p`.
-pub(crate) fn rw(p: &Path) -> bool {
-    eaccess(p, AccessFlags::R_OK | AccessFlags::W_OK).is_ok()
-}
+use types::{finding, rw};
+pub use types::{Args, Finding, Level, Process};
 
 fn loaded(host: &Host, module: &str) -> bool {
     let m = host.sys.join("module").join(module.replace('-', "_"));
@@ -129,8 +38,8 @@ pub fn check(host: &Host, a: &Args, who: &Process) -> Vec<Finding> {
     devices(host, a, &mut out);
     hugepages(host, a, &mut out);
     memlock(a, who, &mut out);
-    crate::doctor_backend::check(host, a, &mut out);
-    crate::doctor_user::check(host, a, who, &mut out);
+    backend::check(host, a, &mut out);
+    user::check(host, a, who, &mut out);
     out
 }
 
@@ -188,7 +97,7 @@ fn iommu(host: &Host, a: &Args, out: &mut Vec<Finding>) {
 }
 
 fn modules(host: &Host, a: &Args, out: &mut Vec<Finding>) {
-    let iommufd = crate::doctor_backend::uses_iommufd(host, a);
+    let iommufd = backend::uses_iommufd(host, a);
     for m in ["vfio", "vfio-pci", "vfio_iommu_type1"] {
         let ok = loaded(host, m);
         out.push(match (ok, m) {
@@ -318,7 +227,7 @@ fn device(host: &Host, a: &Args, bdf: Bdf) -> Finding {
         Ok(_) => {}
         Err(e) => return finding(Level::Fail, &check, e.to_string(), None),
     }
-    if crate::doctor_backend::uses_iommufd(host, a) {
+    if backend::uses_iommufd(host, a) {
         return finding(
             Level::Ok,
             &check,
@@ -506,5 +415,4 @@ pub fn run(ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
 }
 
 #[cfg(test)]
-#[path = "doctor_tests.rs"]
 mod tests;

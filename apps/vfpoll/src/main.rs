@@ -16,8 +16,6 @@ use clap::{Parser, Subcommand};
 mod bind;
 mod ctx;
 mod doctor;
-mod doctor_backend;
-mod doctor_user;
 mod format;
 mod fwd;
 mod gpu;

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::fake::{guest, Fake};
+use vfpoll_hugepages::Memlock;
 
 const ROOT: Process = Process {
     euid: 0,

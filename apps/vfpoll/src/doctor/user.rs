@@ -5,7 +5,7 @@
 //! see [`crate::setup::user`]), so [`check`] rewrites those fixes and adds what only a user
 //! lacks: a hugetlbfs mount it may write to, and no-IOMMU mode, which needs root whatever the
 //! files say. (The iommufd nodes, `/dev/iommu` and `/dev/vfio/devices/vfioN`, are checked by
-//! [`crate::doctor_backend`] when the run uses iommufd; their fixes are sharpened here too.) Access is judged from each file's owner, group and mode
+//! [`super::backend`] when the run uses iommufd; their fixes are sharpened here too.) Access is judged from each file's owner, group and mode
 //! against this process's IDs and groups (`/proc/self/status`), so the tests need no root.
 
 use std::fs;
@@ -15,7 +15,7 @@ use vfpoll_pci::bind::{self, VFIO_PCI};
 use vfpoll_pci::sysfs;
 use vfpoll_pci::{Bdf, Host};
 
-use crate::doctor::{finding, Args, Finding, Level, Process};
+use super::types::{finding, Args, Finding, Level, Process};
 use crate::setup::user::{self, Owner, NOIOMMU_NEEDS_ROOT};
 
 /// `CAP_SYS_RAWIO` and `CAP_SYS_ADMIN` (`include/uapi/linux/capability.h`).
@@ -206,5 +206,4 @@ fn rewrite_fixes(a: &Args, who: &Process, name: &str, setup: &str, out: &mut [Fi
 }
 
 #[cfg(test)]
-#[path = "doctor_user_tests.rs"]
 mod tests;

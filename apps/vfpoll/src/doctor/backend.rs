@@ -7,7 +7,7 @@ use vfpoll_pci::bind::VFIO_PCI;
 use vfpoll_pci::vfio::{BackendChoice, IommuMode};
 use vfpoll_pci::{sysfs, Bdf, Host};
 
-use crate::doctor::{finding, rw, Args, Finding, Level};
+use super::types::{finding, rw, Args, Finding, Level};
 
 /// The devices of the run: `--device`, or every device on vfio-pci.
 fn run_devices(host: &Host, a: &Args) -> Vec<Bdf> {
