@@ -13,10 +13,12 @@ use vfpoll_pci::mmio::Mmio;
 use vfpoll_pci::BusAddr;
 
 use crate::cmd::{Command, Completion, DataPtr};
+use crate::cmd::{CQE_SIZE, SQE_SIZE};
 use crate::error::{NvmeError, Result};
 use crate::prp::{self, PrpListMem};
+use crate::qmem::Layout;
 use crate::qmem::QueueMem;
-use crate::queue::{Layout, Ring, CQE_SIZE, SQE_SIZE};
+use crate::queue::Ring;
 
 /// Bytes of the admin data buffer: the largest admin transfer vfpoll makes (log pages, identify).
 pub const ADMIN_DATA_BYTES: usize = 64 * 1024;

@@ -8,6 +8,14 @@ use core::fmt;
 
 use vfpoll_pci::BusAddr;
 
+/// Size of a submission queue entry.
+pub(crate) const SQE_SIZE: usize = 64;
+/// Size of a completion queue entry.
+pub(crate) const CQE_SIZE: usize = 16;
+
+/// The phase tag bit of a completion's DW3.
+pub(crate) const PHASE: u32 = 1 << 16;
+
 /// Admin command opcodes (NVMe Base 2.0 Figure 138).
 pub mod admin_op {
     /// Delete I/O Submission Queue.

@@ -14,8 +14,15 @@ use vfpoll_dma::DmaRegion;
 use vfpoll_pci::mmio::Mmio;
 use vfpoll_pci::BusAddr;
 
-use crate::cmd::Completion;
-use crate::queue::{Layout, CQE_SIZE, PHASE, SQE_SIZE};
+use crate::cmd::{Completion, CQE_SIZE, PHASE, SQE_SIZE};
+
+/// Where a queue's pieces sit in its memory.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Layout {
+    pub sq_off: usize,
+    pub cq_off: usize,
+    pub entries: u16,
+}
 
 /// A queue's DMA memory, and where its submission and completion queue slots are.
 pub(crate) struct QueueMem {

@@ -9,22 +9,6 @@ use crate::cmd::Completion;
 use crate::qmem::{wmb, QueueMem, ShadowSlot};
 use crate::regs;
 
-/// Size of a submission queue entry.
-pub const SQE_SIZE: usize = 64;
-/// Size of a completion queue entry.
-pub const CQE_SIZE: usize = 16;
-
-/// The phase tag bit of a completion's DW3.
-pub(crate) const PHASE: u32 = 1 << 16;
-
-/// Where a queue's pieces sit in its memory.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Layout {
-    pub sq_off: usize,
-    pub cq_off: usize,
-    pub entries: u16,
-}
-
 /// What [`Ring::ring_sq`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Rung {

@@ -25,12 +25,14 @@ use std::time::{Duration, Instant};
 
 use crate::buffer::IoBuffer;
 use crate::cmd::Command;
+use crate::cmd::{CQE_SIZE, SQE_SIZE};
 use crate::ctrlr::{Controller, Shared, PAGE_SIZE};
 use crate::error::{NvmeError, Result};
 use crate::format::{Access, PiMode, Refusal};
 use crate::prp::{self, PrpListMem};
+use crate::qmem::Layout;
 use crate::qmem::QueueMem;
-use crate::queue::{Layout, Ring, CQE_SIZE, SQE_SIZE};
+use crate::queue::Ring;
 
 mod complete;
 mod health;

@@ -26,8 +26,8 @@ use super::{Done, QueuePair};
 use crate::admin::Taken;
 use crate::buffer::IoBuffer;
 use crate::cmd::Command;
+use crate::cmd::{CQE_SIZE, SQE_SIZE};
 use crate::error::NvmeError;
-use crate::queue::{CQE_SIZE, SQE_SIZE};
 use crate::reset::is_up;
 
 /// Where a queue pair's queues are.
