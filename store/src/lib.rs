@@ -7,7 +7,8 @@
 //! - **checkpoints**: named versions of many named tensors or buffers. A version is written
 //!   with [`Store::begin`] / [`CheckpointTx::put`] and made visible, all or nothing, by
 //!   [`CheckpointTx::commit`] (or [`CheckpointTx::commit_async`], whose [`SaveHandle`] tells
-//!   when the caller's memory may be reused and when the version is durable). Readers
+//!   when the caller's memory may be reused and when the version is durable; with
+//!   [`CheckpointTx::background`] a put returns once its data is in host staging memory). Readers
 //!   ([`Store::open_version`]) see committed versions only and pin them; every extent carries a
 //!   crc32c checked on read ([`ReadOptions::verify`]). [`Store::keep_last`] and
 //!   [`Store::delete_version`] reclaim space. Tensors in GPU memory go through vfpoll-gpu's
@@ -62,7 +63,10 @@
 //! bursts from several threads are serialised, each at full queue depth over every namespace.
 //! This suits the two workloads (a checkpoint's tensors and a KV batch are big bursts), keeps
 //! each NVMe queue pair on one thread at a time as the driver requires, and needs no I/O
-//! thread. Commits hold the metadata lock while they write the catalog and the root, so
+//! thread of the store's own: the only threads are a transaction's optional background writer
+//! ([`CheckpointTx::background`], which stages puts in host memory and writes them in bursts
+//! like any caller), the reader that runs one window ahead of [`VersionReader::load_device`],
+//! and [`CheckpointTx::commit_async`]'s commit. Commits hold the metadata lock while they write the catalog and the root, so
 //! commits are serialised; readers and KV gets do not wait for a checkpoint's data writes
 //! (only for its commit). A per-thread channel per namespace (SPDK blobstore's model) would
 //! let bursts of several threads overlap; it is the next step if one burst does not saturate

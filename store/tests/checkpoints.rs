@@ -277,3 +277,72 @@ fn o_direct_refusal_is_reported_on_tmpfs() {
     let store = Store::format(&[&spec], &f).unwrap();
     assert!(store.info().members[0].device.contains("buffered"));
 }
+
+/// Run by `a_second_process_is_refused_with_its_pid` in a child process: opens the store named
+/// by `VFPOLL_STORE_CHILD` (spec) and `VFPOLL_STORE_CHILD_LOCKS` (lock dir), says so, and holds
+/// it until its stdin closes.
+#[test]
+fn child_holds_the_store() {
+    let (Ok(spec), Ok(locks)) = (
+        std::env::var("VFPOLL_STORE_CHILD"),
+        std::env::var("VFPOLL_STORE_CHILD_LOCKS"),
+    ) else {
+        return;
+    };
+    let mut o = opts(std::path::Path::new(&locks));
+    o.allow_buffered_io = true;
+    let _store = Store::open(&[spec], &o).unwrap();
+    println!("VFPOLL-CHILD-READY");
+    use std::io::Write;
+    std::io::stdout().flush().unwrap();
+    let mut s = String::new();
+    let _ = std::io::stdin().read_line(&mut s);
+}
+
+#[test]
+fn a_second_process_is_refused_with_its_pid() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let spec = format!("file:{}/s.img?size=8M", dir.path().display());
+    let mut f = fopts(dir.path());
+    f.store.allow_buffered_io = true;
+    drop(Store::format(&[&spec], &f).unwrap());
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_holds_the_store",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("VFPOLL_STORE_CHILD", &spec)
+        .env("VFPOLL_STORE_CHILD_LOCKS", dir.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("VFPOLL-CHILD-READY") {
+        line.clear();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "the child exited before opening the store"
+        );
+    }
+    let e = Store::open(&[&spec], &f.store).unwrap_err();
+    match &e {
+        StoreError::InUse { pid, .. } => assert_eq!(*pid, child.id()),
+        other => panic!("expected InUse, got {other}"),
+    }
+    assert!(
+        e.to_string().contains(&format!("in use by PID {}", child.id())),
+        "{e}"
+    );
+    drop(child.stdin.take());
+    assert!(child.wait().unwrap().success());
+    assert!(
+        Store::open(&[&spec], &f.store).is_ok(),
+        "free once the other process is gone"
+    );
+}
