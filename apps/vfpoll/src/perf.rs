@@ -146,7 +146,7 @@ pub struct Args {
     /// the queue pair's MSI-X interrupt; one vector per queue pair), or hybrid (spin for
     /// --hybrid-spin-us after the last completion, then sleep). The process CPU time of the run
     /// is printed with the results.
-    #[arg(long, value_name = "MODE", default_value = "poll", value_parser = ["poll", "irq", "hybrid"])]
+    #[arg(long, value_name = "MODE", default_value = "poll", value_parser = CompletionMode::NAMES)]
     pub completion: String,
     /// How long hybrid mode spins before it sleeps, in microseconds (up to 20 times as long
     /// when a completion is late in a stream that came within the spin).
@@ -164,14 +164,11 @@ pub struct Args {
 }
 
 /// The --completion mode.
-fn completion_mode(a: &Args) -> CompletionMode {
-    match a.completion.as_str() {
-        "irq" => CompletionMode::Irq,
-        "hybrid" => CompletionMode::Hybrid {
-            spin: Duration::from_micros(a.hybrid_spin_us),
-        },
-        _ => CompletionMode::Poll,
-    }
+fn completion_mode(a: &Args) -> anyhow::Result<CompletionMode> {
+    Ok(CompletionMode::from_name(
+        &a.completion,
+        Duration::from_micros(a.hybrid_spin_us),
+    )?)
 }
 
 /// User and system CPU time of the whole process so far (every thread: workers, the control
@@ -294,7 +291,7 @@ fn open_devices(a: &Args, worker_cores: &[usize]) -> anyhow::Result<Devices> {
         };
         let ctrl = Controller::new(model.bar0(), DmaContext::new(mapper), opts)
             .context("bringing up the model's controller")?;
-        if completion_mode(a).interrupts() {
+        if completion_mode(a)?.interrupts() {
             // The model's MSI-X table: one vector per I/O queue pair and the admin queue's.
             let fds = model
                 .msix(ctrl.io_queues_granted() + 1)
@@ -404,7 +401,7 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
         qpair: QpairOptions {
             sgl: a.sgl,
             sq_in_cmb: a.cmb_sq,
-            completion: completion_mode(&a),
+            completion: completion_mode(&a)?,
             defer_cq_doorbell: !a.no_cq_defer,
             ..Default::default()
         },

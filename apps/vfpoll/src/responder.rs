@@ -81,7 +81,7 @@ pub struct Args {
     /// How the responder learns of frames: poll (spin on the receive ring), irq (sleep until
     /// the receive queue's interrupt: MSI-X, or MSI on an 82574 without it), or hybrid (spin
     /// for --hybrid-spin-us after the last frame, then sleep).
-    #[arg(long, value_name = "MODE", default_value = "poll", value_parser = ["poll", "irq", "hybrid"])]
+    #[arg(long, value_name = "MODE", default_value = "poll", value_parser = CompletionMode::NAMES)]
     pub completion: String,
     /// How long hybrid mode spins before it sleeps, in microseconds.
     #[arg(long, value_name = "US", default_value_t = 50)]
@@ -91,14 +91,11 @@ pub struct Args {
 }
 
 /// The --completion mode.
-fn completion_mode(a: &Args) -> CompletionMode {
-    match a.completion.as_str() {
-        "irq" => CompletionMode::Irq,
-        "hybrid" => CompletionMode::Hybrid {
-            spin: Duration::from_micros(a.hybrid_spin_us),
-        },
-        _ => CompletionMode::Poll,
-    }
+fn completion_mode(a: &Args) -> anyhow::Result<CompletionMode> {
+    Ok(CompletionMode::from_name(
+        &a.completion,
+        Duration::from_micros(a.hybrid_spin_us),
+    )?)
 }
 
 /// User and system CPU time of the whole process so far.
@@ -250,7 +247,7 @@ pub fn respond(f: &mut [u8], mac: MacAddr, net: Ipv4Net, c: &mut Counters) -> bo
 /// Runs `vfpoll responder`.
 pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
     let mut stop = Stop::new(a.time)?;
-    let mode = completion_mode(&a);
+    let mode = completion_mode(&a)?;
     let (mut ports, _pool) = a.nic.open_with(&[a.device], false, mode)?;
     let port = &mut ports[0];
     let mac = port.mac();

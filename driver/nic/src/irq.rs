@@ -49,39 +49,11 @@ use vfpoll_pci::vfio::{Device, EventFd, IrqIndex, Irqs};
 
 use crate::error::{NicError, Result};
 
-/// How a receive queue learns that frames arrived.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum CompletionMode {
-    /// The caller polls ([`RxQueue::rx_burst`](crate::RxQueue::rx_burst)); every interrupt
-    /// stays masked.
-    #[default]
-    Poll,
-    /// The receive queue interrupts; [`RxQueue::wait`](crate::RxQueue::wait) sleeps on its
-    /// eventfd until frames arrive.
-    Irq,
-    /// [`RxQueue::wait`](crate::RxQueue::wait) spins for `spin` first, then sleeps as in `Irq`.
-    Hybrid {
-        /// How long to spin before sleeping.
-        spin: Duration,
-    },
-}
-
-impl CompletionMode {
-    /// Whether the queue gets an interrupt vector.
-    pub fn interrupts(self) -> bool {
-        self != CompletionMode::Poll
-    }
-}
-
-impl std::fmt::Display for CompletionMode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            CompletionMode::Poll => f.write_str("poll"),
-            CompletionMode::Irq => f.write_str("irq"),
-            CompletionMode::Hybrid { spin } => write!(f, "hybrid (spin {spin:?})"),
-        }
-    }
-}
+/// How a receive queue learns that frames arrived (defined in `vfpoll-pci`, shared with the
+/// NVMe driver): `Poll` keeps every interrupt masked, `Irq` and `Hybrid` make
+/// [`RxQueue::wait`](crate::RxQueue::wait) sleep on the queue's eventfd (`Hybrid` after its
+/// spin).
+pub use vfpoll_pci::CompletionMode;
 
 /// What delivers a port's interrupt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

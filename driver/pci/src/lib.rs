@@ -26,6 +26,7 @@
 pub mod addr;
 pub mod bdf;
 pub mod bind;
+pub mod completion;
 pub mod fault;
 pub mod mmio;
 pub mod sysfs;
@@ -33,4 +34,5 @@ pub mod vfio;
 
 pub use addr::{BusAddr, Iova, PhysAddr};
 pub use bdf::Bdf;
+pub use completion::{CompletionMode, UnknownCompletionMode};
 pub use sysfs::{Host, PciDevice};

@@ -78,29 +78,10 @@ pub(crate) const UNBIND_STREAK: u32 = 8;
 /// in flight while the vector is unbound (module docs, "Hybrid").
 const LATE_SPINS: u32 = 20;
 
-/// How a queue pair learns that commands completed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum CompletionMode {
-    /// The caller polls ([`QueuePair::poll`]); the CQ is created with interrupts off.
-    #[default]
-    Poll,
-    /// The CQ interrupts; [`QueuePair::wait`] sleeps on its eventfd until completions arrive.
-    Irq,
-    /// [`QueuePair::wait`] spins for `spin` first, then sleeps as in `Irq` (with commands in
-    /// flight during a stream of completions caught spinning, it spins up to 20 times as
-    /// long first: module docs, "Hybrid").
-    Hybrid {
-        /// How long to spin before sleeping.
-        spin: Duration,
-    },
-}
-
-impl CompletionMode {
-    /// Whether the CQ is created with interrupts enabled.
-    pub fn interrupts(self) -> bool {
-        self != CompletionMode::Poll
-    }
-}
+/// How a queue pair learns that commands completed (defined in `vfpoll-pci`, shared with the
+/// NIC driver): [`CompletionMode::Poll`] creates the CQ with interrupts off, `Irq` and `Hybrid`
+/// make [`QueuePair::wait`] sleep on the CQ's eventfd (`Hybrid` after its spin).
+pub use vfpoll_pci::CompletionMode;
 
 /// The controller's interrupt vectors: one eventfd each, and which are taken.
 #[derive(Debug)]
