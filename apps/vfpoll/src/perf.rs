@@ -24,8 +24,7 @@ use crate::ctx::Ctx;
 use crate::units::parse_nonzero_bytes as parse_size;
 use crate::units::parse_page_size;
 
-#[path = "perf_reset.rs"]
-mod reset;
+mod reset_every;
 
 /// Options of `vfpoll perf`.
 #[derive(Debug, clap::Args)]
@@ -426,7 +425,7 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
     let removals = RemovalWatch::start(&devices.ctrls);
     let resetter = a
         .reset_every
-        .map(|every| reset::ResetEvery::start(&devices.ctrls, every));
+        .map(|every| reset_every::ResetEvery::start(&devices.ctrls, every));
     let report = engine.run(Duration::from_secs(1), |p| {
         if live {
             let _ = write!(
@@ -446,7 +445,7 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
         wall: wall.elapsed(),
     };
     let removed = removals.stop();
-    let resets = resetter.map(reset::ResetEvery::stop);
+    let resets = resetter.map(reset_every::ResetEvery::stop);
     let max_gap = report
         .workers
         .iter()

@@ -1,4 +1,6 @@
-//! `vfpoll reset|unbind [BDF...|all]`.
+//! `vfpoll reset|unbind [BDF...|all]`: gives devices back to their kernel drivers and undoes
+//! `vfpoll setup`. It resets no controller; the controller resets under load are
+//! `vfpoll perf --reset-every` (`perf/reset_every.rs`).
 
 use std::process::ExitCode;
 

@@ -11,7 +11,6 @@ use vfpoll_pci::Bdf;
 
 use crate::ctx::{Ctx, Selector};
 
-#[path = "setup_user.rs"]
 pub mod user;
 
 /// `vfpoll setup` options.

@@ -588,5 +588,4 @@ pub fn memlock_advice(user: &User, need: u64) -> Vec<String> {
 }
 
 #[cfg(test)]
-#[path = "setup_user_tests.rs"]
 pub(crate) mod tests;
