@@ -849,3 +849,37 @@ pub fn nvme_connect_refused(c: &NvmeConnect) -> String {
     );
     text
 }
+
+/// Asks the kernel's initiator for a controller by writing `c`'s options to
+/// `/dev/nvme-fabrics` directly, with `duplicate_connect` (nvme-cli stops at "already
+/// connected" when a controller to the same address and subsystem exists, whatever the host
+/// NQN, so its refusals need not come from the target). The write must fail: returns its
+/// error and the kernel log's last lines; panics when a controller was made (after removing it).
+pub fn fabrics_connect_refused(c: &NvmeConnect) -> (std::io::Error, String) {
+    use std::io::Write;
+    load_modules(NVME_TCP_MODULES);
+    let opts = format!(
+        "transport=tcp,traddr={},trsvcid={},nqn={},hostnqn={},hostid={},duplicate_connect",
+        c.traddr, c.trsvcid, c.nqn, c.host_nqn, c.host_id
+    );
+    let before = tcp_controllers(c.nqn);
+    let mut f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/nvme-fabrics")
+        .expect("/dev/nvme-fabrics (is nvme-fabrics loaded?)");
+    let r = f.write_all(opts.as_bytes());
+    let new: Vec<String> = tcp_controllers(c.nqn)
+        .into_iter()
+        .filter(|n| !before.contains(n))
+        .collect();
+    for n in &new {
+        let _ = std::process::Command::new("nvme")
+            .args(["disconnect", "-d", n])
+            .output();
+    }
+    match r {
+        Err(e) if new.is_empty() => (e, kernel_log_tail(5)),
+        _ => panic!("{opts} was to be refused, but it made {new:?} ({r:?})"),
+    }
+}
