@@ -1,5 +1,5 @@
 //! Page sizes and the kernel's hugepage counters: the bottom of the crate, imported by the
-//! allocator ([`crate::hugepage`]), NUMA placement ([`crate::numa`]), the IOVA allocator and
+//! allocator (`hugepage`), NUMA placement (`numa`), the IOVA allocator and
 //! the error type, and importing none of them.
 
 use std::fmt;

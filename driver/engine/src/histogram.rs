@@ -1,5 +1,5 @@
 //! The latency histogram every report and the breakdown use: nanoseconds at 3 significant
-//! digits. At the bottom of the crate's reporting: [`crate::report`] and [`crate::breakdown`]
+//! digits. At the bottom of the crate's reporting: `report` and `breakdown`
 //! import it, it imports neither.
 
 use hdrhistogram::Histogram;

@@ -38,15 +38,15 @@ pub struct JobSpec {
     /// Run the workload this long before the measured window of a [`Limit::Time`] run, and
     /// count nothing of it: latencies, I/Os, polls and doorbells start from zero when it ends
     /// (errors and reissued I/Os are kept). `Duration::ZERO`: none. Not for [`Limit::Ios`] or
-    /// verify runs (refused by [`Engine::start`](crate::Engine::start)).
+    /// verify runs (refused by `Engine::start`).
     pub warmup: Duration,
     /// Verify instead of measuring: write every I/O unit of each worker's ranges once with the
     /// pattern of [`crate::pattern`] (in random order for random workloads; zoned namespaces
-    /// zone by zone, in order, see [`crate::zoned`]), then read each back (in random order for
+    /// zone by zone, in order, see the `zoned` module), then read each back (in random order for
     /// random workloads) and check it.
     pub verify: bool,
     /// Time each I/O's stages (submit, doorbell rung, completion seen, callback, next submit;
-    /// see [`crate::breakdown`]) into [`Report::breakdown`](crate::Report::breakdown). Queue depth 1 only, and not with
+    /// see the `breakdown` module) into `Report::breakdown`. Queue depth 1 only, and not with
     /// `verify`; off, the hot loop has no stamp at all.
     pub breakdown: bool,
     /// Seed of offsets, mixes and the verify pattern: the same seed gives the same run.
@@ -62,7 +62,7 @@ pub struct JobSpec {
 /// A namespace range a worker drives.
 ///
 /// On a zoned namespace the range is whole zones (and no other worker's, when the job writes);
-/// its I/O units lie in each zone below the zone capacity (see [`crate::zoned`]).
+/// its I/O units lie in each zone below the zone capacity (see the `zoned` module).
 #[derive(Debug, Clone)]
 pub struct Target {
     /// The controller (targets of one controller share the worker's queue pair on it).
@@ -105,7 +105,7 @@ pub struct Namespace {
 ///
 /// A zoned namespace is shared out in whole zones (a `size` that is not a whole number of
 /// zones is rounded down to one), so that every zone has one writer: each worker gets an equal
-/// run of zones, and there must be at least as many zones as workers. See [`crate::zoned`].
+/// run of zones, and there must be at least as many zones as workers. See the `zoned` module.
 pub fn split_evenly(
     cores: &[Option<usize>],
     namespaces: &[Namespace],

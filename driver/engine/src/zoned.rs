@@ -41,7 +41,7 @@
 //!   block's LBA known at submission and need no such map.
 //! - **Long runs.** A timed (or counted) write run that has written all of a worker's zones
 //!   wraps: a lane takes the worker's first zone again, and resets it first (Reset Zone, counted
-//!   in [`crate::report::ZoneReport::resets`]). A run that stops leaves the zones it was writing
+//!   in [`crate::ZoneReport::resets`]). A run that stops leaves the zones it was writing
 //!   open and partly written; the next writing run resets them. `--verify` writes each unit
 //!   exactly once and never wraps.
 //! - **Refused.** `randwrite`, `randrw` and `rw` on a zoned namespace (random writes, or reads

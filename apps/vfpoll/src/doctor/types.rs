@@ -1,6 +1,6 @@
 //! What the doctor's checks take and give: the options ([`Args`]), who runs them
 //! ([`Process`]) and their findings ([`Finding`], [`Level`]). The bottom of `doctor`: the
-//! general checks (in `doctor.rs`), [`super::backend`] and [`super::user`] import it.
+//! general checks (in `doctor.rs`), `backend` and `user` import it.
 
 use std::fmt;
 use std::path::Path;
