@@ -19,7 +19,7 @@ use std::sync::{Arc, Condvar, Mutex, RwLock};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
-use vfpoll_store::{FormatOptions, ReadOptions, Store, StoreOptions};
+use vfpoll_store::{Backend, FormatOptions, ReadOptions, Store, StoreError, StoreOptions};
 
 use crate::buffer::{Buffer, Place, Range};
 use crate::cuda::{Device, Staging};
@@ -185,17 +185,24 @@ pub struct PyStore {
 }
 
 fn store_options(
+    py: Python<'_>,
     lock_dir: Option<String>,
     allow_buffered_io: bool,
     queue_depth: Option<u32>,
-) -> StoreOptions {
+    iommu: &str,
+) -> PyResult<StoreOptions> {
     let d = StoreOptions::default();
-    StoreOptions {
+    let iommu = iommu.parse::<Backend>().map_err(|_| {
+        let msg = format!("iommu={iommu:?}: use one of {}", Backend::NAMES.join(", "));
+        py_err(py, StoreError::Invalid(msg))
+    })?;
+    Ok(StoreOptions {
         lock_dir: lock_dir.map(Into::into),
         allow_buffered_io,
         queue_depth: queue_depth.unwrap_or(d.queue_depth),
+        iommu,
         ..d
-    }
+    })
 }
 
 impl PyStore {
@@ -234,7 +241,7 @@ impl PyStore {
 impl PyStore {
     /// Formats `specs` as a new store and opens it.
     #[staticmethod]
-    #[pyo3(signature = (specs, *, chunk_size=None, label=None, force=false, size=None, lock_dir=None, allow_buffered_io=false, queue_depth=None))]
+    #[pyo3(signature = (specs, *, chunk_size=None, label=None, force=false, size=None, lock_dir=None, allow_buffered_io=false, queue_depth=None, iommu="auto"))]
     #[allow(clippy::too_many_arguments)]
     fn format(
         py: Python<'_>,
@@ -246,6 +253,7 @@ impl PyStore {
         lock_dir: Option<String>,
         allow_buffered_io: bool,
         queue_depth: Option<u32>,
+        iommu: &str,
     ) -> PyResult<PyStore> {
         let d = FormatOptions::default();
         let o = FormatOptions {
@@ -253,7 +261,7 @@ impl PyStore {
             label: label.unwrap_or_default(),
             force,
             file_size: size,
-            store: store_options(lock_dir, allow_buffered_io, queue_depth),
+            store: store_options(py, lock_dir, allow_buffered_io, queue_depth, iommu)?,
         };
         let s = py
             .detach(|| Store::format(&specs, &o))
@@ -263,15 +271,16 @@ impl PyStore {
 
     /// Opens the store on `specs`.
     #[staticmethod]
-    #[pyo3(signature = (specs, *, lock_dir=None, allow_buffered_io=false, queue_depth=None))]
+    #[pyo3(signature = (specs, *, lock_dir=None, allow_buffered_io=false, queue_depth=None, iommu="auto"))]
     fn open(
         py: Python<'_>,
         specs: Vec<String>,
         lock_dir: Option<String>,
         allow_buffered_io: bool,
         queue_depth: Option<u32>,
+        iommu: &str,
     ) -> PyResult<PyStore> {
-        let o = store_options(lock_dir, allow_buffered_io, queue_depth);
+        let o = store_options(py, lock_dir, allow_buffered_io, queue_depth, iommu)?;
         let s = py.detach(|| Store::open(&specs, &o)).map_err(|e| py_err(py, e))?;
         Ok(PyStore::new(s, specs))
     }

@@ -159,6 +159,7 @@ class Store:
         lock_dir: Optional[str] = None,
         allow_buffered_io: bool = False,
         queue_depth: Optional[int] = None,
+        iommu: str = "auto",
     ) -> "Store":
         """Creates a new, empty store on ``specs`` and opens it.
 
@@ -169,7 +170,9 @@ class Store:
         ``lock_dir`` is where the lock file that keeps out a second process goes (default
         ``/run/vfpoll``); ``allow_buffered_io`` lets files on file systems without O_DIRECT
         (tmpfs) be used through the page cache; ``queue_depth`` is the io_uring / NVMe queue
-        depth per namespace.
+        depth per namespace. ``iommu`` is the IOMMU backend of ``vfio:`` namespaces: ``"auto"``
+        (iommufd where the kernel offers it, else the type1 container), ``"iommufd"``,
+        ``"type1"``, or ``"noiommu"`` (VFIO's unsafe no-IOMMU mode, only when asked for).
         """
         return cls(
             _vfpoll.Store.format(
@@ -181,6 +184,7 @@ class Store:
                 lock_dir=lock_dir,
                 allow_buffered_io=allow_buffered_io,
                 queue_depth=queue_depth,
+                iommu=iommu,
             )
         )
 
@@ -192,12 +196,17 @@ class Store:
         lock_dir: Optional[str] = None,
         allow_buffered_io: bool = False,
         queue_depth: Optional[int] = None,
+        iommu: str = "auto",
     ) -> "Store":
         """Opens an existing store (all of its namespaces, in any order); options as in
         :meth:`format`."""
         return cls(
             _vfpoll.Store.open(
-                _specs(specs), lock_dir=lock_dir, allow_buffered_io=allow_buffered_io, queue_depth=queue_depth
+                _specs(specs),
+                lock_dir=lock_dir,
+                allow_buffered_io=allow_buffered_io,
+                queue_depth=queue_depth,
+                iommu=iommu,
             )
         )
 

@@ -102,3 +102,10 @@ pub use error::{Result, StoreError};
 pub use kv::{KvPool, KvStats, PoolInfo};
 pub use lock::DEFAULT_LOCK_DIR;
 pub use store::{Finding, FormatOptions, FsckReport, MemberInfo, Store, StoreInfo, StoreOptions};
+/// The IOMMU backends of [`StoreOptions::iommu`] (vfpoll-pci's).
+pub use vfpoll_pci::vfio::Backend;
+
+/// The examples of `docs/store.md`, compiled as doctests so that the page cannot go stale.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/store.md")]
+pub struct StorePageExamples;

@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use vfpoll_pci::vfio::Backend;
+
 use crate::alloc::Allocator;
 use crate::device::{open_all, Device, DeviceError, IoOp, NamespaceSpec, OpenSpecOptions};
 use crate::error::{Result, StoreError};
@@ -30,6 +32,10 @@ pub struct StoreOptions {
     pub queue_depth: u32,
     /// Give up on a batch when nothing completes for this long.
     pub io_timeout: Duration,
+    /// The IOMMU backend for `vfio:` namespaces: [`Backend::Auto`] (iommufd where the kernel
+    /// offers it, the type1 container otherwise) unless told; VFIO's unsafe no-IOMMU mode only
+    /// when asked for ([`Backend::NoIommu`]).
+    pub iommu: Backend,
 }
 
 impl Default for StoreOptions {
@@ -40,6 +46,7 @@ impl Default for StoreOptions {
             io_buffers: 32,
             queue_depth: 128,
             io_timeout: Duration::from_secs(30),
+            iommu: Backend::Auto,
         }
     }
 }
@@ -351,6 +358,7 @@ impl Store {
             create: true,
             allow_buffered: opts.store.allow_buffered_io,
             queue_depth: opts.store.queue_depth,
+            iommu: opts.store.iommu,
         };
         let devs = open_all(&specs, &o).map_err(|e| StoreError::Device {
             device: "namespace".into(),
@@ -484,6 +492,7 @@ impl Store {
             create: false,
             allow_buffered: opts.allow_buffered_io,
             queue_depth: opts.queue_depth,
+            iommu: opts.iommu,
         };
         let devs = open_all(&specs, &o).map_err(|e| StoreError::Device {
             device: "namespace".into(),

@@ -162,6 +162,8 @@ pub(crate) struct OpenSpecOptions {
     pub allow_buffered: bool,
     /// io_uring depth and NVMe queue entries.
     pub queue_depth: u32,
+    /// The IOMMU backend of `vfio:` namespaces.
+    pub iommu: Backend,
 }
 
 fn model_device(size: u64, depth: u32) -> Result<NvmeDevice, DeviceError> {
@@ -239,7 +241,7 @@ pub(crate) fn open_all(
                         };
                         let c = match &container {
                             None => {
-                                let choice = Backend::Auto.choose(&Host::default(), &bdfs);
+                                let choice = o.iommu.choose(&Host::default(), &bdfs);
                                 let cont = Container::open(choice.mode).map_err(|e| fail(&e))?;
                                 let (c, dma) =
                                     Controller::open_first(&cont, *bdf, opts).map_err(|e| fail(&e))?;
