@@ -21,7 +21,7 @@ Commands:
   demo    vfpoll's main job on the emulated test bed: setup, status, identify, hello, perf
   bench   vfpoll perf against fio (io_uring, libaio, hipri) on the guest kernel, one table;
           --nvmf: vfpoll target against the kernel's nvmet-tcp
-  fuzz    Fuzz vfpoll-nvmf's NVMe/TCP PDU parser and fabrics decoding with libFuzzer
+  fuzz    Fuzz the NVMe/TCP parsers (vfpoll-nvmf) and the store's on-disk parsers with libFuzzer
   fio-engine
           Build vfpoll's fio engine: fetches fio's source, needs no test bed
   help    Print this help, or the help of a command (`cargo xtask help vm`)
@@ -99,9 +99,9 @@ Run every test of the project
 Usage: cargo xtask test [OPTIONS]
 
 Steps: setup; cargo fmt --check; cargo clippy -D warnings; cargo doc (warnings are errors);
-cargo test --workspace; libFuzzer on vfpoll-nvmf's parsers (`cargo xtask fuzz`, VFPOLL_FUZZ_SECS
-seconds per target, default 30, 0 skips); then, for each integration-test binary of vfpoll-tests
-and each mode, one guest boot running its guest_* tests (ignored, --test-threads=1) followed by
+cargo test --workspace; libFuzzer on vfpoll-nvmf's and vfpoll-store's parsers (`cargo xtask
+fuzz`, VFPOLL_FUZZ_SECS seconds per target, default 30, 0 skips); then, for each
+integration-test binary of vfpoll-tests and each mode, one guest boot running its guest_* tests (ignored, --test-threads=1) followed by
 its host_check_* tests on the host, with VFPOLL_RUN_DIR=<run dir> and the boot's VFPOLL_SEED. A
 boot in which QEMU's vIOMMU refused a device DMA fails (a DMA the driver never mapped); a
 guest_expect_iommu_fault_* test runs alone in its own IOMMU-mode boot, which must show the fault

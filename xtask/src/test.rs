@@ -120,15 +120,16 @@ pub fn main(ws: &Workspace, a: &TestArgs) -> Result<u8> {
         host_test.extend(["--", f]);
     }
     r.cargo(ws, "cargo test (host)", &host_test);
-    // Coverage-guided fuzzing of vfpoll-nvmf's wire parsers for a bounded time (fuzz.rs).
+    // Coverage-guided fuzzing of vfpoll-nvmf's wire parsers and vfpoll-store's on-disk parsers
+    // for a bounded time (fuzz.rs).
     match fuzz::test_secs() {
-        Ok(0) => r.record("fuzz nvmf", None, 0.0, format!("{}=0", fuzz::SECS_ENV)),
+        Ok(0) => r.record("fuzz", None, 0.0, format!("{}=0", fuzz::SECS_ENV)),
         Ok(secs) => {
-            r.step("fuzz nvmf", || {
+            r.step("fuzz", || {
                 fuzz::run_all(ws, &fuzz::FuzzArgs::test(secs)).map(|n| ((), n))
             });
         }
-        Err(e) => r.record("fuzz nvmf", Some(false), 0.0, e.to_string()),
+        Err(e) => r.record("fuzz", Some(false), 0.0, e.to_string()),
     }
     // libvfpoll's C examples, for the test bed's capi tests (tests/tests/capi.rs).
     r.step("C examples", || c_examples(ws).map(|n| ((), n)));
