@@ -24,7 +24,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::util::{err, run, stdout_of, Context, Result};
+use crate::util::{err, run, Context, Result};
 use crate::vm;
 use crate::Workspace;
 
@@ -447,19 +447,9 @@ fn parse_vfpoll(vfpoll: &Path, args: &[String]) -> Result<()> {
 
 /// Builds every C block as a program against the installed libvfpoll (as `examples/c/` are).
 fn compile_c(ws: &Workspace, c_blocks: &[(String, Block)], errors: &mut Vec<String>) -> Result<()> {
-    run(vm::cargo(ws).args(["build", "-p", "vfpoll-capi"]))?;
-    let debug = ws.target.join("debug");
-    let prefix = debug.join("capi");
-    run(Command::new("sh")
-        .arg(ws.root.join("capi/install.sh"))
-        .arg(&prefix)
-        .arg("debug"))?;
-    let pc = stdout_of(
-        Command::new("pkg-config")
-            .args(["--cflags", "--libs", "vfpoll"])
-            .env("PKG_CONFIG_PATH", prefix.join("lib/pkgconfig")),
-    )?;
-    let dir = debug.join("docs-c");
+    let prefix = crate::test::install_capi(ws, "debug")?;
+    let pc = crate::test::capi_flags(&prefix)?;
+    let dir = ws.target.join("debug/docs-c");
     fs::create_dir_all(&dir).context(format_args!("creating {}", dir.display()))?;
     for (page, b) in c_blocks {
         let stem = format!(

@@ -150,24 +150,41 @@ pub fn main(ws: &Workspace, a: &TestArgs) -> Result<u8> {
     Ok(r.summary())
 }
 
+/// Builds libvfpoll for `profile` (`debug` or `release`) and installs it into
+/// `target/<profile>/capi` with `capi/install.sh`; returns that prefix.
+pub fn install_capi(ws: &Workspace, profile: &str) -> Result<PathBuf> {
+    let mut build = vm::cargo(ws);
+    build.args(["build", "-p", "vfpoll-capi"]);
+    if profile == "release" {
+        build.arg("--release");
+    }
+    run(&mut build)?;
+    let prefix = ws.target.join(profile).join("capi");
+    run(Command::new("sh")
+        .arg(ws.root.join("capi/install.sh"))
+        .arg(&prefix)
+        .arg(profile))?;
+    Ok(prefix)
+}
+
+/// `pkg-config --cflags --libs vfpoll` of the libvfpoll installed under `prefix`.
+pub fn capi_flags(prefix: &Path) -> Result<String> {
+    stdout_of(
+        Command::new("pkg-config")
+            .args(["--cflags", "--libs", "vfpoll"])
+            .env("PKG_CONFIG_PATH", prefix.join("lib/pkgconfig")),
+    )
+}
+
 /// Builds libvfpoll (`cargo build -p vfpoll-capi`), installs it into `target/debug/capi` with
 /// `capi/install.sh`, and compiles each `examples/c/*.c` with the system C compiler (`-Wall
 /// -Wextra -Werror`) through the installed pkg-config file into `target/debug/vfpoll-c-<name>`
 /// (on the guest's PATH), and again with `-fsanitize=address,undefined` into
 /// `vfpoll-c-<name>-asan`.
 fn c_examples(ws: &Workspace) -> Result<String> {
-    run(vm::cargo(ws).args(["build", "-p", "vfpoll-capi"]))?;
+    let prefix = install_capi(ws, "debug")?;
+    let pc = capi_flags(&prefix)?;
     let debug = ws.target.join("debug");
-    let prefix = debug.join("capi");
-    run(Command::new("sh")
-        .arg(ws.root.join("capi/install.sh"))
-        .arg(&prefix)
-        .arg("debug"))?;
-    let pc = stdout_of(
-        Command::new("pkg-config")
-            .args(["--cflags", "--libs", "vfpoll"])
-            .env("PKG_CONFIG_PATH", prefix.join("lib/pkgconfig")),
-    )?;
     let dir = ws.root.join("examples/c");
     let mut sources: Vec<PathBuf> = fs::read_dir(&dir)
         .context(format_args!("reading {}", dir.display()))?
@@ -197,18 +214,8 @@ fn c_examples(ws: &Workspace) -> Result<String> {
 /// configured ([`setup::fio_source`]), then `make -C fio-engine` against both into
 /// `target/<profile>/libvfpoll_fio.so`, which it returns.
 pub fn fio_engine(ws: &Workspace, profile: &str) -> Result<PathBuf> {
-    let mut build = vm::cargo(ws);
-    build.args(["build", "-p", "vfpoll-capi"]);
-    if profile == "release" {
-        build.arg("--release");
-    }
-    run(&mut build)?;
+    let prefix = install_capi(ws, profile)?;
     let dir = ws.target.join(profile);
-    let prefix = dir.join("capi");
-    run(Command::new("sh")
-        .arg(ws.root.join("capi/install.sh"))
-        .arg(&prefix)
-        .arg(profile))?;
     let fio_src = setup::fio_source(ws)?;
     run(Command::new("make")
         .arg("-C")
