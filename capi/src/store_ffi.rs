@@ -259,19 +259,8 @@ pub unsafe extern "C" fn vfpoll_store_format(
     opts: *const vfpoll_store_opts,
     out: *mut *mut vfpoll_store,
 ) -> c_int {
-    guard("vfpoll_store_format", || {
-        // SAFETY: caller contract (see the docs).
-        let specs = unsafe { specs_of(specs, n) }?;
-        // SAFETY: caller contract (see the docs).
-        let o = unsafe { opts_of(opts) }?;
-        if out.is_null() {
-            return Err(Error::inval("out (the output pointer) is NULL"));
-        }
-        let s = st::format(&specs, &o)?;
-        // SAFETY: non-NULL and writable.
-        unsafe { put_out(out, Box::into_raw(Box::new(s)), "out") }?;
-        Ok(0)
-    })
+    // SAFETY: the caller's contract is this function's (see the docs).
+    unsafe { store_call("vfpoll_store_format", specs, n, opts, out, st::format) }
 }
 
 /// Opens the store on the `n` namespaces of `specs`, in any order (every namespace of the
@@ -287,7 +276,24 @@ pub unsafe extern "C" fn vfpoll_store_open(
     opts: *const vfpoll_store_opts,
     out: *mut *mut vfpoll_store,
 ) -> c_int {
-    guard("vfpoll_store_open", || {
+    // SAFETY: the caller's contract is this function's (see the docs).
+    unsafe { store_call("vfpoll_store_open", specs, n, opts, out, st::open) }
+}
+
+/// The body of `vfpoll_store_format` and `vfpoll_store_open`: the specs and options from C,
+/// `make` on them, the new handle into `*out`.
+///
+/// # Safety
+/// `specs` points to `n` C strings; `opts` is NULL or valid; `out` is NULL or writable.
+unsafe fn store_call(
+    name: &'static str,
+    specs: *const *const c_char,
+    n: usize,
+    opts: *const vfpoll_store_opts,
+    out: *mut *mut vfpoll_store,
+    make: fn(&[String], &st::OpenOpts) -> Res<vfpoll_store>,
+) -> c_int {
+    guard(name, || {
         // SAFETY: caller contract (see the docs).
         let specs = unsafe { specs_of(specs, n) }?;
         // SAFETY: caller contract (see the docs).
@@ -295,7 +301,7 @@ pub unsafe extern "C" fn vfpoll_store_open(
         if out.is_null() {
             return Err(Error::inval("out (the output pointer) is NULL"));
         }
-        let s = st::open(&specs, &o)?;
+        let s = make(&specs, &o)?;
         // SAFETY: non-NULL and writable.
         unsafe { put_out(out, Box::into_raw(Box::new(s)), "out") }?;
         Ok(0)
