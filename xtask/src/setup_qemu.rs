@@ -254,7 +254,9 @@ pub fn setup_emulator(ws: &Workspace, e: Emulator) -> Result<Qemu> {
         let mut libs = Vec::new();
         for f in &files {
             let depends = stdout_of(Command::new("dpkg-deb").args(["-f"]).arg(f).arg("Depends"))?;
-            libs.extend(missing_libraries(&depends, installed_version)?);
+            libs.extend(missing_libraries(&depends, |p| {
+                apt.installed_version(p).ok().flatten()
+            })?);
         }
         libs.sort();
         libs.dedup();
@@ -346,18 +348,6 @@ fn candidate(apt: &mut Apt, pkg: &str, suite: &str) -> Result<String> {
     Err(err!("apt knows no {target} (is {suite} in apt's sources?)"))
 }
 
-/// The host's installed version of `pkg`, if it is installed.
-fn installed_version(pkg: &str) -> Option<String> {
-    let out = Command::new("dpkg-query")
-        .args(["-W", "-f", "${db:Status-Status} ${Version}"])
-        .arg(pkg)
-        .stderr(Stdio::null())
-        .output()
-        .ok()?;
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    text.strip_prefix("installed ").map(|v| v.trim().to_string())
-}
-
 /// Whether Debian version `have` meets `need`, e.g. `>= 2.3` (empty: any version).
 fn satisfies(have: &str, need: &str) -> bool {
     let Some((op, v)) = need.split_once(' ') else {
@@ -382,7 +372,7 @@ fn satisfies(have: &str, need: &str) -> bool {
 /// QEMU packages themselves, firmware) are fetched as [`PACKAGES`] or not needed.
 fn missing_libraries(
     depends: &str,
-    installed: impl Fn(&str) -> Option<String>,
+    mut installed: impl FnMut(&str) -> Option<String>,
 ) -> Result<Vec<(String, String)>> {
     let mut out = Vec::new();
     for dep in depends.split(',') {
