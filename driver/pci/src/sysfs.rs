@@ -412,6 +412,58 @@ pub fn mounts(host: &Host) -> Result<Vec<Mount>, SysfsError> {
         .collect())
 }
 
+/// A process that holds a file open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    /// Its process ID.
+    pub pid: u32,
+    /// Its command name (`/proc/PID/comm`), empty when unreadable.
+    pub comm: String,
+}
+
+/// The processes that hold any of `nodes` open, found through `/proc/PID/fd`, by PID. Processes
+/// whose descriptors this one may not read (another user's, without `CAP_SYS_PTRACE`) are not
+/// seen, so an empty answer means "none that we can see".
+pub fn holders(host: &Host, nodes: &[PathBuf]) -> Vec<Holder> {
+    let Ok(procs) = fs::read_dir(&host.proc) else {
+        return Vec::new();
+    };
+    let mut out: Vec<Holder> = procs
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| {
+            fs::read_dir(host.proc.join(pid.to_string()).join("fd")).is_ok_and(|fds| {
+                fds.flatten()
+                    .any(|fd| fs::read_link(fd.path()).is_ok_and(|t| nodes.contains(&t)))
+            })
+        })
+        .map(|pid| Holder {
+            pid,
+            comm: fs::read_to_string(host.proc.join(pid.to_string()).join("comm"))
+                .map(|c| c.trim().to_owned())
+                .unwrap_or_default(),
+        })
+        .collect();
+    out.sort_by_key(|h| h.pid);
+    out
+}
+
+/// "PID 12 (vfpoll), PID 40 (qemu)" for an error message; "another process (another vfpoll, a
+/// VM?)" when none could be seen.
+pub fn describe_holders(holders: &[Holder]) -> String {
+    if holders.is_empty() {
+        return "another process (another vfpoll, a VM?)".to_owned();
+    }
+    holders
+        .iter()
+        .map(|h| match h.comm.as_str() {
+            "" => format!("PID {}", h.pid),
+            c => format!("PID {} ({c})", h.pid),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 #[cfg(test)]
 pub(crate) mod fake {
     //! A fake sysfs tree for tests.

@@ -301,7 +301,18 @@ impl Container {
                 IoctlArg::Buf(&mut name),
             )
             .map_err(|e| match e.raw_os_error() {
-                Some(libc::EBUSY) => VfioError::GroupBusy { bdf, group: group_id },
+                Some(libc::EBUSY) => VfioError::GroupBusy {
+                    bdf,
+                    group: group_id,
+                    // The group is this process's: another holds the device through its cdev.
+                    holders: sysfs::describe_holders(&sysfs::holders(
+                        &self.host,
+                        &sysfs::vfio_cdev(&self.host, bdf)
+                            .map(|n| self.host.dev.join("vfio/devices").join(n))
+                            .into_iter()
+                            .collect::<Vec<_>>(),
+                    )),
+                },
                 _ => VfioError::Io {
                     what: format!("VFIO_GROUP_GET_DEVICE_FD({bdf})"),
                     source: e,
@@ -342,7 +353,11 @@ impl Container {
             IommuMode::NoIommu => return Err(VfioError::NotBound { bdf, path: noiommu }),
         };
         let fd = self.sys.open(&path).map_err(|e| match e.raw_os_error() {
-            Some(libc::EBUSY) => VfioError::GroupBusy { bdf, group: id },
+            Some(libc::EBUSY) => VfioError::GroupBusy {
+                bdf,
+                group: id,
+                holders: sysfs::describe_holders(&sysfs::holders(&self.host, &[path.clone()])),
+            },
             _ => open_error(e, &path, || VfioError::NotBound {
                 bdf,
                 path: path.clone(),

@@ -66,14 +66,14 @@ pub enum VfioError {
         path: PathBuf,
     },
     /// The group is open elsewhere.
-    #[error(
-        "IOMMU group {group} ({bdf}) is in use by another process (another vfpoll, a VM?): stop it first"
-    )]
+    #[error("IOMMU group {group} ({bdf}) is in use by {holders}: stop it first")]
     GroupBusy {
         /// The device.
         bdf: Bdf,
         /// The group.
         group: u32,
+        /// Who holds it ([`sysfs::describe_holders`](crate::sysfs::describe_holders)).
+        holders: String,
     },
     /// Not every device of the group is bound to vfio-pci (or to no driver).
     #[error("IOMMU group {group} of {bdf} is not viable: {members} must also be bound to vfio-pci (or to no driver); run `vfpoll bind` on them, or move the device to another slot")]
@@ -133,10 +133,12 @@ pub enum VfioError {
         group: u32,
     },
     /// The device cdev is bound elsewhere (iommufd mode).
-    #[error("{bdf} is in use by another process (another vfpoll, a VM?), or its IOMMU group is open: stop it first")]
+    #[error("{bdf} is in use by {holders}, or its IOMMU group is open: stop it first")]
     DeviceBusy {
         /// The device.
         bdf: Bdf,
+        /// Who holds its cdev or its group ([`sysfs::describe_holders`](crate::sysfs::describe_holders)).
+        holders: String,
     },
     /// iommufd refused to map a peer device's BAR (P2P DMA).
     #[error("iommufd cannot map a peer device's BAR for DMA on this kernel (IOMMU_IOAS_MAP of {len:#x} bytes at {iova}: {source}): iommufd pins the pages it maps and a BAR's mmap has none (PFNMAP memory), and Linux 6.12 has no dma-buf import into iommufd; use the type1 container (--iommu-backend type1), whose VFIO_IOMMU_MAP_DMA maps a BAR's mmap, or stage the data through hugepage memory")]

@@ -101,17 +101,31 @@ impl Container {
         let mut b = [0u8; bind::SIZE];
         uapi::put_u32(&mut b, bind::ARGSZ, bind::SIZE as u32);
         uapi::put_u32(&mut b, bind::IOMMUFD, raw(&self.fd) as u32);
-        self.sys
+        if let Err(e) = self
+            .sys
             .ioctl(raw(&fd), uapi::req::DEVICE_BIND_IOMMUFD, IoctlArg::Buf(&mut b))
-            .map_err(|e| match e.raw_os_error() {
+        {
+            return Err(match e.raw_os_error() {
                 // EBUSY: its group is open (the legacy path); EINVAL: the device is open
                 // already (a cdev opens once: vfio_df_open).
-                Some(libc::EBUSY) | Some(libc::EINVAL) => VfioError::DeviceBusy { bdf },
+                Some(libc::EBUSY) | Some(libc::EINVAL) => {
+                    // Closed first, so that this process is not counted among the holders.
+                    drop(fd);
+                    let mut nodes = vec![path];
+                    if let Some(g) = info.iommu_group {
+                        nodes.push(self.host.dev.join(format!("vfio/{g}")));
+                    }
+                    VfioError::DeviceBusy {
+                        bdf,
+                        holders: sysfs::describe_holders(&sysfs::holders(&self.host, &nodes)),
+                    }
+                }
                 _ => VfioError::Io {
                     what: format!("VFIO_DEVICE_BIND_IOMMUFD({bdf}, {})", path.display()),
                     source: e,
                 },
-            })?;
+            });
+        }
         let devid = uapi::get_u32(&b, bind::OUT_DEVID);
         let mut a = [0u8; attach::SIZE];
         uapi::put_u32(&mut a, attach::ARGSZ, attach::SIZE as u32);

@@ -182,6 +182,22 @@ fn setup_errors_say_what_to_do() {
     b.k.with(|st| st.busy.push(3));
     let e = c.device(NVME.parse().unwrap()).unwrap_err();
     assert!(matches!(e, VfioError::GroupBusy { group: 3, .. }), "{e}");
+    assert!(e.to_string().contains("in use by another process"), "{e}");
+    // The holder is named when /proc shows it: a QEMU with the group open, and an unrelated
+    // process with other files open.
+    let qemu = b.host.proc.join("4242");
+    fs::create_dir_all(qemu.join("fd")).unwrap();
+    std::os::unix::fs::symlink(b.host.dev.join("vfio/3"), qemu.join("fd/17")).unwrap();
+    fs::write(qemu.join("comm"), "qemu-system-x86\n").unwrap();
+    let other = b.host.proc.join("77");
+    fs::create_dir_all(other.join("fd")).unwrap();
+    std::os::unix::fs::symlink(b.host.dev.join("vfio/30"), other.join("fd/3")).unwrap();
+    let e = c.device(NVME.parse().unwrap()).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("IOMMU group 3 (0000:00:03.0) is in use by PID 4242 (qemu-system-x86): stop it first"),
+        "{e}"
+    );
 
     let e = c.device("0000:00:09.0".parse().unwrap()).unwrap_err();
     assert!(e.to_string().contains("no PCI device 0000:00:09.0"), "{e}");
