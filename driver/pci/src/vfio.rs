@@ -356,7 +356,7 @@ impl Container {
             Some(libc::EBUSY) => VfioError::GroupBusy {
                 bdf,
                 group: id,
-                holders: sysfs::describe_holders(&sysfs::holders(&self.host, &[path.clone()])),
+                holders: sysfs::describe_holders(&sysfs::holders(&self.host, std::slice::from_ref(&path))),
             },
             _ => open_error(e, &path, || VfioError::NotBound {
                 bdf,
