@@ -5,6 +5,8 @@
 //! Transport Specification 1.0.
 //!
 //! Layers, bottom up:
+//! - [`auth`]: DH-HMAC-CHAP in-band authentication (secrets, messages, the per-queue
+//!   transaction) as pure logic;
 //! - [`pdu`]: NVMe/TCP PDUs (headers, digests, padding) as pure logic;
 //! - [`fabrics`]: the NVMe-oF controller behaviour independent of the transport: subsystems,
 //!   Connect, properties, admin commands, the discovery controller, keep-alive;
@@ -21,6 +23,7 @@
 
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks, missing_docs)]
 
+pub mod auth;
 pub mod backend;
 mod conn;
 pub mod fabrics;
