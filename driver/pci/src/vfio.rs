@@ -113,27 +113,28 @@ impl IommuInfo {
 
     /// Parses the reply of `VFIO_IOMMU_GET_INFO` (the whole `argsz` buffer).
     pub fn parse(buf: &[u8]) -> Self {
-        let flags = uapi::get_u32(buf, 4);
+        use uapi::iommu_info as ii;
+        let flags = uapi::get_u32(buf, uapi::arg::FLAGS);
         let mut info = IommuInfo::fallback();
         if flags & uapi::IOMMU_INFO_PGSIZES != 0 {
-            info.page_sizes = uapi::get_u64(buf, 8);
+            info.page_sizes = uapi::get_u64(buf, ii::PGSIZES);
         }
         if flags & uapi::IOMMU_INFO_CAPS != 0 {
-            for cap in uapi::caps(buf, uapi::get_u32(buf, 16)) {
+            for cap in uapi::caps(buf, uapi::get_u32(buf, ii::CAP_OFFSET)) {
                 match cap.id {
-                    uapi::IOMMU_CAP_IOVA_RANGE if cap.bytes.len() >= 16 => {
-                        let n = uapi::get_u32(cap.bytes, 8) as usize;
+                    uapi::IOMMU_CAP_IOVA_RANGE if cap.bytes.len() >= ii::IOVA_RANGES => {
+                        let n = uapi::get_u32(cap.bytes, ii::NR_IOVAS) as usize;
                         let ranges: Vec<_> = (0..n)
-                            .map(|i| 16 + i * 16)
-                            .take_while(|o| o + 16 <= cap.bytes.len())
+                            .map(|i| ii::IOVA_RANGES + i * ii::RANGE_SIZE)
+                            .take_while(|o| o + ii::RANGE_SIZE <= cap.bytes.len())
                             .map(|o| uapi::get_u64(cap.bytes, o)..=uapi::get_u64(cap.bytes, o + 8))
                             .collect();
                         if !ranges.is_empty() {
                             info.iova_ranges = ranges;
                         }
                     }
-                    uapi::IOMMU_CAP_DMA_AVAIL if cap.bytes.len() >= 12 => {
-                        info.dma_avail = Some(uapi::get_u32(cap.bytes, 8));
+                    uapi::IOMMU_CAP_DMA_AVAIL if cap.bytes.len() >= ii::DMA_AVAIL + 4 => {
+                        info.dma_avail = Some(uapi::get_u32(cap.bytes, ii::DMA_AVAIL));
                     }
                     _ => {}
                 }
@@ -364,11 +365,11 @@ impl Container {
             }),
         })?;
         let mut status = [0u8; uapi::GROUP_STATUS_SIZE];
-        uapi::put_u32(&mut status, 0, uapi::GROUP_STATUS_SIZE as u32);
+        uapi::put_u32(&mut status, uapi::arg::ARGSZ, uapi::GROUP_STATUS_SIZE as u32);
         self.sys
             .ioctl(raw(&fd), uapi::req::GROUP_GET_STATUS, IoctlArg::Buf(&mut status))
             .map_err(io_err(format!("VFIO_GROUP_GET_STATUS({})", path.display())))?;
-        if uapi::get_u32(&status, 4) & uapi::GROUP_FLAGS_VIABLE == 0 {
+        if uapi::get_u32(&status, uapi::arg::FLAGS) & uapi::GROUP_FLAGS_VIABLE == 0 {
             return Err(VfioError::GroupNotViable {
                 bdf,
                 group: id,
@@ -422,12 +423,12 @@ impl Container {
         loop {
             let argsz = buf.len() as u32;
             buf.fill(0);
-            uapi::put_u32(&mut buf, 0, argsz);
+            uapi::put_u32(&mut buf, uapi::arg::ARGSZ, argsz);
             self.sys
                 .ioctl(raw(&self.fd), uapi::req::IOMMU_GET_INFO, IoctlArg::Buf(&mut buf))
                 .map_err(io_err("VFIO_IOMMU_GET_INFO"))?;
             // The kernel raises argsz when the capability chain does not fit.
-            let want = uapi::get_u32(&buf, 0) as usize;
+            let want = uapi::get_u32(&buf, uapi::arg::ARGSZ) as usize;
             if want <= buf.len() {
                 return Ok(IommuInfo::parse(&buf));
             }
@@ -468,11 +469,11 @@ impl Container {
             IommuMode::Type1 => {}
         }
         let mut b = [0u8; uapi::DMA_MAP_SIZE];
-        uapi::put_u32(&mut b, 0, uapi::DMA_MAP_SIZE as u32);
-        uapi::put_u32(&mut b, 4, uapi::DMA_MAP_READ_WRITE);
-        uapi::put_u64(&mut b, 8, vaddr as u64);
-        uapi::put_u64(&mut b, 16, iova.get());
-        uapi::put_u64(&mut b, 24, len);
+        uapi::put_u32(&mut b, uapi::arg::ARGSZ, uapi::DMA_MAP_SIZE as u32);
+        uapi::put_u32(&mut b, uapi::arg::FLAGS, uapi::DMA_MAP_READ_WRITE);
+        uapi::put_u64(&mut b, uapi::dma::MAP_VADDR, vaddr as u64);
+        uapi::put_u64(&mut b, uapi::dma::MAP_IOVA, iova.get());
+        uapi::put_u64(&mut b, uapi::dma::MAP_SIZE, len);
         self.sys.ioctl(raw(&self.fd), uapi::req::IOMMU_MAP_DMA, IoctlArg::Buf(&mut b)).map_err(|source| {
             let hint = match source.raw_os_error() {
                 Some(libc::ENOMEM) => " (the memlock limit is too low: VFIO charges pinned pages to RLIMIT_MEMLOCK: `ulimit -l unlimited` up to the hard limit, `vfpoll setup --user $USER` prints the limit a run needs and how to raise it, or run as root)",
@@ -500,9 +501,9 @@ impl Container {
             IommuMode::Type1 => {}
         }
         let mut b = [0u8; uapi::DMA_UNMAP_SIZE];
-        uapi::put_u32(&mut b, 0, uapi::DMA_UNMAP_SIZE as u32);
-        uapi::put_u64(&mut b, 8, iova.get());
-        uapi::put_u64(&mut b, 16, len);
+        uapi::put_u32(&mut b, uapi::arg::ARGSZ, uapi::DMA_UNMAP_SIZE as u32);
+        uapi::put_u64(&mut b, uapi::dma::UNMAP_IOVA, iova.get());
+        uapi::put_u64(&mut b, uapi::dma::UNMAP_SIZE, len);
         self.sys
             .ioctl(raw(&self.fd), uapi::req::IOMMU_UNMAP_DMA, IoctlArg::Buf(&mut b))
             .map_err(io_err(format!("VFIO_IOMMU_UNMAP_DMA({iova}, {len:#x})")))?;
@@ -557,26 +558,32 @@ pub struct RegionInfo {
 impl RegionInfo {
     /// Parses the reply of `VFIO_DEVICE_GET_REGION_INFO`.
     pub fn parse(buf: &[u8]) -> Self {
-        let flags = uapi::get_u32(buf, 4);
+        use uapi::{region_info as ri, sparse_mmap as sm};
+        let flags = uapi::get_u32(buf, uapi::arg::FLAGS);
         let mut sparse = None;
         if flags & uapi::REGION_FLAG_CAPS != 0 {
-            for cap in uapi::caps(buf, uapi::get_u32(buf, 12)) {
-                if cap.id == uapi::REGION_CAP_SPARSE_MMAP && cap.bytes.len() >= 16 {
-                    let n = uapi::get_u32(cap.bytes, 8) as usize;
+            for cap in uapi::caps(buf, uapi::get_u32(buf, ri::CAP_OFFSET)) {
+                if cap.id == uapi::REGION_CAP_SPARSE_MMAP && cap.bytes.len() >= sm::AREAS {
+                    let n = uapi::get_u32(cap.bytes, sm::NR_AREAS) as usize;
                     sparse = Some(
                         (0..n)
-                            .map(|i| 16 + i * 16)
-                            .take_while(|o| o + 16 <= cap.bytes.len())
-                            .map(|o| (uapi::get_u64(cap.bytes, o), uapi::get_u64(cap.bytes, o + 8)))
+                            .map(|i| sm::AREAS + i * sm::AREA_SIZE)
+                            .take_while(|o| o + sm::AREA_SIZE <= cap.bytes.len())
+                            .map(|o| {
+                                (
+                                    uapi::get_u64(cap.bytes, o + sm::AREA_OFFSET),
+                                    uapi::get_u64(cap.bytes, o + sm::AREA_LEN),
+                                )
+                            })
                             .collect(),
                     );
                 }
             }
         }
         RegionInfo {
-            index: uapi::get_u32(buf, 8),
-            size: uapi::get_u64(buf, 16),
-            offset: uapi::get_u64(buf, 24),
+            index: uapi::get_u32(buf, ri::INDEX),
+            size: uapi::get_u64(buf, ri::SIZE),
+            offset: uapi::get_u64(buf, ri::OFFSET),
             flags,
             sparse,
         }
@@ -684,14 +691,14 @@ impl Device {
     ) -> Result<Self, VfioError> {
         let sys = Arc::clone(&container.sys);
         let mut info = [0u8; uapi::DEVICE_INFO_SIZE];
-        uapi::put_u32(&mut info, 0, uapi::DEVICE_INFO_SIZE as u32);
+        uapi::put_u32(&mut info, uapi::arg::ARGSZ, uapi::DEVICE_INFO_SIZE as u32);
         fd.call(
             || format!("VFIO_DEVICE_GET_INFO({bdf})"),
             |fd| sys.ioctl(fd, uapi::req::DEVICE_GET_INFO, IoctlArg::Buf(&mut info)),
         )?;
-        let flags = uapi::get_u32(&info, 4);
-        let num_regions = uapi::get_u32(&info, 8);
-        let num_irqs = uapi::get_u32(&info, 12);
+        let flags = uapi::get_u32(&info, uapi::arg::FLAGS);
+        let num_regions = uapi::get_u32(&info, uapi::device_info::NUM_REGIONS);
+        let num_irqs = uapi::get_u32(&info, uapi::device_info::NUM_IRQS);
         let mut regions = Vec::new();
         // Index 8 (VGA) answers EINVAL on non-VGA devices; stop after config space.
         for index in 0..num_regions.min(uapi::PCI_CONFIG_REGION + 1) {
@@ -716,13 +723,13 @@ impl Device {
         loop {
             let argsz = buf.len() as u32;
             buf.fill(0);
-            uapi::put_u32(&mut buf, 0, argsz);
-            uapi::put_u32(&mut buf, 8, index);
+            uapi::put_u32(&mut buf, uapi::arg::ARGSZ, argsz);
+            uapi::put_u32(&mut buf, uapi::region_info::INDEX, index);
             fd.call(
                 || format!("VFIO_DEVICE_GET_REGION_INFO({bdf}, {index})"),
                 |fd| sys.ioctl(fd, uapi::req::DEVICE_GET_REGION_INFO, IoctlArg::Buf(&mut buf)),
             )?;
-            let want = uapi::get_u32(&buf, 0) as usize;
+            let want = uapi::get_u32(&buf, uapi::arg::ARGSZ) as usize;
             if want <= buf.len() {
                 return Ok(RegionInfo::parse(&buf));
             }

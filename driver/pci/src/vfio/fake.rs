@@ -8,6 +8,10 @@
 //! of them here yields a real descriptor (of `/dev/null`; for a device cdev, one end of a socket
 //! pair, so that the fake can tell when every descriptor of that file is closed, as the kernel
 //! unbinds a cdev then) that the fake keys its state by.
+//!
+//! The fake reads and writes the arguments at offsets written out by hand from the kernel's
+//! headers, not at [`super::uapi`]'s (which come from the generated bindings): it is a second,
+//! independent reading of the same layouts, so that a wrong offset on either side fails a test.
 
 use std::collections::HashMap;
 use std::fs::File;

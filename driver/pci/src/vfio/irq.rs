@@ -144,12 +144,12 @@ impl AsFd for EventFd {
 fn irq_set(flags: u32, index: IrqIndex, start: u32, count: u32, data: &[u8]) -> Vec<u8> {
     let mut b = vec![0u8; uapi::IRQ_SET_SIZE + data.len()];
     let argsz = b.len() as u32;
-    uapi::put_u32(&mut b, 0, argsz);
-    uapi::put_u32(&mut b, 4, flags);
-    uapi::put_u32(&mut b, 8, index.0);
-    uapi::put_u32(&mut b, 12, start);
-    uapi::put_u32(&mut b, 16, count);
-    b[uapi::IRQ_SET_SIZE..].copy_from_slice(data);
+    uapi::put_u32(&mut b, uapi::arg::ARGSZ, argsz);
+    uapi::put_u32(&mut b, uapi::arg::FLAGS, flags);
+    uapi::put_u32(&mut b, uapi::irq::INDEX, index.0);
+    uapi::put_u32(&mut b, uapi::irq::SET_START, start);
+    uapi::put_u32(&mut b, uapi::irq::SET_COUNT, count);
+    b[uapi::irq::SET_DATA..].copy_from_slice(data);
     b
 }
 
@@ -172,25 +172,28 @@ impl IrqSet {
     /// Parses the argument of `VFIO_DEVICE_SET_IRQS`; `None` when it is too short for its
     /// header or for the eventfds it says it carries.
     pub fn parse(b: &[u8]) -> Option<Self> {
-        if b.len() < uapi::IRQ_SET_SIZE || (uapi::get_u32(b, 0) as usize) > b.len() {
+        if b.len() < uapi::IRQ_SET_SIZE || (uapi::get_u32(b, uapi::arg::ARGSZ) as usize) > b.len() {
             return None;
         }
-        let (flags, count) = (uapi::get_u32(b, 4), uapi::get_u32(b, 16));
+        let (flags, count) = (
+            uapi::get_u32(b, uapi::arg::FLAGS),
+            uapi::get_u32(b, uapi::irq::SET_COUNT),
+        );
         let fds = if flags & uapi::IRQ_SET_DATA_EVENTFD != 0 {
-            let end = uapi::IRQ_SET_SIZE.checked_add(4 * count as usize)?;
+            let end = uapi::irq::SET_DATA.checked_add(4 * count as usize)?;
             if end > b.len() {
                 return None;
             }
             (0..count as usize)
-                .map(|i| uapi::get_u32(b, uapi::IRQ_SET_SIZE + 4 * i) as i32)
+                .map(|i| uapi::get_u32(b, uapi::irq::SET_DATA + 4 * i) as i32)
                 .collect()
         } else {
             Vec::new()
         };
         Some(IrqSet {
             flags,
-            index: IrqIndex(uapi::get_u32(b, 8)),
-            start: uapi::get_u32(b, 12),
+            index: IrqIndex(uapi::get_u32(b, uapi::irq::INDEX)),
+            start: uapi::get_u32(b, uapi::irq::SET_START),
             count,
             fds,
         })
@@ -330,8 +333,8 @@ impl Device {
             });
         }
         let mut b = [0u8; uapi::IRQ_INFO_SIZE];
-        uapi::put_u32(&mut b, 0, uapi::IRQ_INFO_SIZE as u32);
-        uapi::put_u32(&mut b, 8, index.0);
+        uapi::put_u32(&mut b, uapi::arg::ARGSZ, uapi::IRQ_INFO_SIZE as u32);
+        uapi::put_u32(&mut b, uapi::irq::INDEX, index.0);
         self.fd.call(
             || format!("VFIO_DEVICE_GET_IRQ_INFO({}, {index})", self.bdf),
             |fd| {
@@ -342,8 +345,8 @@ impl Device {
         )?;
         Ok(IrqInfo {
             index,
-            count: uapi::get_u32(&b, 12),
-            flags: uapi::get_u32(&b, 4),
+            count: uapi::get_u32(&b, uapi::irq::INFO_COUNT),
+            flags: uapi::get_u32(&b, uapi::arg::FLAGS),
         })
     }
 
