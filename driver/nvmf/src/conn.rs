@@ -38,6 +38,7 @@ use crate::pdu::{
 use crate::server::{ConnCounters, IoCounters, IoKind, Stats, WorkerMetrics};
 use crate::sys::{self, Piece, MAX_PIECES};
 
+mod resv;
 mod stage;
 
 use stage::{ReadResult, RxStage};
@@ -703,7 +704,10 @@ impl Conn {
             .map(|io| io.decode(&sqe));
         let req = match decoded {
             Some(Ok(r)) => r,
-            Some(Err(cqe)) => return self.respond(cqe, head, qid),
+            Some(Err(cqe)) => {
+                self.count_conflict(cx, &sqe, &cqe);
+                return self.respond(cqe, head, qid);
+            }
             None => return self.respond(fail(cid, fabrics::status::COMMAND_SEQUENCE_ERROR), head, qid),
         };
         let icd = match req.data() {
@@ -865,6 +869,7 @@ impl Conn {
             } => (Op::Write { fua }, slba, blocks),
             IoOp::Flush => (Op::Flush, 0, 0),
             IoOp::WriteZeroes { slba, blocks, .. } => (Op::WriteZeroes, slba, blocks),
+            IoOp::Reservation(_) => return self.reservation(cx, cid),
             IoOp::DatasetManagement { deallocate, .. } => {
                 let buf = cmd.buf.as_ref().expect("DSM ranges come in a buffer");
                 let mut raw = vec![0u8; buf.len()];
@@ -938,8 +943,11 @@ impl Conn {
         };
         let bytes = cmd.req.data().len() as u64;
         let latency = cmd.start.elapsed();
-        self.io_counters(cx.metrics, cmd.req.subsystem, cmd.req.nsid)
-            .complete(kind, bytes, !status.is_success(), latency);
+        let counters = self.io_counters(cx.metrics, cmd.req.subsystem, cmd.req.nsid);
+        counters.complete(kind, bytes, !status.is_success(), latency);
+        if status == fabrics::resv::RESERVATION_CONFLICT {
+            counters.reservation_conflict();
+        }
         let qid = self.qid();
         if !status.is_success() {
             if let Some(io) = self.queue.as_ref().and_then(|q| q.io.as_ref()) {
@@ -955,6 +963,12 @@ impl Conn {
             (IoOp::Read { len, .. }, Some(buf)) if status.is_success() => {
                 self.count(|s| s.add_read(len as u64));
                 self.c2h_dma(cid, buf);
+            }
+            // A Reservation Report's data.
+            (IoOp::Reservation(r), Some(buf))
+                if status.is_success() && matches!(r.data, DataXfer::ToHost { .. }) =>
+            {
+                self.c2h_dma(cid, buf)
             }
             (_, Some(buf)) => cx.pool.free(buf),
             _ => {}

@@ -45,6 +45,7 @@ mod identify;
 mod io;
 mod logpage;
 mod qos;
+pub mod resv;
 mod target;
 mod wire;
 

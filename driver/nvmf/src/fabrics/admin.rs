@@ -113,6 +113,8 @@ struct Cx<'a> {
     sub: Option<&'a SubsysState>,
     genctr: u64,
     ana: &'a AnaPorts,
+    /// Reservations persist through power loss (the target has a state file).
+    ptpl: bool,
 }
 
 impl Target {
@@ -126,6 +128,10 @@ impl Target {
     pub fn admin(&mut self, cntlid: Cntlid, sqe: &Sqe, in_data: &[u8]) -> AdminOutcome {
         let _ = in_data;
         let cid = sqe.cid();
+        // Log page 80h and features 82h/83h live with the reservations (`resv`).
+        if let Some(out) = self.reservation_admin(cntlid, sqe) {
+            return out;
+        }
         let Target {
             opts,
             listeners,
@@ -133,6 +139,7 @@ impl Target {
             controllers,
             genctr,
             ana,
+            resv,
             ..
         } = self;
         let Some(ctrl) = controllers.get_mut(&cntlid) else {
@@ -146,6 +153,7 @@ impl Target {
             sub: ctrl.subsystem.and_then(|id| subsystems.get(&id)),
             genctr: *genctr,
             ana,
+            ptpl: resv.ptpl_capable(),
         };
         match dispatch(&cx, ctrl, sqe) {
             Ok(Outcome::Held) => AdminOutcome::Held,
@@ -254,7 +262,8 @@ fn fabrics(cx: &Cx<'_>, ctrl: &mut Controller, sqe: &Sqe) -> Result<Reply, Statu
 /// ONCS (Figure 275): Dataset Management when a namespace can deallocate, Write Zeroes when
 /// every namespace can (a host may send it to any of them).
 fn oncs(s: &Subsystem) -> u16 {
-    let mut oncs = 0;
+    // Bit 5: reservations (`resv`), on every namespace.
+    let mut oncs = 1 << 5;
     if s.namespaces.iter().any(|n| n.deallocate) {
         oncs |= vfpoll_nvme::identify::oncs::DSM;
     }
@@ -303,6 +312,8 @@ fn identify(cx: &Cx<'_>, ctrl: &Controller, sqe: &Sqe) -> Result<Reply, Status> 
             sub.namespace(nsid).map_or_else(|| vec![0; IDENTIFY_BYTES], build),
         ))
     };
+    // Reservation capabilities: PTPL where the target keeps a state file.
+    let rescap = super::resv::rescap(cx.ptpl);
     // The namespace's ANA state as this controller's port shows it.
     let ana_of = |ns: &NamespaceInfo| cx.ana.state(ctrl.conn.portid, ns.ana_group);
     match cns {
@@ -321,8 +332,16 @@ fn identify(cx: &Cx<'_>, ctrl: &Controller, sqe: &Sqe) -> Result<Reply, Status> 
             ioccsz: cx.opts.ioccsz(),
             mnan: ana::mnan(cx.opts.max_transfer, sub.max_nsid),
         }))),
-        0x00 => ns_page(&|ns| identify::namespace(ns, ana_of(ns))),
-        0x08 => ns_page(&identify::ns_cs_independent),
+        0x00 => ns_page(&|ns| {
+            let mut b = identify::namespace(ns, ana_of(ns));
+            b[identify::ns_off::RESCAP] = rescap;
+            b
+        }),
+        0x08 => ns_page(&|ns| {
+            let mut b = identify::ns_cs_independent(ns);
+            b[identify::cs_indep_off::RESCAP] = rescap;
+            b
+        }),
         0x02 => {
             if nsid >= 0xffff_fffe {
                 return Err(Status::INVALID_NAMESPACE);

@@ -89,6 +89,9 @@ pub(crate) enum Event {
     Smart(u8),
     /// Notice: Asymmetric Namespace Access Change (information 03h); read log 0Ch.
     AnaChange,
+    /// I/O command set specific: Reservation Log Page Available (information 00h); read
+    /// log 80h. Enabled per namespace by the Reservation Notification Mask, not by AEC.
+    ReservationLog,
 }
 
 impl Event {
@@ -98,6 +101,7 @@ impl Event {
             Event::DiscoveryChanged => (2, 0xf0, lid::DISCOVERY),
             Event::Smart(info) => (1, info, lid::SMART),
             Event::AnaChange => (2, 0x03, lid::ANA),
+            Event::ReservationLog => (6, 0x00, super::resv::LOG_PAGE),
         };
         ty | (info as u32) << 8 | (page as u32) << 16
     }
@@ -109,6 +113,7 @@ impl Event {
             Event::DiscoveryChanged => 2,
             Event::Smart(_) => 4,
             Event::AnaChange => 8,
+            Event::ReservationLog => 16,
         }
     }
 }
@@ -120,6 +125,7 @@ fn aec_enables(aec: u32, ev: Event, warning: u8) -> bool {
         Event::DiscoveryChanged => aec & ctrl_val::OAES_DISCOVERY != 0,
         Event::Smart(_) => aec as u8 & warning != 0,
         Event::AnaChange => aec & ctrl_val::OAES_ANA != 0,
+        Event::ReservationLog => true,
     }
 }
 
@@ -161,6 +167,8 @@ pub(crate) struct CtrlShared {
     pub write_cache: AtomicBool,
     /// The ANA states of the port the controller's admin queue connected through.
     pub ana: Arc<AnaCell>,
+    /// The host's identifier (HOSTID of Connect), which names it as a reservation registrant.
+    pub hostid: [u8; 16],
     errors: Mutex<ErrorLog>,
 }
 
@@ -226,6 +234,8 @@ pub(crate) struct Controller {
     pub features: Features,
     pub aer: Aer,
     pub changed: ChangedNs,
+    /// Reservation notices not yet read (log 80h) and the notification masks.
+    pub resv_log: super::resv::NoticeLog,
     pub shared: Arc<CtrlShared>,
     /// When the Keep Alive Timer last restarted, as `Target::tick` saw it.
     pub last_activity: Option<Instant>,
@@ -248,6 +258,7 @@ impl Controller {
     ) -> Self {
         let shared = Arc::new(CtrlShared {
             ana,
+            hostid,
             ..CtrlShared::default()
         });
         shared.touch();
@@ -266,6 +277,7 @@ impl Controller {
             features: Features::default(),
             aer: Aer::default(),
             changed: ChangedNs::default(),
+            resv_log: Default::default(),
             shared,
             last_activity: None,
             expired: false,
@@ -388,6 +400,7 @@ impl Controller {
             lid::DISCOVERY => Event::DiscoveryChanged.mask_bit(),
             lid::SMART => Event::Smart(0).mask_bit(),
             lid::ANA => Event::AnaChange.mask_bit(),
+            super::resv::LOG_PAGE => Event::ReservationLog.mask_bit(),
             _ => return,
         };
         self.aer.masked &= !bit;

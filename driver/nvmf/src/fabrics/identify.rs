@@ -275,6 +275,8 @@ pub mod ns_off {
     pub const FLBAS: usize = 26;
     /// Namespace Multi-path I/O and Namespace Sharing Capabilities.
     pub const NMIC: usize = 30;
+    /// Reservation Capabilities.
+    pub const RESCAP: usize = 31;
     /// NVM Capacity (bytes, 128 bits).
     pub const NVMCAP: usize = 48;
     /// ANA Group Identifier.
@@ -369,6 +371,8 @@ pub mod cs_indep_off {
     pub const NSFEAT: usize = 0;
     /// Namespace Multi-path I/O and Namespace Sharing Capabilities.
     pub const NMIC: usize = 1;
+    /// Reservation Capabilities.
+    pub const RESCAP: usize = 2;
     /// Namespace Status: bit 0, the namespace is ready.
     pub const NSTAT: usize = 14;
 }

@@ -18,6 +18,7 @@ use vfpoll_nvme::status::Status;
 use super::config::NamespaceInfo;
 use super::controller::CtrlShared;
 use super::qos::{Limiter, Limits};
+use super::resv::{self, Access, ResvCommand, SubsysResv};
 use super::target::{QueueRef, SubsystemId};
 use super::wire::{self, check_flags, cqe, data_xfer, status, Cqe, DataXfer, Sqe};
 
@@ -87,6 +88,9 @@ pub enum IoOp {
         /// The namespace's size in blocks, which ranges must stay within.
         capacity: u64,
     },
+    /// Reservation Register, Report, Acquire or Release: run by the target under its lock
+    /// ([`Target::reservation`](super::Target::reservation)), not by a backend.
+    Reservation(ResvCommand),
 }
 
 /// One range of a Dataset Management command.
@@ -104,6 +108,7 @@ impl IoRequest {
         match self.op {
             IoOp::Read { len, .. } => DataXfer::ToHost { len },
             IoOp::Write { data, .. } | IoOp::DatasetManagement { data, .. } => data,
+            IoOp::Reservation(c) => c.data,
             IoOp::Flush | IoOp::WriteZeroes { .. } => DataXfer::None,
         }
     }
@@ -236,6 +241,8 @@ impl NsTable {
 pub(crate) struct NsCell {
     version: AtomicU64,
     table: RwLock<Arc<NsTable>>,
+    /// The namespaces' reservation states.
+    pub resv: SubsysResv,
 }
 
 impl NsCell {
@@ -243,6 +250,7 @@ impl NsCell {
         NsCell {
             version: AtomicU64::new(0),
             table: RwLock::new(Arc::new(table)),
+            resv: SubsysResv::default(),
         }
     }
 
@@ -344,6 +352,11 @@ impl IoQueue {
         self.queue
     }
 
+    /// The subsystem of the queue's controller.
+    pub fn subsystem(&self) -> SubsystemId {
+        self.subsystem
+    }
+
     /// In-capsule data this queue accepts, in bytes.
     pub fn in_capsule_max(&self) -> u32 {
         self.limits.in_capsule
@@ -359,7 +372,15 @@ impl IoQueue {
             self.version = v;
             self.host_limit = self.table.limiters.hosts.get(&self.host).cloned();
         }
-        decode(&self.table, &self.shared, self.limits, self.subsystem, sqe).map_err(|st| {
+        decode(
+            &self.table,
+            &self.cell.resv,
+            &self.shared,
+            self.limits,
+            self.subsystem,
+            sqe,
+        )
+        .map_err(|st| {
             self.shared
                 .errors()
                 .record(self.queue.qid, sqe.cid(), st, sqe.nsid(), error_lba(sqe));
@@ -390,6 +411,7 @@ pub(crate) fn error_lba(sqe: &Sqe) -> u64 {
 /// Decodes an I/O command against `table` and the controller's state.
 pub(crate) fn decode(
     table: &NsTable,
+    resv: &SubsysResv,
     ctrl: &CtrlShared,
     limits: IoLimits,
     subsystem: SubsystemId,
@@ -403,6 +425,7 @@ pub(crate) fn decode(
     let opcode = sqe.opcode();
     match opcode {
         io_op::READ | io_op::WRITE | io_op::FLUSH | io_op::WRITE_ZEROES | io_op::DATASET_MANAGEMENT => {}
+        resv::opcode::REGISTER | resv::opcode::REPORT | resv::opcode::ACQUIRE | resv::opcode::RELEASE => {}
         // A second Connect on a connected queue.
         wire::FABRICS_OPCODE if wire::is_connect(sqe) => return Err(status::COMMAND_SEQUENCE_ERROR),
         _ => return Err(Status::INVALID_OPCODE),
@@ -416,6 +439,15 @@ pub(crate) fn decode(
     // Inaccessible, Persistent Loss or Change (every I/O command, as Linux's target does).
     if let Some(st) = ctrl.ana.io_refusal(ns.group) {
         return Err(st);
+    }
+    // NVMe Base 2.0 §8.19, Figure 8.20: a reservation fences the read or write command group.
+    let access = match opcode {
+        io_op::READ => Some(Access::Read),
+        io_op::WRITE | io_op::FLUSH | io_op::WRITE_ZEROES | io_op::DATASET_MANAGEMENT => Some(Access::Write),
+        _ => None,
+    };
+    if access.is_some_and(|a| !resv.allows(nsid, &ctrl.hostid, a)) {
+        return Err(resv::RESERVATION_CONFLICT);
     }
     let op = match opcode {
         io_op::READ | io_op::WRITE => {
@@ -442,6 +474,9 @@ pub(crate) fn decode(
             }
         }
         io_op::FLUSH => IoOp::Flush,
+        resv::opcode::REGISTER | resv::opcode::REPORT | resv::opcode::ACQUIRE | resv::opcode::RELEASE => {
+            resv::target::decode(sqe, limits.in_capsule, limits.max_transfer)?
+        }
         io_op::WRITE_ZEROES => {
             if !ns.write_zeroes {
                 return Err(Status::INVALID_OPCODE);

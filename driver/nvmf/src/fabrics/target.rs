@@ -191,6 +191,8 @@ pub struct Target {
     pub(super) ana: AnaPorts,
     /// Connects refused per subsystem.
     refused_connects: BTreeMap<SubsystemId, u64>,
+    /// Reservations' state file and pending events (`resv`).
+    pub(super) resv: super::resv::target::TargetResv,
 }
 
 impl Target {
@@ -211,6 +213,7 @@ impl Target {
             genctr: 0,
             ana: AnaPorts::default(),
             refused_connects: BTreeMap::new(),
+            resv: Default::default(),
         };
         for l in listeners {
             t.add_listener(l)?;
@@ -677,7 +680,8 @@ impl Target {
             return refuse(status::COMMAND_SEQUENCE_ERROR);
         };
         let table = self.subsystems[&sid].cell.current();
-        io::decode(&table, &c.shared, self.io_limits(), sid, sqe).map_err(|st| {
+        let resv = &self.subsystems[&sid].cell.resv;
+        io::decode(&table, resv, &c.shared, self.io_limits(), sid, sqe).map_err(|st| {
             c.shared
                 .errors()
                 .record(0xffff, sqe.cid(), st, sqe.nsid(), io::error_lba(sqe));

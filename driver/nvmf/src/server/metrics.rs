@@ -95,7 +95,6 @@ impl IoCounters {
     }
 
     /// A command was refused with Reservation Conflict.
-    #[allow(dead_code)] // wired for reservations, which this target does not implement yet
     pub fn reservation_conflict(&self) {
         self.reservation_conflicts.add(1);
     }
@@ -190,7 +189,7 @@ pub struct IoStats {
     pub written_bytes: u64,
     /// Commands completed with an error status.
     pub errors: u64,
-    /// Commands refused with Reservation Conflict (0: this target has no reservations yet).
+    /// Commands refused with Reservation Conflict.
     pub reservation_conflicts: u64,
     /// Commands that waited for a rate limit (per-host or per-namespace IOPS or bytes/s).
     pub throttled: u64,
@@ -322,7 +321,7 @@ impl Metrics {
         io_family(
             &mut o,
             subs,
-            "vfpoll_nvmf_reservation_conflicts_total counter I/O commands refused with Reservation Conflict (0: reservations are not built yet).",
+            "vfpoll_nvmf_reservation_conflicts_total counter I/O commands refused with Reservation Conflict (fenced off by another host's reservation, or a reservation command with a key that does not match).",
             |o, l, st| {
                 let _ = writeln!(
                     o,
@@ -477,6 +476,8 @@ mod tests {
         b.complete(IoKind::Read, 4096, false, Duration::from_micros(3000));
         b.complete(IoKind::Write, 512, true, Duration::from_secs(10));
         a.throttled();
+        a.reservation_conflict();
+        b.reservation_conflict();
         w[0].conns(sub, "h").opened();
         w[1].conns(sub, "h").opened();
         w[1].conns(sub, "h").closed();
@@ -509,7 +510,7 @@ mod tests {
             format!("vfpoll_nvmf_io_bytes_total{{{l},direction=\"read\"}} 8192"),
             format!("vfpoll_nvmf_io_errors_total{{{l}}} 1"),
             format!("vfpoll_nvmf_io_throttled_total{{{l}}} 1"),
-            format!("vfpoll_nvmf_reservation_conflicts_total{{{l}}} 0"),
+            format!("vfpoll_nvmf_reservation_conflicts_total{{{l}}} 2"),
             format!("vfpoll_nvmf_io_latency_seconds_bucket{{{l},le=\"0.00005\"}} 1"),
             format!("vfpoll_nvmf_io_latency_seconds_bucket{{{l},le=\"0.005\"}} 2"),
             format!("vfpoll_nvmf_io_latency_seconds_bucket{{{l},le=\"+Inf\"}} 3"),

@@ -193,8 +193,11 @@ impl ListenerThread {
                 for cntlid in target.tick(now) {
                     close.extend(target.drop_controller(cntlid));
                 }
+                // Reservation notices' events, raised by commands the workers ran.
+                let aers = target.take_reservation_events();
                 drop(target);
                 self.shared.close_everywhere(close);
+                self.shared.deliver(aers);
             }
             if !accepted {
                 match &self.epoll {

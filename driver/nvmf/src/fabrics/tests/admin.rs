@@ -43,8 +43,8 @@ fn identify_controller_fields_at_their_offsets() {
     assert_eq!((b[ctrl_off::SQES], b[ctrl_off::CQES]), (0x66, 0x44));
     assert_eq!(le16(&b, ctrl_off::MAXCMD), 128);
     assert_eq!(le32(&b, ctrl_off::NN), 1024);
-    // Namespace 2 has no Write Zeroes: only DSM (namespace 1 deallocates).
-    assert_eq!(le16(&b, ctrl_off::ONCS), 1 << 2);
+    // Namespace 2 has no Write Zeroes: only DSM (namespace 1 deallocates), and reservations.
+    assert_eq!(le16(&b, ctrl_off::ONCS), 1 << 2 | 1 << 5);
     assert_eq!(b[ctrl_off::VWC], 0b101, "present, no broadcast Flush");
     assert_eq!(le32(&b, ctrl_off::SGLS), 1 | 1 << 20 | 1 << 21);
     assert_eq!(cstr(&b[768..1024]), SUB);

@@ -162,8 +162,9 @@ fn ranges_limits_and_metadata() {
         Status::INVALID_NAMESPACE
     );
     assert_eq!(q.decode(&sqe(io_op::FLUSH, 2)).unwrap().op, IoOp::Flush);
-    // Unknown opcodes: Compare, Write Uncorrectable, vendor, an admin opcode; Connect again.
-    for op in [io_op::COMPARE, 0x04, 0x0d, 0x80, 0x06] {
+    // Unknown opcodes: Compare, Write Uncorrectable, Verify, vendor, an admin opcode; Connect
+    // again. (0Dh, 0Eh, 11h and 15h are the reservation commands, `resv`.)
+    for op in [io_op::COMPARE, 0x04, 0x0c, 0x80, 0x06] {
         assert_eq!(refused(&mut q, &sqe(op, 1)), Status::INVALID_OPCODE, "{op:#x}");
     }
     assert_eq!(

@@ -189,6 +189,9 @@ proptest! {
                             prop_assert_eq!(capacity, ns.blocks);
                         }
                         IoOp::Flush => {}
+                        IoOp::Reservation(r) => {
+                            prop_assert!(r.data.len() <= opts.max_transfer);
+                        }
                     }
                 }
             }
