@@ -19,8 +19,7 @@ use vfpoll_gpu::{
     BlockSource, CopyEngine, CpuEngine, DataPath, FileSource, NvmeSource, Options, PatternSource, Report,
     Slots, Transfer,
 };
-use vfpoll_nvme::{Controller, ControllerOptions, QpairOptions};
-use vfpoll_nvme_model::{ModelConfig, NamespaceConfig, NvmeModel};
+use vfpoll_nvme::{Controller, QpairOptions};
 use vfpoll_pci::vfio::Container;
 use vfpoll_pci::Bdf;
 
@@ -156,7 +155,7 @@ struct Setup {
     slots: Slots,
     _ctrl: Option<Controller>,
     _container: Option<Arc<Container>>,
-    model: Option<NvmeModel>,
+    model: Option<crate::model::NvmeModel>,
 }
 
 fn slot_geometry(a: &XferArgs) -> anyhow::Result<usize> {
@@ -205,37 +204,7 @@ fn open_source(a: &XferArgs, save: bool) -> anyhow::Result<Setup> {
         });
     }
     if a.model {
-        const LBA: u64 = 4096;
-        let bytes = (a.offset + a.len).next_multiple_of(ss as u64).max(LBA);
-        let mapper = Arc::new(FakeMapper::new());
-        let cfg = ModelConfig {
-            namespaces: vec![NamespaceConfig::new(1, LBA as u32, bytes / LBA)],
-            mdts: 0,
-            max_queue_entries: 4096,
-            // Poll without sleeping for as long as a run may pause between commands.
-            idle_spin: Duration::from_secs(2),
-            ..Default::default()
-        };
-        let model = NvmeModel::start(cfg, mapper.clone()).context("starting the NVMe model")?;
-        if !save {
-            seed_model(&model, a.offset, a.len, a.seed)?;
-        }
-        let opts = ControllerOptions {
-            page_size: PageSize::Base4K,
-            io_queues: 1,
-            ..Default::default()
-        };
-        let ctrl = Controller::new(model.bar0(), DmaContext::new(mapper), opts)
-            .context("bringing up the model's controller")?;
-        let slots = Slots::alloc(ctrl.dma(), a.slots, ss, a.page_size)?;
-        let source = NvmeSource::new(&ctrl, a.nsid, &slots, &qpair_options(a), "model")?;
-        return Ok(Setup {
-            source: Box::new(source),
-            slots,
-            _ctrl: Some(ctrl),
-            _container: None,
-            model: Some(model),
-        });
+        return open_model(a, ss, save);
     }
     let Some(device) = a.device else {
         bail!("name a source: --device BDF, --model, --file PATH or --hugepages");
@@ -258,9 +227,55 @@ fn open_source(a: &XferArgs, save: bool) -> anyhow::Result<Setup> {
     })
 }
 
+/// The in-process NVMe model (seeded with the pattern for a load) and the driver's controller
+/// on it (`--model`).
+#[cfg(feature = "model")]
+fn open_model(a: &XferArgs, ss: usize, save: bool) -> anyhow::Result<Setup> {
+    use crate::model::{ModelConfig, NamespaceConfig, NvmeModel};
+    use vfpoll_nvme::ControllerOptions;
+
+    const LBA: u64 = 4096;
+    let bytes = (a.offset + a.len).next_multiple_of(ss as u64).max(LBA);
+    let mapper = Arc::new(FakeMapper::new());
+    let cfg = ModelConfig {
+        namespaces: vec![NamespaceConfig::new(1, LBA as u32, bytes / LBA)],
+        mdts: 0,
+        max_queue_entries: 4096,
+        // Poll without sleeping for as long as a run may pause between commands.
+        idle_spin: Duration::from_secs(2),
+        ..Default::default()
+    };
+    let model = NvmeModel::start(cfg, mapper.clone()).context("starting the NVMe model")?;
+    if !save {
+        seed_model(&model, a.offset, a.len, a.seed)?;
+    }
+    let opts = ControllerOptions {
+        page_size: PageSize::Base4K,
+        io_queues: 1,
+        ..Default::default()
+    };
+    let ctrl = Controller::new(model.bar0(), DmaContext::new(mapper), opts)
+        .context("bringing up the model's controller")?;
+    let slots = Slots::alloc(ctrl.dma(), a.slots, ss, a.page_size)?;
+    let source = NvmeSource::new(&ctrl, a.nsid, &slots, &qpair_options(a), "model")?;
+    Ok(Setup {
+        source: Box::new(source),
+        slots,
+        _ctrl: Some(ctrl),
+        _container: None,
+        model: Some(model),
+    })
+}
+
+#[cfg(not(feature = "model"))]
+fn open_model(_: &XferArgs, _: usize, _: bool) -> anyhow::Result<Setup> {
+    Err(crate::model::unavailable("--model"))
+}
+
 /// Writes the pattern of transfer bytes `0..len` at namespace byte `offset` (rounded out to
 /// whole blocks: the bytes before `offset` in its block get the pattern too, harmlessly).
-fn seed_model(model: &NvmeModel, offset: u64, len: u64, seed: u64) -> anyhow::Result<()> {
+#[cfg(feature = "model")]
+fn seed_model(model: &crate::model::NvmeModel, offset: u64, len: u64, seed: u64) -> anyhow::Result<()> {
     const LBA: u64 = 4096;
     const CHUNK: u64 = 64 << 20;
     let mut buf = vec![0u8; CHUNK as usize];
@@ -364,7 +379,7 @@ fn transfer(a: XferArgs, save: bool) -> anyhow::Result<ExitCode> {
                 .map_err(|e| format!("{:#}", anyhow::Error::from(e))),
         )
     };
-    let model_stats = s.model.as_ref().map(|m| m.stats());
+    let model_errors = s.model.as_ref().map(crate::model::errors);
     let head = json!({
         "operation": if save { "save" } else { "load" },
         "source": s.source.describe(),
@@ -386,8 +401,8 @@ fn transfer(a: XferArgs, save: bool) -> anyhow::Result<ExitCode> {
             Some(Ok(n)) => json!({ "ok": true, "bytes": n }),
             Some(Err(e)) => json!({ "ok": false, "error": e }),
         };
-        if let Some(st) = model_stats {
-            v["model_errors"] = json!(st.errors);
+        if let Some(errors) = model_errors {
+            v["model_errors"] = json!(errors);
         }
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {

@@ -22,6 +22,7 @@ mod gpu;
 mod hello;
 mod identify;
 mod iommu_backend;
+mod model;
 mod nic_common;
 mod nvme_open;
 mod perf;

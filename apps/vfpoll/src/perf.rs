@@ -9,14 +9,13 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
-use vfpoll_dma::{DmaContext, FakeMapper, PageSize};
-use vfpoll_engine::affinity::{allowed_cores, parse_cores, pin_current, set_current};
+use vfpoll_dma::{DmaContext, PageSize};
+use vfpoll_engine::affinity::{allowed_cores, parse_cores, set_current};
 use vfpoll_engine::report::{histogram_buckets, OpStats};
 use vfpoll_engine::{
     split_evenly, Breakdown, Engine, Histogram, JobSpec, LatencySummary, Limit, Namespace, Report, Workload,
 };
 use vfpoll_nvme::{CompletionMode, Controller, ControllerOptions, QpairOptions};
-use vfpoll_nvme_model::{ModelConfig, NamespaceConfig, NvmeModel};
 use vfpoll_pci::vfio::Backend;
 use vfpoll_pci::Bdf;
 
@@ -255,7 +254,7 @@ fn namespaces_of(spec: &str, ctrl: &Controller, device: &str) -> anyhow::Result<
 /// controllers shut down before the model thread stops.
 struct Devices {
     ctrls: Vec<(Controller, String)>,
-    _model: Option<NvmeModel>,
+    _model: Option<crate::model::NvmeModel>,
     page: PageSize,
 }
 
@@ -265,43 +264,7 @@ fn open_devices(a: &Args, worker_cores: &[usize]) -> anyhow::Result<Devices> {
         ..Default::default()
     };
     if a.model {
-        let mapper = Arc::new(FakeMapper::new());
-        let cfg = ModelConfig {
-            namespaces: vec![NamespaceConfig::new(1, 512, 64 << 11)],
-            mdts: 7,
-            max_queue_entries: 4096,
-            // Poll without sleeping for as long as a run may pause between I/Os.
-            idle_spin: Duration::from_secs(2),
-            ..Default::default()
-        };
-        // The model's thread inherits this thread's affinity: pin it to its own core.
-        let before = allowed_cores()?;
-        let core = a
-            .model_core
-            .or_else(|| before.iter().copied().find(|c| !worker_cores.contains(c)));
-        if let Some(c) = core {
-            pin_current(c).with_context(|| format!("model core {c}"))?;
-        }
-        let model = NvmeModel::start(cfg, mapper.clone()).context("starting the NVMe model")?;
-        set_current(&before)?;
-        let opts = ControllerOptions {
-            page_size: PageSize::Base4K,
-            ..opts
-        };
-        let ctrl = Controller::new(model.bar0(), DmaContext::new(mapper), opts)
-            .context("bringing up the model's controller")?;
-        if completion_mode(a)?.interrupts() {
-            // The model's MSI-X table: one vector per I/O queue pair and the admin queue's.
-            let fds = model
-                .msix(ctrl.io_queues_granted() + 1)
-                .context("eventfds for the model's interrupts")?;
-            ctrl.use_interrupts(fds)?;
-        }
-        return Ok(Devices {
-            ctrls: vec![(ctrl, "model".into())],
-            _model: Some(model),
-            page: PageSize::Base4K,
-        });
+        return open_model(a, worker_cores, opts);
     }
     let (container, _) = crate::iommu_backend::open(a.noiommu, a.iommu_backend, &a.devices)?;
     let mut ctrls: Vec<(Controller, String)> = Vec::new();
@@ -333,6 +296,57 @@ fn open_devices(a: &Args, worker_cores: &[usize]) -> anyhow::Result<Devices> {
         _model: None,
         page,
     })
+}
+
+/// The in-process NVMe model and the driver's controller on it (`--model`).
+#[cfg(feature = "model")]
+fn open_model(a: &Args, worker_cores: &[usize], opts: ControllerOptions) -> anyhow::Result<Devices> {
+    use crate::model::{ModelConfig, NamespaceConfig, NvmeModel};
+    use vfpoll_dma::FakeMapper;
+    use vfpoll_engine::affinity::pin_current;
+
+    let mapper = Arc::new(FakeMapper::new());
+    let cfg = ModelConfig {
+        namespaces: vec![NamespaceConfig::new(1, 512, 64 << 11)],
+        mdts: 7,
+        max_queue_entries: 4096,
+        // Poll without sleeping for as long as a run may pause between I/Os.
+        idle_spin: Duration::from_secs(2),
+        ..Default::default()
+    };
+    // The model's thread inherits this thread's affinity: pin it to its own core.
+    let before = allowed_cores()?;
+    let core = a
+        .model_core
+        .or_else(|| before.iter().copied().find(|c| !worker_cores.contains(c)));
+    if let Some(c) = core {
+        pin_current(c).with_context(|| format!("model core {c}"))?;
+    }
+    let model = NvmeModel::start(cfg, mapper.clone()).context("starting the NVMe model")?;
+    set_current(&before)?;
+    let opts = ControllerOptions {
+        page_size: PageSize::Base4K,
+        ..opts
+    };
+    let ctrl = Controller::new(model.bar0(), DmaContext::new(mapper), opts)
+        .context("bringing up the model's controller")?;
+    if completion_mode(a)?.interrupts() {
+        // The model's MSI-X table: one vector per I/O queue pair and the admin queue's.
+        let fds = model
+            .msix(ctrl.io_queues_granted() + 1)
+            .context("eventfds for the model's interrupts")?;
+        ctrl.use_interrupts(fds)?;
+    }
+    Ok(Devices {
+        ctrls: vec![(ctrl, "model".into())],
+        _model: Some(model),
+        page: PageSize::Base4K,
+    })
+}
+
+#[cfg(not(feature = "model"))]
+fn open_model(_: &Args, _: &[usize], _: ControllerOptions) -> anyhow::Result<Devices> {
+    Err(crate::model::unavailable("--model"))
 }
 
 /// Runs `vfpoll perf`.

@@ -6,7 +6,7 @@
 //! | `file:/path/store.img` | a regular file through io_uring (`O_DIRECT`); format creates it with the size of `?size=` or of the format options (`file:/path/store.img?size=4G`) |
 //! | `/dev/nvme0n1`, `blk:/dev/nvme0n1` | a block device through io_uring (`O_DIRECT`, `O_EXCL`) |
 //! | `vfio:0000:00:03.0/1` | namespace 1 of the NVMe controller at that PCI address, bound to vfio-pci, through vfpoll's polled driver |
-//! | `model:256M` | a namespace of that size on an in-process NVMe model driven through vfpoll's driver (tests; its contents vanish with the process) |
+//! | `model:256M` | a namespace of that size on an in-process NVMe model driven through vfpoll's driver (tests; its contents vanish with the process; needs the crate feature `model`) |
 //! | `mem:256M` | a namespace in memory with a volatile write cache (tests; vanishes with the process) |
 //!
 //! Sizes take the suffixes K, M, G, T (powers of 1024) and an optional `B`/`iB`.
@@ -16,9 +16,8 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use vfpoll_dma::{DmaContext, FakeMapper, PageSize};
+use vfpoll_dma::DmaContext;
 use vfpoll_nvme::{Controller, ControllerOptions, QpairOptions};
-use vfpoll_nvme_model::{ModelConfig, NamespaceConfig, NvmeModel};
 use vfpoll_pci::vfio::{Backend, Container};
 use vfpoll_pci::{Bdf, Host};
 
@@ -166,7 +165,11 @@ pub(crate) struct OpenSpecOptions {
     pub iommu: Backend,
 }
 
+#[cfg(feature = "model")]
 fn model_device(size: u64, depth: u32) -> Result<NvmeDevice, DeviceError> {
+    use vfpoll_dma::{FakeMapper, PageSize};
+    use vfpoll_nvme_model::{ModelConfig, NamespaceConfig, NvmeModel};
+
     let blocks = size / 4096;
     if blocks == 0 {
         return Err(DeviceError::Open(format!("model:{size}: at least 4096 bytes")));
@@ -191,6 +194,14 @@ fn model_device(size: u64, depth: u32) -> Result<NvmeDevice, DeviceError> {
         ..Default::default()
     };
     NvmeDevice::new(&ctrl, 1, &qopts, "model", vec![Box::new(model)])
+}
+
+/// Without the `model` feature: the spec parses, but opening it says how to get the model.
+#[cfg(not(feature = "model"))]
+fn model_device(size: u64, _depth: u32) -> Result<NvmeDevice, DeviceError> {
+    Err(DeviceError::Open(format!(
+        "model:{size}: this vfpoll was built without the NVMe model; rebuild with --features model"
+    )))
 }
 
 /// Opens every spec (VFIO namespaces of one controller share it; all controllers share one

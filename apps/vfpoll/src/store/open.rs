@@ -9,9 +9,8 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use anyhow::{bail, Context as _};
-use vfpoll_dma::{DmaContext, FakeMapper, PageSize};
+use vfpoll_dma::DmaContext;
 use vfpoll_nvme::{Controller, ControllerOptions, QpairOptions};
-use vfpoll_nvme_model::{ModelConfig, NamespaceConfig, NvmeModel};
 use vfpoll_pci::vfio::{Backend, Container};
 use vfpoll_pci::Bdf;
 use vfpoll_store::device::{Device, MemDevice, NvmeDevice, UringDevice, UringOptions};
@@ -123,7 +122,11 @@ pub fn open_devices(specs: &[NamespaceSpec], how: &OpenHow) -> anyhow::Result<Ve
 
 /// A namespace of `size` bytes (4 KiB blocks) on vfpoll's in-process NVMe model, through the
 /// real driver.
+#[cfg(feature = "model")]
 fn model_device(size: u64, qopts: &QpairOptions) -> anyhow::Result<NvmeDevice> {
+    use crate::model::{ModelConfig, NamespaceConfig, NvmeModel};
+    use vfpoll_dma::{FakeMapper, PageSize};
+
     let blocks = size / 4096;
     if blocks == 0 {
         bail!("model:{size}: a model namespace needs at least 4096 bytes");
@@ -143,4 +146,9 @@ fn model_device(size: u64, qopts: &QpairOptions) -> anyhow::Result<NvmeDevice> {
     let ctrl = Controller::new(model.bar0(), DmaContext::new(mapper), opts)
         .context("bringing up the model's controller")?;
     Ok(NvmeDevice::new(&ctrl, 1, qopts, "model", vec![Box::new(model)])?)
+}
+
+#[cfg(not(feature = "model"))]
+fn model_device(size: u64, _: &QpairOptions) -> anyhow::Result<NvmeDevice> {
+    Err(crate::model::unavailable(&format!("model:{size}")))
 }
