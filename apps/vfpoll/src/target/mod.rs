@@ -21,6 +21,7 @@ use anyhow::Context as _;
 use clap::Args as ClapArgs;
 use vfpoll_dma::PageSize;
 use vfpoll_engine::affinity::pin_current;
+use vfpoll_nvmf::fabrics::resv::ResvStore;
 use vfpoll_nvmf::fabrics::{Target, TargetOptions};
 use vfpoll_nvmf::server::{NamespaceBackend, Server, ServerConfig, StatsSnapshot, WorkerConfig};
 
@@ -38,7 +39,8 @@ The keys:
 
 cores = \"1-2\" (one pinned worker per core); page_size = \"2M\" | \"1G\" | \"4K\"; noiommu = \
 false; spin_us = 100; nvme_completion = \"irq\" | \"poll\"; metrics = \"ADDR:PORT\" \
-(Prometheus text at /metrics). The command line's flags of the same names win.
+(Prometheus text at /metrics); state_dir = \"DIR\" (reservations that persist through \
+power loss, relative to this file). The command line's flags of the same names win.
 
 [[listener]]: address = \"IP:PORT\"; port_id = N (default: its place, from 1); ana_state = \
 \"optimized\" | \"non-optimized\" | \"inaccessible\" | \"persistent-loss\" | \"change\"; tls \
@@ -119,6 +121,12 @@ pub struct Args {
     /// thread of its own; the workers only bump their own counters.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<SocketAddr>,
+    /// Keep the reservations of namespaces whose hosts asked them to persist through power
+    /// loss (PTPL: `nvme resv-register --cptpl=3`) in DIR/reservations.state, so that they
+    /// survive a restart (DIR is made if missing). Without it, reservations work but last as
+    /// long as the process, and PTPL is refused.
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
 }
 
 /// Runs the target.
@@ -130,6 +138,7 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
         spin_us: a.spin_us,
         nvme_irq: a.nvme_completion,
         metrics: a.metrics,
+        state_dir: a.state_dir.clone(),
     };
     let mut plan = match &a.config {
         Some(path) => Plan::from_file(path, &settings)?,
@@ -171,7 +180,18 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
         max_transfer,
         ..TargetOptions::default()
     };
-    let target = Target::new(opts, plan.listeners.clone(), subsystems)?;
+    let mut target = Target::new(opts, plan.listeners.clone(), subsystems)?;
+    if let Some(dir) = &plan.state_dir {
+        target.set_reservation_store(ResvStore::open(dir)?)?;
+        let pending = target.reservations_not_served();
+        if !pending.is_empty() {
+            eprintln!(
+                "vfpoll target: {}: reservations kept for namespaces not served: {}",
+                dir.display(),
+                pending.join(", ")
+            );
+        }
+    }
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         // The first signal stops the target cleanly (connections closed, backends drained, the

@@ -34,7 +34,7 @@
 
 use std::collections::{BTreeSet, HashSet};
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context as _};
@@ -125,6 +125,9 @@ pub struct Plan {
     pub nvme_irq: bool,
     /// Where the Prometheus metrics are served (`None`: not served).
     pub metrics: Option<SocketAddr>,
+    /// Where reservations that persist through power loss are kept (`None`: PTPL is not
+    /// offered; reservations last as long as the process).
+    pub state_dir: Option<PathBuf>,
     /// The listeners.
     pub listeners: Vec<Listener>,
     /// The subsystems.
@@ -146,6 +149,8 @@ pub struct Settings {
     pub nvme_irq: Option<bool>,
     /// `--metrics`.
     pub metrics: Option<SocketAddr>,
+    /// `--state-dir`.
+    pub state_dir: Option<PathBuf>,
 }
 
 impl Plan {
@@ -208,7 +213,17 @@ impl Plan {
     /// target-wide settings.
     pub fn from_file(path: &Path, overrides: &Settings) -> anyhow::Result<Plan> {
         let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        Plan::from_toml(&text, overrides).with_context(|| format!("{}", path.display()))
+        let mut plan = Plan::from_toml(&text, overrides).with_context(|| format!("{}", path.display()))?;
+        // The file's state_dir is relative to the file (the command line's to the working
+        // directory).
+        if overrides.state_dir.is_none() {
+            if let (Some(d), Some(base)) = (plan.state_dir.as_mut(), path.parent()) {
+                if d.is_relative() {
+                    *d = base.join(&*d);
+                }
+            }
+        }
+        Ok(plan)
     }
 
     /// The plan TOML `text` describes (see the module documentation).
@@ -224,6 +239,7 @@ impl Plan {
             noiommu: overrides.noiommu || f.noiommu,
             spin_us: overrides.spin_us.or(f.spin_us),
             metrics: overrides.metrics.or(f.metrics),
+            state_dir: overrides.state_dir.clone().or(f.state_dir),
             nvme_irq: match (overrides.nvme_irq, f.nvme_completion.as_deref()) {
                 (Some(v), _) => Some(v),
                 (None, None) => None,
@@ -360,6 +376,7 @@ impl Plan {
             spin: s.spin_us.map_or(DEFAULT_SPIN, Duration::from_micros),
             nvme_irq: s.nvme_irq.unwrap_or(true),
             metrics: s.metrics,
+            state_dir: s.state_dir.clone(),
             listeners: Vec::new(),
             subsystems: Vec::new(),
         })
@@ -466,6 +483,7 @@ struct File {
     spin_us: Option<u64>,
     nvme_completion: Option<String>,
     metrics: Option<SocketAddr>,
+    state_dir: Option<PathBuf>,
     #[serde(default)]
     listener: Vec<FileListener>,
     #[serde(default)]

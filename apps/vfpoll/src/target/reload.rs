@@ -36,9 +36,10 @@ pub fn apply(server: &Server, devices: &mut Devices, current: &mut Plan, new: &P
         || new.spin != current.spin
         || new.nvme_irq != current.nvme_irq
         || new.metrics != current.metrics
+        || new.state_dir != current.state_dir
     {
         out.failed.push(
-            "cores, page_size, noiommu, spin_us, nvme_completion and metrics change only with a restart; the running ones stay".into(),
+            "cores, page_size, noiommu, spin_us, nvme_completion, metrics and state_dir change only with a restart; the running ones stay".into(),
         );
     }
     // Listeners, by port ID: gone or moved ones first (a moved one is removed and re-added).

@@ -79,10 +79,14 @@ pub struct ResvStore {
 }
 
 impl ResvStore {
-    /// Opens the state in directory `dir` (which must exist): its file's records, or none
-    /// when there is no file yet.
+    /// Opens the state in directory `dir` (made if missing): its file's records, or none when
+    /// there is no file yet.
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
         let path = dir.join(STATE_FILE);
+        fs::create_dir_all(dir).map_err(|source| StoreError::Io {
+            path: dir.to_owned(),
+            source,
+        })?;
         let meta = fs::metadata(dir).map_err(|source| StoreError::Io {
             path: dir.to_owned(),
             source,
@@ -455,7 +459,10 @@ mod tests {
         fs::write(dir.join(STATE_FILE), &b).unwrap();
         let e = ResvStore::open(&dir).unwrap_err().to_string();
         assert!(e.contains("checksum") || e.contains("line"), "{e}");
-        assert!(ResvStore::open(&dir.join("missing")).is_err());
+        assert!(
+            ResvStore::open(&dir.join(STATE_FILE)).is_err(),
+            "a file, not a directory"
+        );
         fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -109,6 +109,17 @@ impl Target {
         Ok(())
     }
 
+    /// The namespaces (subsystem NQN and NSID) the state file keeps reservations for that no
+    /// served namespace took, as text for a message.
+    pub fn reservations_not_served(&self) -> Vec<String> {
+        self.resv
+            .store
+            .iter()
+            .flat_map(|s| s.pending())
+            .map(|(nqn, nsid)| format!("namespace {nsid} of {nqn}"))
+            .collect()
+    }
+
     /// The reservation state file, if PTPL is supported.
     pub fn reservation_store(&self) -> Option<&Path> {
         self.resv.store.as_ref().map(ResvStore::path)
