@@ -265,6 +265,45 @@ impl DeviceMemory {
         })
     }
 
+    /// Copies `dst.len()` bytes from byte `offset` of this allocation into `dst`, any host
+    /// memory (pageable too), and returns once they are there: `cuMemcpyDtoH` (what
+    /// `cudaMemcpy(..., cudaMemcpyDeviceToHost)` does). For pageable memory the driver bounces
+    /// through buffers of its own; this is the plain path, not the pipeline's.
+    pub fn copy_to_host(&self, offset: usize, dst: &mut [u8]) -> Result<(), CopyError> {
+        self.check_range(offset, dst.len())?;
+        self.gpu.current()?;
+        // SAFETY: `dst` is a live exclusive host slice of `dst.len()` bytes and the call
+        // returns only once the copy into it is complete; the device range lies in this
+        // allocation (checked above).
+        let r = unsafe {
+            (self.gpu.api.memcpy_dtoh)(dst.as_mut_ptr().cast(), self.ptr + offset as u64, dst.len())
+        };
+        self.gpu.check("cuMemcpyDtoH", r)
+    }
+
+    /// Copies `src` to byte `offset` of this allocation and returns once the source may
+    /// change: `cuMemcpyHtoD` (`cudaMemcpy(..., cudaMemcpyHostToDevice)`), any host memory.
+    pub fn copy_from_host(&self, offset: usize, src: &[u8]) -> Result<(), CopyError> {
+        self.check_range(offset, src.len())?;
+        self.gpu.current()?;
+        // SAFETY: `src` is a live host slice of `src.len()` bytes, read before the call
+        // returns; the device range lies in this allocation (checked above).
+        let r =
+            unsafe { (self.gpu.api.memcpy_htod)(self.ptr + offset as u64, src.as_ptr().cast(), src.len()) };
+        self.gpu.check("cuMemcpyHtoD", r)
+    }
+
+    fn check_range(&self, offset: usize, len: usize) -> Result<(), CopyError> {
+        if offset.checked_add(len).is_none_or(|end| end > self.len) {
+            return Err(CopyError::OutOfBounds {
+                offset: offset as u64,
+                len,
+                size: self.len as u64,
+            });
+        }
+        Ok(())
+    }
+
     /// Exports the whole allocation as a dma-buf (`cuMemGetHandleForAddressRange`,
     /// `CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD`): a file descriptor another driver can import
     /// (an RDMA NIC, or iommufd where the kernel accepts it; see [`crate::p2p`]). The length
