@@ -127,6 +127,14 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=8, help="decoder layers of the model (8: 0.54 G parameters)")
     ap.add_argument("--rounds", type=int, default=2, help="rounds of all methods, alternating")
     ap.add_argument("--json", help="write the results here too")
+    ap.add_argument(
+        "--methods",
+        default="torch,dcp,vfpoll,vfpoll-dcp",
+        help="comma-separated subset of: torch (torch.save/load), dcp (FileSystemWriter/Reader), vfpoll, vfpoll-dcp",
+    )
+    ap.add_argument("--chunk-mib", type=int, help="the store's chunk size (default: the store's, 1 MiB)")
+    ap.add_argument("--io-buffers", type=int, help="the store's I/O buffers in flight (default: the store's, 32)")
+    ap.add_argument("--profile-load", action="store_true", help="after the rounds, profile one vfpoll.torch.load and one DCP StoreReader load (cProfile, top functions)")
     args = ap.parse_args()
     os.makedirs(args.dir, exist_ok=True)
 
@@ -138,7 +146,13 @@ def main() -> int:
     print(f"state dict: {len(dict(tensors(state)))} tensors, {gb:.2f} GB (bf16 parameters + AdamW state)")
     store_path = os.path.join(args.dir, "vfpoll-store.img")
     # Room for the two checkpoints kept (plain and DCP) and the one being written, and spare.
-    store = vfpoll.Store.format(f"file:{store_path}?size={int(total * 4.2) // (1 << 20) + 256}M", force=True)
+    store = vfpoll.Store.format(
+        f"file:{store_path}?size={int(total * 4.2) // (1 << 20) + 256}M",
+        force=True,
+        chunk_size=args.chunk_mib << 20 if args.chunk_mib else None,
+        io_buffers=args.io_buffers,
+    )
+    print(f"store: chunk {store.info()['chunk_size'] >> 10} KiB, io_buffers {args.io_buffers or 'default'}")
     results = []
     # The async writers are kept across rounds, as a training loop keeps them: both cache their
     # pinned staging copy of the state dict (cache_staged_state_dict).
@@ -212,6 +226,12 @@ def main() -> int:
         h.wait()
         s = time.perf_counter() - t0
         record("vfpoll.torch.save_async", "save", s, blocked, cpu_s() - c0, s)
+        staged_s, durable_s = h.timings
+        print(
+            f"  save_async timeline: staged (D2H of every CUDA tensor) {staged_s:.3f} s, then writes + commit "
+            f"{durable_s - staged_s:.3f} s ({gb / (durable_s - staged_s):.2f} GB/s)",
+            flush=True,
+        )
         store.keep_last("bench", 1)
 
     def vfpoll_dcp():
@@ -233,10 +253,34 @@ def main() -> int:
         record("DCP async_save StoreWriter (vfpoll)", "save", s, blocked, cpu_s() - c0, s)
         store.keep_last("dcp", 1)
 
+    methods = {"torch": torch_save, "dcp": dcp_fs, "vfpoll": vfpoll_plain, "vfpoll-dcp": vfpoll_dcp}
+    chosen = [m.strip() for m in args.methods.split(",") if m.strip()]
+    for m in chosen:
+        if m not in methods:
+            ap.error(f"--methods: unknown {m!r}; use {', '.join(methods)}")
     for rnd in range(args.rounds):
         print(f"--- round {rnd + 1}")
-        for fn in (torch_save, dcp_fs, vfpoll_plain, vfpoll_dcp):
+        for m in chosen:
+            methods[m]()
+    if args.profile_load:
+        import cProfile
+        import pstats
+
+        vt.save(state, store, "bench")
+        dcp.save(state, storage_writer=vt.StoreWriter(store, "dcp"))
+        for what, fn in (
+            ("vfpoll.torch.load", lambda: vt.load(store, "bench")),
+            ("DCP StoreReader", lambda: dcp.load(zeros_like(state), storage_reader=vt.StoreReader(store, "dcp"))),
+        ):
+            drop_caches()
+            prof = cProfile.Profile()
+            t0 = time.perf_counter()
+            prof.enable()
             fn()
+            torch.cuda.synchronize()
+            prof.disable()
+            print(f"--- profile of {what}: {time.perf_counter() - t0:.3f} s")
+            pstats.Stats(prof).sort_stats("cumulative").print_stats(14)
     store.close()
     os.remove(store_path)
 

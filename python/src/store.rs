@@ -13,13 +13,13 @@
 //! caller's memory and *staged* comes after the last write.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
-use vfpoll_store::{Backend, FormatOptions, ReadOptions, Store, StoreError, StoreOptions};
+use vfpoll_store::{Backend, FormatOptions, ReadOptions, Store, StoreError, StoreOptions, VersionReader};
 
 use crate::buffer::{Buffer, Place, Range};
 use crate::cuda::{Device, Staging};
@@ -58,7 +58,7 @@ pub(crate) struct Shared {
 }
 
 /// Staging buffers kept for reuse (their CUDA registration is the expensive part).
-const KEEP_STAGING: usize = 2;
+const KEEP_STAGING: usize = 16 + READ_THREADS;
 
 impl Shared {
     pub(crate) fn store(&self) -> Result<Store, Failure> {
@@ -189,6 +189,7 @@ fn store_options(
     lock_dir: Option<String>,
     allow_buffered_io: bool,
     queue_depth: Option<u32>,
+    io_buffers: Option<usize>,
     iommu: &str,
 ) -> PyResult<StoreOptions> {
     let d = StoreOptions::default();
@@ -200,6 +201,7 @@ fn store_options(
         lock_dir: lock_dir.map(Into::into),
         allow_buffered_io,
         queue_depth: queue_depth.unwrap_or(d.queue_depth),
+        io_buffers: io_buffers.unwrap_or(d.io_buffers).max(1),
         iommu,
         ..d
     })
@@ -241,7 +243,7 @@ impl PyStore {
 impl PyStore {
     /// Formats `specs` as a new store and opens it.
     #[staticmethod]
-    #[pyo3(signature = (specs, *, chunk_size=None, label=None, force=false, size=None, lock_dir=None, allow_buffered_io=false, queue_depth=None, iommu="auto"))]
+    #[pyo3(signature = (specs, *, chunk_size=None, label=None, force=false, size=None, lock_dir=None, allow_buffered_io=false, queue_depth=None, io_buffers=None, iommu="auto"))]
     #[allow(clippy::too_many_arguments)]
     fn format(
         py: Python<'_>,
@@ -253,6 +255,7 @@ impl PyStore {
         lock_dir: Option<String>,
         allow_buffered_io: bool,
         queue_depth: Option<u32>,
+        io_buffers: Option<usize>,
         iommu: &str,
     ) -> PyResult<PyStore> {
         let d = FormatOptions::default();
@@ -261,7 +264,7 @@ impl PyStore {
             label: label.unwrap_or_default(),
             force,
             file_size: size,
-            store: store_options(py, lock_dir, allow_buffered_io, queue_depth, iommu)?,
+            store: store_options(py, lock_dir, allow_buffered_io, queue_depth, io_buffers, iommu)?,
         };
         let s = py
             .detach(|| Store::format(&specs, &o))
@@ -271,16 +274,18 @@ impl PyStore {
 
     /// Opens the store on `specs`.
     #[staticmethod]
-    #[pyo3(signature = (specs, *, lock_dir=None, allow_buffered_io=false, queue_depth=None, iommu="auto"))]
+    #[pyo3(signature = (specs, *, lock_dir=None, allow_buffered_io=false, queue_depth=None, io_buffers=None, iommu="auto"))]
+    #[allow(clippy::too_many_arguments)]
     fn open(
         py: Python<'_>,
         specs: Vec<String>,
         lock_dir: Option<String>,
         allow_buffered_io: bool,
         queue_depth: Option<u32>,
+        io_buffers: Option<usize>,
         iommu: &str,
     ) -> PyResult<PyStore> {
-        let o = store_options(py, lock_dir, allow_buffered_io, queue_depth, iommu)?;
+        let o = store_options(py, lock_dir, allow_buffered_io, queue_depth, io_buffers, iommu)?;
         let s = py.detach(|| Store::open(&specs, &o)).map_err(|e| py_err(py, e))?;
         Ok(PyStore::new(s, specs))
     }
@@ -633,45 +638,40 @@ fn read_entries(
         sizes.push(e.len);
     }
     let off = offset.unwrap_or(0);
+    // Entries are read by a few threads at once, each taking the next entry: one entry's reads
+    // (and crc checks) alone leave the device's queue half empty at entry boundaries and on
+    // small entries; CUDA entries go through a staging buffer per thread (read, then copied to
+    // the device while the other threads read).
+    let next = AtomicUsize::new(0);
+    let failed = AtomicBool::new(false);
+    let threads = wanted.len().clamp(1, READ_THREADS);
+    let results: Vec<Result<u64, Failure>> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| {
+                    let r = read_worker(shared, &reader, wanted, off, &o, &next, &failed);
+                    if r.is_err() {
+                        failed.store(true, Ordering::Relaxed);
+                    }
+                    r
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| {
+                w.join().unwrap_or_else(|_| {
+                    Err(Failure::new(
+                        Kind::Store,
+                        "internal error: a read thread panicked (a bug: please report it)",
+                    ))
+                })
+            })
+            .collect()
+    });
     let mut total = 0u64;
-    let mut gpu: Vec<(usize, i32)> = Vec::new();
-    for (i, (entry, r)) in wanted.iter().enumerate() {
-        match r.place {
-            Place::Host => {
-                // SAFETY: the range is of a writable buffer the caller holds until this returns.
-                let dst = unsafe { host_bytes_mut(r.addr, r.len) };
-                reader.read_range(entry, off, dst, &o)?;
-                total += r.len as u64;
-            }
-            Place::Cuda(d) => gpu.push((i, d)),
-        }
-    }
-    if !gpu.is_empty() {
-        let largest = gpu.iter().map(|&(i, _)| wanted[i].1.len).max().unwrap_or(0);
-        let mut bufs = [shared.take_staging(largest)?, shared.take_staging(largest)?];
-        let r = (|| -> Result<(), Failure> {
-            for (n, &(i, d)) in gpu.iter().enumerate() {
-                let (entry, r) = &wanted[i];
-                if r.len == 0 {
-                    continue;
-                }
-                let s = &mut bufs[n % 2];
-                reader.read_range(entry, off, s.bytes_mut(0, r.len), &o)?;
-                let dev = Device::open(d)?;
-                let mut c = dev.copier(s)?;
-                if let Some(st) = r.stream {
-                    c.after(st)?;
-                }
-                c.h2d(0, r.addr as u64, r.len)?;
-                c.finish()?;
-                total += r.len as u64;
-            }
-            Ok(())
-        })();
-        for s in bufs {
-            shared.give_staging(s);
-        }
-        r?;
+    for r in results {
+        total += r?;
     }
     shared.counters.bytes_read.fetch_add(total, Ordering::Relaxed);
     shared
@@ -679,4 +679,76 @@ fn read_entries(
         .reads
         .fetch_add(wanted.len() as u64, Ordering::Relaxed);
     Ok(())
+}
+
+/// Threads that read the entries of one `read_many` at once.
+const READ_THREADS: usize = 4;
+
+/// One thread of [`read_entries`]: reads entries (taking the next index from `next`) until none
+/// is left or another thread failed; returns the bytes it read.
+fn read_worker(
+    shared: &Shared,
+    reader: &VersionReader,
+    wanted: &[(String, Range)],
+    off: u64,
+    o: &ReadOptions,
+    next: &AtomicUsize,
+    failed: &AtomicBool,
+) -> Result<u64, Failure> {
+    let mut staging: Option<Staging> = None;
+    let r = (|| -> Result<u64, Failure> {
+        let mut total = 0u64;
+        loop {
+            if failed.load(Ordering::Relaxed) {
+                return Ok(total);
+            }
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            let Some((entry, r)) = wanted.get(i) else {
+                return Ok(total);
+            };
+            match r.place {
+                Place::Host => {
+                    // SAFETY: the range is of a writable buffer the caller holds until
+                    // `read_entries` returns, and no other thread reads into it (each index is
+                    // taken once).
+                    let dst = unsafe { host_bytes_mut(r.addr, r.len) };
+                    reader.read_range(entry, off, dst, o)?;
+                }
+                Place::Cuda(d) => {
+                    if r.len > 0 {
+                        if staging.as_ref().is_none_or(|s| s.capacity() < r.len) {
+                            if let Some(s) = staging.take() {
+                                shared.give_staging(s);
+                            }
+                            // Sized for the largest CUDA entry, so that one buffer (registered
+                            // with CUDA once) serves the thread.
+                            let largest = wanted
+                                .iter()
+                                .filter(|(_, r)| matches!(r.place, Place::Cuda(_)))
+                                .map(|(_, r)| r.len)
+                                .max()
+                                .unwrap_or(r.len);
+                            staging = Some(shared.take_staging(largest.max(r.len))?);
+                        }
+                        let s = staging
+                            .as_mut()
+                            .ok_or_else(|| Failure::new(Kind::Store, "no staging"))?;
+                        reader.read_range(entry, off, s.bytes_mut(0, r.len), o)?;
+                        let dev = Device::open(d)?;
+                        let mut c = dev.copier(s)?;
+                        if let Some(st) = r.stream {
+                            c.after(st)?;
+                        }
+                        c.h2d(0, r.addr as u64, r.len)?;
+                        c.finish()?;
+                    }
+                }
+            }
+            total += r.len as u64;
+        }
+    })();
+    if let Some(s) = staging {
+        shared.give_staging(s);
+    }
+    r
 }

@@ -159,6 +159,7 @@ class Store:
         lock_dir: Optional[str] = None,
         allow_buffered_io: bool = False,
         queue_depth: Optional[int] = None,
+        io_buffers: Optional[int] = None,
         iommu: str = "auto",
     ) -> "Store":
         """Creates a new, empty store on ``specs`` and opens it.
@@ -170,7 +171,8 @@ class Store:
         ``lock_dir`` is where the lock file that keeps out a second process goes (default
         ``/run/vfpoll``); ``allow_buffered_io`` lets files on file systems without O_DIRECT
         (tmpfs) be used through the page cache; ``queue_depth`` is the io_uring / NVMe queue
-        depth per namespace. ``iommu`` is the IOMMU backend of ``vfio:`` namespaces: ``"auto"``
+        depth per namespace, ``io_buffers`` the chunk-sized I/O buffers in flight per namespace
+        (default 32: 32 MiB with 1 MiB chunks). ``iommu`` is the IOMMU backend of ``vfio:`` namespaces: ``"auto"``
         (iommufd where the kernel offers it, else the type1 container), ``"iommufd"``,
         ``"type1"``, or ``"noiommu"`` (VFIO's unsafe no-IOMMU mode, only when asked for).
         """
@@ -184,6 +186,7 @@ class Store:
                 lock_dir=lock_dir,
                 allow_buffered_io=allow_buffered_io,
                 queue_depth=queue_depth,
+                io_buffers=io_buffers,
                 iommu=iommu,
             )
         )
@@ -196,6 +199,7 @@ class Store:
         lock_dir: Optional[str] = None,
         allow_buffered_io: bool = False,
         queue_depth: Optional[int] = None,
+        io_buffers: Optional[int] = None,
         iommu: str = "auto",
     ) -> "Store":
         """Opens an existing store (all of its namespaces, in any order); options as in
@@ -206,6 +210,7 @@ class Store:
                 lock_dir=lock_dir,
                 allow_buffered_io=allow_buffered_io,
                 queue_depth=queue_depth,
+                io_buffers=io_buffers,
                 iommu=iommu,
             )
         )

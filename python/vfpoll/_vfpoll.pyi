@@ -96,6 +96,7 @@ class Store:
         lock_dir: Optional[str] = None,
         allow_buffered_io: bool = False,
         queue_depth: Optional[int] = None,
+        io_buffers: Optional[int] = None,
         iommu: str = "auto",
     ) -> "Store": ...
     @staticmethod
@@ -105,6 +106,7 @@ class Store:
         lock_dir: Optional[str] = None,
         allow_buffered_io: bool = False,
         queue_depth: Optional[int] = None,
+        io_buffers: Optional[int] = None,
         iommu: str = "auto",
     ) -> "Store": ...
     def close(self) -> None: ...

@@ -273,11 +273,17 @@ def load(
 
 
 # --- torch.distributed.checkpoint --------------------------------------------------------------
+import os  # noqa: E402
+import re  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta  # noqa: E402
 from torch.distributed.checkpoint.planner import (  # noqa: E402
     LoadItemType,
     LoadPlan,
     LoadPlanner,
+    ReadItem,
     SavePlan,
     SavePlanner,
     WriteItemType,
@@ -286,55 +292,250 @@ from torch.distributed.checkpoint.staging import BlockingAsyncStager  # noqa: E4
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult  # noqa: E402
 from torch.futures import Future  # noqa: E402
 
+from . import InUseError  # noqa: E402
+
 #: The entry of a DCP checkpoint that holds DCP's pickled ``Metadata``.
 DCP_METADATA = ".metadata"
+
+#: How long (seconds) to wait for a rank's store that another process of the job has open.
+DEFAULT_WAIT_S = 300.0
+
+StoreArg = Union[Store, str, List[str]]
+
+
+def _dist_rank_world() -> Tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+class _RankStores:
+    """The stores of a job with one store per rank: ``template`` (a spec, or a list of specs for
+    a store over several namespaces) with ``{rank}`` in it. Stores are opened when needed and
+    closed when done, so that the ranks of a job (one process each, and a store is open in one
+    process at a time) can each reach every rank's store in turn; an open held elsewhere is
+    waited for (at most ``wait_s``). ``create`` formats a ``file:`` store whose file does not
+    exist yet (``format_options`` for :meth:`Store.format`)."""
+
+    def __init__(
+        self,
+        template: Union[str, List[str]],
+        *,
+        create: bool,
+        open_options: Optional[Dict[str, Any]],
+        format_options: Optional[Dict[str, Any]],
+        wait_s: float,
+    ) -> None:
+        self.template = [template] if isinstance(template, str) else list(template)
+        if not self.template or not all(isinstance(t, str) for t in self.template):
+            raise TypeError("a store template is a spec string (or a list of them) with {rank} in it")
+        self.create = create
+        self.open_options = dict(open_options or {})
+        self.format_options = dict(format_options or {})
+        self.wait_s = wait_s
+
+    def specs(self, rank: int) -> List[str]:
+        return [t.replace("{rank}", str(rank)) for t in self.template]
+
+    def per_rank(self) -> bool:
+        return any("{rank}" in t for t in self.template)
+
+    def _missing_files(self, specs: List[str]) -> bool:
+        paths = []
+        for sp in specs:
+            if not sp.startswith("file:"):
+                return False
+            paths.append(sp[len("file:") :].split("?", 1)[0])
+        return all(not os.path.exists(p) for p in paths)
+
+    def try_open(self, rank: int) -> Optional[Store]:
+        """The store of ``rank`` (shared by this process's users), or ``None`` while another
+        process has it open."""
+        specs = self.specs(rank)
+        key = tuple(specs)
+        with _OPEN_LOCK:
+            ent = _OPEN.get(key)
+            if ent is not None:
+                ent[1] += 1
+                return ent[0]
+            try:
+                if self.create and self._missing_files(specs):
+                    store = Store.format(specs, **{**self.open_options, **self.format_options})
+                else:
+                    store = Store.open(specs, **self.open_options)
+            except InUseError as e:
+                m = re.search(r"in use by PID (\d+)", str(e))
+                if m and int(m.group(1)) == os.getpid():
+                    raise InUseError(
+                        f"{e} -- it is open in this very process through another Store object: close "
+                        "that one, or give the StoreWriter/StoreReader that Store instead of a template"
+                    ) from None
+                return None
+            _OPEN[key] = [store, 1]
+            return store
+
+    def open(self, rank: int) -> Store:
+        """The store of ``rank``, waiting while another process has it open."""
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            s = self.try_open(rank)
+            if s is not None:
+                return s
+            if time.monotonic() > deadline:
+                raise InUseError(
+                    f"the store of rank {rank} ({', '.join(self.specs(rank))}) stayed in use by another "
+                    f"process for {self.wait_s:.0f} s: a process of the job keeps it open (a Store object, "
+                    "or a save still running)"
+                )
+            time.sleep(0.02)
+
+    def release(self, store: Store) -> None:
+        """Gives back a store from :meth:`open`; the last user of it in this process closes it."""
+        with _OPEN_LOCK:
+            for key, ent in list(_OPEN.items()):
+                if ent[0] is store:
+                    ent[1] -= 1
+                    if ent[1] == 0:
+                        del _OPEN[key]
+                        store.close()
+                    return
+
+
+#: The stores open through templates in this process: specs -> [Store, users].
+_OPEN: Dict[Tuple[str, ...], List[Any]] = {}
+_OPEN_LOCK = threading.Lock()
+
+
+def _stores_of(
+    store: StoreArg,
+    create: bool,
+    open_options: Optional[Dict[str, Any]],
+    format_options: Optional[Dict[str, Any]],
+    wait_s: float,
+) -> Tuple[Optional[Store], Optional[_RankStores]]:
+    if isinstance(store, Store):
+        return store, None
+    if isinstance(store, (str, list, tuple)):
+        return None, _RankStores(
+            list(store) if isinstance(store, tuple) else store,
+            create=create,
+            open_options=open_options,
+            format_options=format_options,
+            wait_s=wait_s,
+        )
+    raise TypeError(f"store must be a vfpoll.Store or a spec template with {{rank}}, not {type(store).__name__}")
+
+
+def _meta(kind: str) -> bytes:
+    return json.dumps({"v": META_VERSION, "kind": kind}).encode()
 
 
 class StoreWriter(StorageWriter, BlockingAsyncStager):
     """A ``torch.distributed.checkpoint`` storage writer that writes one version of checkpoint
-    ``name`` of a vfpoll store: ``write_data`` puts every tensor (from its device, CUDA
-    included) and byte item as an entry; ``finish`` adds DCP's metadata and commits, so the
-    DCP checkpoint appears whole or not at all.
+    ``name``: ``write_data`` puts every tensor (from its device, CUDA included) and byte item as
+    an entry; ``finish`` adds DCP's metadata and commits, so that the DCP checkpoint appears
+    whole or not at all.
+
+    ``store`` is either
+
+    * a :class:`vfpoll.Store`: one process (world size 1) writes it; or
+    * a spec template with ``{rank}``, e.g. ``"file:/data/ckpt/rank{rank}.img?size=64G"`` (or a
+      list of such specs): one store per rank of a job, opened by the rank when it writes and
+      closed after. Each rank commits its items as a version of ``name`` in its own store;
+      the coordinator (rank 0) commits its own items together with DCP's metadata, which names
+      the version of every other rank's items, so that the checkpoint exists once, and only
+      once, that last commit is durable: versions of other ranks that no committed metadata
+      names (a save that failed on its way) are never read, and ``keep_last`` deletes them.
+      ``create`` (default on) formats a ``file:`` store whose file does not exist yet, with
+      ``format_options`` (e.g. ``{"chunk_size": 4 << 20}``); ``open_options`` go to
+      :meth:`Store.open`.
+
+    ``keep_last=N`` (template mode) keeps the newest N checkpoints of ``name`` after each
+    save and deletes the rest in every rank's store (the coordinator right after its commit,
+    the others at the next save, when the coordinator tells them which versions are still
+    named).
 
     For ``dcp.async_save`` it is also the stager (like ``FileSystemWriter``): the state dict is
     copied into host memory; with ``cache_staged_state_dict`` (default where CUDA is available)
     that is pinned memory, kept and reused by the next ``async_save`` through the same writer,
     so that training is blocked only for the copy (``False`` gives the memory back after each
-    save).
-
-    ``checkpoint_id`` (of ``dcp.save``) overrides ``name``. One process writes a store; in a job
-    of several ranks, each rank needs a store of its own.
+    save). ``checkpoint_id`` (of ``dcp.save``) overrides ``name``.
     """
 
     def __init__(
-        self, store: Store, name: Optional[str] = None, *, cache_staged_state_dict: Optional[bool] = None
+        self,
+        store: StoreArg,
+        name: Optional[str] = None,
+        *,
+        cache_staged_state_dict: Optional[bool] = None,
+        keep_last: Optional[int] = None,
+        create: bool = True,
+        open_options: Optional[Dict[str, Any]] = None,
+        format_options: Optional[Dict[str, Any]] = None,
+        wait_s: float = DEFAULT_WAIT_S,
     ) -> None:
         StorageWriter.__init__(self)
         if cache_staged_state_dict is None:
             cache_staged_state_dict = torch.cuda.is_available()  # pinned memory needs CUDA
         BlockingAsyncStager.__init__(self, cache_staged_state_dict=cache_staged_state_dict)
-        self.store = store
+        if keep_last is not None and keep_last < 1:
+            raise ValueError(f"keep_last={keep_last}: keep at least the checkpoint just written (1)")
+        self.store, self._stores = _stores_of(store, create, open_options, format_options, wait_s)
         self.name = name
+        self.keep_last = keep_last
         self.save_id = uuid.uuid4().hex
         self._writer: Any = None
+        self._open: Optional[Store] = None
         self._version: Optional[int] = None
+        self._rank = 0
+        self._coordinator = True
 
     @property
     def version(self) -> Optional[int]:
-        """The version id of the last committed save."""
+        """The version id of the last committed save (of this rank's store)."""
         return self._version
+
+    def _abort(self) -> None:
+        if self._writer is not None:
+            self._writer.abort()
+            self._writer = None
+        self._release()
+
+    def _release(self) -> None:
+        if self._open is not None and self._stores is not None:
+            self._stores.release(self._open)
+        self._open = None
+
+    def _my_store(self) -> Store:
+        if self._stores is None:
+            return self.store
+        if self._open is None:
+            self._open = self._stores.open(self._rank)
+        return self._open
 
     def reset(self, checkpoint_id: Any = None) -> None:
         if checkpoint_id:
             self.name = str(checkpoint_id)
         self.save_id = uuid.uuid4().hex
-        if self._writer is not None:
-            self._writer.abort()
-            self._writer = None
+        self._abort()
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         if not self.name:
             raise ValueError("StoreWriter needs a checkpoint name: StoreWriter(store, name) or checkpoint_id=")
+        rank, world = _dist_rank_world()
+        if kwargs.get("rank") is not None:
+            rank = int(kwargs["rank"])
+        self._rank, self._coordinator = rank, bool(is_coordinator)
+        if self._stores is None and world > 1 and kwargs.get("use_collectives", True):
+            raise ValueError(
+                f"StoreWriter(store) in a job of {world} ranks: a store is open in one process at a time; "
+                "give a spec template with {rank} instead (e.g. 'file:/data/ckpt/rank{rank}.img?size=64G'), "
+                "one store per rank"
+            )
+        if self._stores is not None and world > 1 and not self._stores.per_rank():
+            raise ValueError(f"the store template {self._stores.template} has no {{rank}}: {world} ranks would share one store")
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         return plan
@@ -342,47 +543,109 @@ class StoreWriter(StorageWriter, BlockingAsyncStager):
     def prepare_global_plan(self, plans: List[SavePlan]) -> List[SavePlan]:
         import dataclasses
 
-        return [dataclasses.replace(p, storage_data=f"__{i}_") for i, p in enumerate(plans)]
+        keep: Dict[int, List[int]] = {}
+        if self._stores is not None and self.keep_last is not None:
+            keep = self._named_versions()
+        return [
+            dataclasses.replace(p, storage_data={"prefix": f"__{i}_", "keep": keep.get(i)})
+            for i, p in enumerate(plans)
+        ]
+
+    def _named_versions(self) -> Dict[int, List[int]]:
+        """Per rank, the versions of ``name`` that the coordinator's committed checkpoints name."""
+        named: Dict[int, List[int]] = {}
+        store = self._my_store()
+        s = store._s
+        try:
+            versions = [v.id for v in store.versions(str(self.name))]
+        except NotFoundError:
+            return named
+        for v in versions:
+            entries = {e.name: e for e in s.entries(str(self.name), v)}
+            if DCP_METADATA not in entries:
+                continue
+            raw = bytearray(entries[DCP_METADATA].size)
+            s.read_many(str(self.name), v, [(DCP_METADATA, raw)], True)
+            md = pickle.loads(bytes(raw))
+            for loc in (md.storage_data or {}).values():
+                if isinstance(loc, tuple) and loc[1] is not None:
+                    named.setdefault(int(loc[0]), []).append(int(loc[1]))
+        return named
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> "Future[List[WriteResult]]":
-        prefix = plan.storage_data or "__0_"
+        sd = plan.storage_data
+        prefix = sd.get("prefix", "__0_") if isinstance(sd, dict) else (sd or "__0_")
+        store = self._my_store()
+        if self._stores is not None and not self._coordinator and isinstance(sd, dict) and sd.get("keep") is not None:
+            self._collect(store, set(sd["keep"]))
         if self._writer is None:
-            self._writer = self.store.begin(str(self.name))
-        results = []
+            self._writer = store.begin(str(self.name))
+        entries: List[Tuple[Any, str, int]] = []
         tensors = []
-        for i, item in enumerate(plan.items):
-            entry = f"{prefix}{i}"
-            data = planner.resolve_data(item)
-            if item.type == WriteItemType.BYTE_IO:
-                buf = data.getvalue() if isinstance(data, io.BytesIO) else bytes(data)
-                self._writer.put(entry, buf, json.dumps({"v": META_VERSION, "kind": "bytes"}).encode())
-                size = len(buf)
-            else:
-                t = data.detach()
-                tensors.append((entry, t))
-                size = t.numel() * t.element_size()
-            results.append(WriteResult(index=item.index, size_in_bytes=size, storage_data=entry))
-        _sync({t.device for _, t in tensors})
-        for entry, t in tensors:
-            self._writer.put(entry, _bytes_view(t), _tensor_meta(t))
+        try:
+            for i, item in enumerate(plan.items):
+                entry = f"{prefix}{i}"
+                data = planner.resolve_data(item)
+                if item.type == WriteItemType.BYTE_IO:
+                    buf = data.getvalue() if isinstance(data, io.BytesIO) else bytes(data)
+                    self._writer.put(entry, buf, _meta("bytes"))
+                    size = len(buf)
+                else:
+                    t = data.detach()
+                    tensors.append((entry, t))
+                    size = t.numel() * t.element_size()
+                entries.append((item.index, entry, size))
+            _sync({t.device for _, t in tensors})
+            for entry, t in tensors:
+                self._writer.put(entry, _bytes_view(t), _tensor_meta(t))
+            version = None
+            if self._stores is not None and not self._coordinator:
+                # This rank's items are durable before the coordinator's commit names them.
+                w, self._writer = self._writer, None
+                version = w.commit()
+                self._version = version
+                self._release()
+        except BaseException:
+            self._abort()
+            raise
+        if self._stores is None:
+            results = [WriteResult(index=ix, size_in_bytes=n, storage_data=e) for ix, e, n in entries]
+        else:
+            results = [WriteResult(index=ix, size_in_bytes=n, storage_data=(self._rank, version, e)) for ix, e, n in entries]
         fut: Future = Future()
         fut.set_result(results)
         return fut
 
+    def _collect(self, store: Store, keep: set) -> None:
+        """Deletes this rank's versions of ``name`` that no kept checkpoint names."""
+        try:
+            versions = [v.id for v in store.versions(str(self.name))]
+        except NotFoundError:
+            return
+        for v in versions:
+            if v not in keep:
+                store.delete(str(self.name), v)
+
     def finish(self, metadata: Metadata, results: List[List[WriteResult]]) -> None:
         import dataclasses
 
-        storage_md = {}
-        for wr_list in results:
-            storage_md.update({wr.index: wr.storage_data for wr in wr_list})
-        metadata = dataclasses.replace(metadata) if dataclasses.is_dataclass(metadata) else metadata
-        metadata.storage_data = storage_md
-        metadata.storage_meta = self.storage_meta()
-        if self._writer is None:
-            self._writer = self.store.begin(str(self.name))
-        self._writer.put(DCP_METADATA, pickle.dumps(metadata), json.dumps({"v": META_VERSION, "kind": "pickle"}).encode())
-        w, self._writer = self._writer, None
-        self._version = w.commit()
+        try:
+            storage_md = {}
+            for wr_list in results:
+                storage_md.update({wr.index: wr.storage_data for wr in wr_list})
+            metadata = dataclasses.replace(metadata) if dataclasses.is_dataclass(metadata) else metadata
+            metadata.storage_data = storage_md
+            metadata.storage_meta = self.storage_meta()
+            store = self._my_store()
+            if self._writer is None:
+                self._writer = store.begin(str(self.name))
+            self._writer.put(DCP_METADATA, pickle.dumps(metadata), _meta("pickle"))
+            w, self._writer = self._writer, None
+            self._version = w.commit()
+            if self.keep_last is not None:
+                store.keep_last(str(self.name), self.keep_last)
+        finally:
+            self._abort()
 
     def storage_meta(self) -> Optional[StorageMeta]:
         return StorageMeta(checkpoint_id=self.name, save_id=self.save_id)
@@ -399,18 +662,33 @@ class StoreWriter(StorageWriter, BlockingAsyncStager):
 class StoreReader(StorageReader):
     """A ``torch.distributed.checkpoint`` storage reader for checkpoints written by
     :class:`StoreWriter`: reads a version (default: the newest at ``read_metadata``) of
-    checkpoint ``name``. A tensor whose whole saved chunk is wanted is read straight into its
-    destination (a CUDA tensor too); a slice of one (resharding) goes through host memory."""
+    checkpoint ``name``. ``store`` is what the writer was given: a :class:`vfpoll.Store`, or the
+    same spec template with ``{rank}`` (then each rank opens the stores that hold what it loads,
+    one at a time, its own first, waiting while another rank has one open; the number of ranks
+    may differ from the save's, as far as DCP allows: resharding of DTensors, or a
+    single process loading a whole checkpoint). A tensor whose whole saved chunk is wanted is
+    read straight into its destination (a CUDA tensor too); a slice of one (resharding) goes
+    through host memory."""
 
-    def __init__(self, store: Store, name: Optional[str] = None, *, version: Optional[int] = None, verify: bool = True) -> None:
+    def __init__(
+        self,
+        store: StoreArg,
+        name: Optional[str] = None,
+        *,
+        version: Optional[int] = None,
+        verify: bool = True,
+        open_options: Optional[Dict[str, Any]] = None,
+        wait_s: float = DEFAULT_WAIT_S,
+    ) -> None:
         super().__init__()
-        self.store = store
+        self.store, self._stores = _stores_of(store, False, open_options, None, wait_s)
         self.name = name
         self.version = version
         self.verify = verify
-        self.storage_data: Dict[MetadataIndex, str] = {}
+        self.storage_data: Dict[MetadataIndex, Any] = {}
         self._entries: Dict[str, Any] = {}
         self._pinned: Optional[int] = None
+        self._rank = 0
         self.load_id = uuid.uuid4().hex
 
     def reset(self, checkpoint_id: Any = None) -> None:
@@ -421,19 +699,32 @@ class StoreReader(StorageReader):
             self.name = str(checkpoint_id)
         self.load_id = uuid.uuid4().hex
 
+    def _with_store(self, rank: Optional[int], fn: Callable[[Store], Any]) -> Any:
+        if self._stores is None:
+            return fn(self.store)
+        s = self._stores.open(rank or 0)
+        try:
+            return fn(s)
+        finally:
+            self._stores.release(s)
+
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         if not self.name:
             raise ValueError("StoreReader needs a checkpoint name: StoreReader(store, name) or checkpoint_id=")
-        s = self.store._s
-        self._pinned = s.resolve_version(self.name, self.version)
-        self._entries = {e.name: e for e in s.entries(self.name, self._pinned)}
-        if DCP_METADATA not in self._entries:
-            raise NotFoundError(
-                f"checkpoint {self.name!r} version {self._pinned} was not written by StoreWriter (no {DCP_METADATA!r} entry)"
-            )
-        raw = bytearray(self._entries[DCP_METADATA].size)
-        s.read_many(self.name, self._pinned, [(DCP_METADATA, raw)], self.verify)
-        metadata = pickle.loads(bytes(raw))
+
+        def read(store: Store) -> Any:
+            s = store._s
+            self._pinned = s.resolve_version(self.name, self.version)
+            self._entries = {e.name: e for e in s.entries(self.name, self._pinned)}
+            if DCP_METADATA not in self._entries:
+                raise NotFoundError(
+                    f"checkpoint {self.name!r} version {self._pinned} was not written by StoreWriter (no {DCP_METADATA!r} entry)"
+                )
+            raw = bytearray(self._entries[DCP_METADATA].size)
+            s.read_many(self.name, self._pinned, [(DCP_METADATA, raw)], self.verify)
+            return pickle.loads(bytes(raw))
+
+        metadata = self._with_store(0, read)
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
@@ -443,6 +734,10 @@ class StoreReader(StorageReader):
         if metadata.storage_data is None:
             raise CorruptError(f"checkpoint {self.name!r}: DCP metadata without storage data")
         self.storage_data = metadata.storage_data
+        rank, _ = _dist_rank_world()
+        if kwargs.get("rank") is not None:
+            rank = int(kwargs["rank"])
+        self._rank = rank
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
         return plan
@@ -450,20 +745,65 @@ class StoreReader(StorageReader):
     def prepare_global_plan(self, plans: List[LoadPlan]) -> List[LoadPlan]:
         return plans
 
+    def _where(self, req: ReadItem) -> Tuple[int, int, str]:
+        loc = self.storage_data[req.storage_index]
+        if isinstance(loc, tuple):
+            rank, version, entry = loc
+            return int(rank), (self._pinned if version is None else int(version)), entry
+        # A checkpoint of one process (a Store, not a template): everything in one version.
+        return 0, self._pinned, loc
+
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> "Future[None]":
-        s = self.store._s
+        groups: Dict[Tuple[int, int], List[Tuple[ReadItem, str]]] = {}
+        for req in plan.items:
+            rank, version, entry = self._where(req)
+            groups.setdefault((rank, version), []).append((req, entry))
+        if self._stores is None:
+            for (_, version), reqs in groups.items():
+                self._read_group(self.store, version, reqs, planner)
+        else:
+            # Own store first, then the others in turn from the next rank on (so that ranks
+            # mostly want different stores at once); a store another rank has open is skipped
+            # for now and tried again after the rest.
+            todo = sorted(groups, key=lambda k: ((k[0] - self._rank) % (1 << 30), k[1]))
+            deadline = time.monotonic() + self._stores.wait_s
+            while todo:
+                progressed = False
+                for key in list(todo):
+                    s = self._stores.try_open(key[0])
+                    if s is None:
+                        continue
+                    try:
+                        self._read_group(s, key[1], groups[key], planner)
+                    finally:
+                        self._stores.release(s)
+                    todo.remove(key)
+                    progressed = True
+                if todo and not progressed:
+                    if time.monotonic() > deadline:
+                        self._stores.open(todo[0][0])  # raises its InUseError
+                    time.sleep(0.02)
+        fut: Future = Future()
+        fut.set_result(None)
+        return fut
+
+    def _read_group(self, store: Store, version: int, reqs: List[Tuple[ReadItem, str]], planner: LoadPlanner) -> None:
+        s = store._s
+        if self._stores is None or version == self._pinned and store is self.store:
+            entries = self._entries
+        else:
+            entries = {e.name: e for e in s.entries(self.name, version)}
         direct: List[Tuple[str, Any]] = []
         commits = []
         staged = []
         devices = set()
-        for req in plan.items:
-            entry = self.storage_data[req.storage_index]
-            e = self._entries.get(entry)
+        for req, entry in reqs:
+            e = entries.get(entry)
             if e is None:
-                raise CorruptError(f"checkpoint {self.name!r} version {self._pinned}: no entry {entry!r}")
+                raise CorruptError(f"checkpoint {self.name!r} version {version}: no entry {entry!r}")
             if req.type == LoadItemType.BYTE_IO:
                 raw = bytearray(e.size)
-                s.read_many(self.name, self._pinned, [(entry, raw)], self.verify)
+                s.read_many(self.name, version, [(entry, raw)], self.verify)
                 planner.load_bytes(req, io.BytesIO(bytes(raw)))
                 continue
             d = describe(e.meta)
@@ -478,13 +818,13 @@ class StoreReader(StorageReader):
             else:
                 src = torch.empty(shape, dtype=_dtype(d["dtype"]))
                 if e.size:
-                    s.read_many(self.name, self._pinned, [(entry, _bytes_view(src))], self.verify)
+                    s.read_many(self.name, version, [(entry, _bytes_view(src))], self.verify)
                 for dim, (off, ln) in enumerate(zip(req.storage_offsets, req.lengths)):
                     src = src.narrow(dim, off, ln)
                 staged.append((req, target, src))
         _sync(devices)
         if direct:
-            s.read_many(self.name, self._pinned, direct, self.verify)
+            s.read_many(self.name, version, direct, self.verify)
         for req, target in commits:
             planner.commit_tensor(req, target)
         for req, target, src in staged:
@@ -492,9 +832,6 @@ class StoreReader(StorageReader):
                 raise CorruptError(f"checkpoint {self.name!r}: {req.storage_index} has size {tuple(src.size())}, wanted {tuple(target.size())}")
             target.copy_(src)
             planner.commit_tensor(req, target)
-        fut: Future = Future()
-        fut.set_result(None)
-        return fut
 
     @property
     def checkpoint_id(self) -> Any:
