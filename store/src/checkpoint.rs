@@ -405,20 +405,28 @@ impl CheckpointTx {
                         &buf
                     }
                 };
+                // Each extent's crc32c is computed by the engine, next to its copy into an
+                // I/O buffer (on a copy thread, while other extents are on the devices).
                 let mut jobs = Vec::with_capacity(j - i);
                 let mut at = 0usize;
                 for &(page, n) in &runs[i..j] {
                     let l = (bytes as usize - at).min(n as usize * PAGE);
-                    let piece = &data[at..at + l];
-                    extents.push(Extent {
+                    jobs.push(Job::Write {
                         page,
-                        len: l as u32,
-                        crc: crc32c(piece),
+                        data: &data[at..at + l],
                     });
-                    jobs.push(Job::Write { page, data: piece });
                     at += l;
                 }
-                self.store.io().run(&mut jobs)?;
+                let crcs = self.store.io().run_crc(&mut jobs)?;
+                for (job, crc) in jobs.iter().zip(crcs) {
+                    if let Job::Write { page, data } = job {
+                        extents.push(Extent {
+                            page: *page,
+                            len: data.len() as u32,
+                            crc,
+                        });
+                    }
+                }
                 off += bytes;
                 i = j;
             }
@@ -880,6 +888,7 @@ impl VersionReader {
                 });
             }
         }
+        let mut crcs: Vec<u32> = Vec::new();
         {
             let mut jobs: Vec<Job<'_>> = Vec::with_capacity(parts.len());
             let mut rest: &mut [u8] = dst;
@@ -907,10 +916,17 @@ impl VersionReader {
                     }
                 }
             }
-            self.store.io().run(&mut jobs)?;
+            // With verify, each extent's crc32c is computed by the engine next to its copy out
+            // of an I/O buffer (on a copy thread, while other extents are still being read).
+            let mut io = self.store.io();
+            if o.verify {
+                crcs = io.run_crc(&mut jobs)?;
+            } else {
+                io.run(&mut jobs)?;
+            }
         }
         // Check, and copy the partial extents' bytes into place.
-        for p in &parts {
+        for (p, &got) in parts.iter().zip(crcs.iter().chain(std::iter::repeat(&0))) {
             let (xs, xe) = (p.ext_start, p.ext_start + p.ext.len as u64);
             let object = || {
                 format!(
@@ -918,34 +934,18 @@ impl VersionReader {
                     self.checkpoint, self.info.id
                 )
             };
+            if o.verify && got != p.ext.crc {
+                return Err(StoreError::Checksum {
+                    object: object(),
+                    page: p.ext.page,
+                    stored: p.ext.crc,
+                    computed: got,
+                });
+            }
             match p.scratch {
-                None => {
-                    if o.verify {
-                        let at = (xs - offset) as usize;
-                        let got = crc32c(&dst[at..at + p.ext.len as usize]);
-                        if got != p.ext.crc {
-                            return Err(StoreError::Checksum {
-                                object: object(),
-                                page: p.ext.page,
-                                stored: p.ext.crc,
-                                computed: got,
-                            });
-                        }
-                    }
-                }
+                None => {}
                 Some(i) => {
                     let s = &scratch[i];
-                    if o.verify {
-                        let got = crc32c(s);
-                        if got != p.ext.crc {
-                            return Err(StoreError::Checksum {
-                                object: object(),
-                                page: p.ext.page,
-                                stored: p.ext.crc,
-                                computed: got,
-                            });
-                        }
-                    }
                     let base = xs + p.skip_pages * PAGE as u64;
                     let from = offset.max(xs);
                     let to = end.min(xe);

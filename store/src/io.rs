@@ -4,14 +4,27 @@
 //! A batch is cut into pieces of at most one chunk (a piece never crosses a chunk, so it lies
 //! on one member); each member gets its own queue of pieces, and the engine keeps every member
 //! busy up to its buffers and queue depth, ringing each device once per round and polling them
-//! all. Data is copied between the caller's memory and the DMA buffers by the CPU.
+//! all. Data is copied between the caller's memory and the DMA buffers by the CPU, and a crc32c
+//! wanted for a piece is computed in the same pass (32 KiB at a time, while the bytes the copy
+//! touched are still in cache), never in a second pass over the caller's memory.
+//!
+//! In a large batch (at least 1 MiB in 4 pieces) the copies run on scoped copy threads
+//! (`Io::copy_threads`) beside the calling thread: the calling thread submits a read as soon
+//! as a buffer is free and hands the full buffer to a copy thread when it completes; a write's
+//! buffer is filled by a copy thread and submitted when it comes back. So the copies and
+//! checksums of some chunks overlap the device I/O of others, and a batch is not held to one
+//! core's copy rate. When the calling thread has nothing to submit or reap it takes copies off
+//! the same queue. Small batches (a KV get at QD1) copy on the calling thread: starting threads
+//! would cost more than the copy.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use crossbeam_channel::{Receiver, Sender};
+
 use crate::device::{Device, DeviceError, IoBuf, IoDone, IoOp};
 use crate::error::StoreError;
-use crate::format::PAGE;
+use crate::format::{crc32c_append, PAGE};
 
 /// Where the logical space is (FORMAT.md §2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,12 +70,14 @@ pub(crate) enum Job<'a> {
 /// A device request of a batch.
 #[derive(Debug, Clone, Copy)]
 struct Piece {
-    job: usize,
+    member: usize,
     dev_off: u64,
-    /// Offset of the piece's data in its job.
-    data_off: usize,
     /// Bytes of data (the request is this rounded up to pages).
     len: usize,
+    write: bool,
+    /// Whether its crc32c is computed next to its copy (the only piece of its job, with a crc
+    /// wanted), continued from `crcs[piece]`.
+    crc: bool,
 }
 
 /// Members and the timeout of a batch.
@@ -70,6 +85,9 @@ pub(crate) struct Io {
     pub members: Vec<Member>,
     pub geo: Geometry,
     pub timeout: Duration,
+    /// Threads that copy and checksum beside the calling thread in a large batch (0: the
+    /// calling thread does it all).
+    pub copy_threads: usize,
 }
 
 impl Io {
@@ -99,6 +117,7 @@ impl Io {
             members,
             geo,
             timeout,
+            copy_threads: 0,
         })
     }
 
@@ -110,122 +129,404 @@ impl Io {
     }
 }
 
+/// Bytes copied, then checksummed, at a time: the crc32c reads what the copy just touched
+/// while it is still in the CPU's cache.
+const STEP: usize = 32 << 10;
+
+/// A run of fewer bytes than this (or of fewer pieces than [`HELP_MIN_PIECES`]) does its
+/// copies on the calling thread: starting copy threads would cost more than they save.
+const HELP_MIN_BYTES: usize = 1 << 20;
+const HELP_MIN_PIECES: usize = 4;
+
+/// A piece's bytes in its job.
+enum Bytes<'a> {
+    Src(&'a [u8]),
+    Dst(&'a mut [u8]),
+}
+
+impl<'a> Bytes<'a> {
+    fn len(&self) -> usize {
+        match self {
+            Bytes::Src(s) => s.len(),
+            Bytes::Dst(d) => d.len(),
+        }
+    }
+
+    fn split(self, n: usize) -> (Bytes<'a>, Bytes<'a>) {
+        match self {
+            Bytes::Src(s) => {
+                let (a, b) = s.split_at(n);
+                (Bytes::Src(a), Bytes::Src(b))
+            }
+            Bytes::Dst(d) => {
+                let (a, b) = d.split_at_mut(n);
+                (Bytes::Dst(a), Bytes::Dst(b))
+            }
+        }
+    }
+}
+
+/// Copy work on one piece's buffer: fill it before a write, or empty it after a read, with
+/// the crc32c of the bytes on the way.
+struct Work<'a> {
+    piece: usize,
+    buf: IoBuf,
+    bytes: Bytes<'a>,
+    /// The crc32c to continue over the bytes, if one is wanted.
+    crc: Option<u32>,
+}
+
+/// Finished copy work.
+struct Worked {
+    piece: usize,
+    buf: IoBuf,
+    crc: u32,
+    result: Result<(), DeviceError>,
+}
+
+impl Work<'_> {
+    fn run(self) -> Worked {
+        let Work {
+            piece,
+            mut buf,
+            bytes,
+            crc,
+        } = self;
+        let mut c = crc.unwrap_or(0);
+        let result = (|| match bytes {
+            Bytes::Src(src) => {
+                let io_len = src.len().next_multiple_of(PAGE);
+                buf.set_len(io_len)?;
+                for (i, part) in src.chunks(STEP).enumerate() {
+                    buf.write(i * STEP, part)?;
+                    if crc.is_some() {
+                        c = crc32c_append(c, part);
+                    }
+                }
+                if io_len > src.len() {
+                    buf.fill(src.len(), io_len - src.len(), 0)?;
+                }
+                Ok(())
+            }
+            Bytes::Dst(dst) => {
+                for (i, part) in dst.chunks_mut(STEP).enumerate() {
+                    buf.read(i * STEP, part)?;
+                    if crc.is_some() {
+                        c = crc32c_append(c, part);
+                    }
+                }
+                Ok(())
+            }
+        })();
+        Worked {
+            piece,
+            buf,
+            crc: c,
+            result,
+        }
+    }
+}
+
+/// The copy threads of one run, and the queue the calling thread may take work from too.
+struct Helpers<'a> {
+    tasks: Sender<Work<'a>>,
+    steal: Receiver<Work<'a>>,
+    done: Receiver<Worked>,
+}
+
 impl Io {
     /// Runs the jobs as one batch over all members.
     pub fn run(&mut self, jobs: &mut [Job<'_>]) -> Result<(), StoreError> {
-        let mut queues: Vec<VecDeque<Piece>> = vec![VecDeque::new(); self.members.len()];
+        self.run_inner(jobs, None).map(drop)
+    }
+
+    /// [`Io::run`], returning the crc32c of each job's bytes (written, or read).
+    pub fn run_crc(&mut self, jobs: &mut [Job<'_>]) -> Result<Vec<u32>, StoreError> {
+        self.run_inner(jobs, Some(&vec![0; jobs.len()]))
+    }
+
+    /// [`Io::run_crc`] with each job's crc32c continued from `seeds[job]` (a crc over bytes
+    /// that precede the job's, as a KV block's key and generation precede its data).
+    ///
+    /// A job of one piece (an extent: at most one chunk, inside one chunk) has its crc
+    /// computed next to its copy, on a copy thread in a large batch; a job of several pieces
+    /// has it computed over its bytes once they are all moved (combining the pieces' crcs
+    /// would cost more than that).
+    pub fn run_crc_seeded(&mut self, jobs: &mut [Job<'_>], seeds: &[u32]) -> Result<Vec<u32>, StoreError> {
+        if seeds.len() != jobs.len() {
+            return Err(StoreError::Internal(format!(
+                "{} crc seeds for {} jobs",
+                seeds.len(),
+                jobs.len()
+            )));
+        }
+        self.run_inner(jobs, Some(seeds))
+    }
+
+    /// Cuts the jobs into pieces of at most one chunk (a piece lies on one member); returns
+    /// them with their bytes and, per job, the index of its first piece (and one past the
+    /// last job's).
+    #[allow(clippy::type_complexity, reason = "three parallel lists, private")]
+    fn plan<'b>(
+        &self,
+        jobs: &'b mut [Job<'_>],
+    ) -> Result<(Vec<Piece>, Vec<Option<Bytes<'b>>>, Vec<usize>), StoreError> {
         let chunk_bytes = self.geo.chunk_pages as usize * PAGE;
-        for (j, job) in jobs.iter().enumerate() {
-            let (page, len) = match job {
-                Job::Write { page, data } => (*page, data.len()),
-                Job::Read { page, dst } => (*page, dst.len()),
+        let mut pieces = Vec::new();
+        let mut bytes = Vec::new();
+        let mut first = Vec::with_capacity(jobs.len() + 1);
+        for job in jobs.iter_mut() {
+            first.push(pieces.len());
+            let (page, mut rest, write) = match job {
+                Job::Write { page, data } => (*page, Bytes::Src(data), true),
+                Job::Read { page, dst } => (*page, Bytes::Dst(dst), false),
             };
+            let len = rest.len();
             if page.saturating_add(len.div_ceil(PAGE) as u64) > self.geo.pages() {
                 return Err(StoreError::Internal(format!(
                     "I/O of {len} bytes at logical page {page} runs past the {} pages of the store",
                     self.geo.pages()
                 )));
             }
-            let mut data_off = 0usize;
             let mut p = page;
-            while data_off < len {
+            while rest.len() > 0 {
                 let in_chunk = (self.geo.chunk_pages - p % self.geo.chunk_pages) as usize * PAGE;
-                let n = (len - data_off).min(in_chunk).min(chunk_bytes);
+                let n = rest.len().min(in_chunk).min(chunk_bytes);
                 let (member, dev_off) = self.geo.locate(p);
-                queues[member].push_back(Piece {
-                    job: j,
+                let (head, tail) = rest.split(n);
+                pieces.push(Piece {
+                    member,
                     dev_off,
-                    data_off,
                     len: n,
+                    write,
+                    crc: false,
                 });
-                data_off += n;
+                bytes.push(Some(head));
+                rest = tail;
                 p += n.div_ceil(PAGE) as u64;
             }
         }
-        let total: usize = queues.iter().map(VecDeque::len).sum();
-        let mut pieces: Vec<Piece> = Vec::with_capacity(total);
-        let mut pending: Vec<VecDeque<usize>> = vec![VecDeque::new(); self.members.len()];
-        for (m, q) in queues.into_iter().enumerate() {
-            for piece in q {
-                pending[m].push_back(pieces.len());
-                pieces.push(piece);
+        first.push(pieces.len());
+        Ok((pieces, bytes, first))
+    }
+
+    fn run_inner(&mut self, jobs: &mut [Job<'_>], seeds: Option<&[u32]>) -> Result<Vec<u32>, StoreError> {
+        let (mut pieces, bytes, first) = self.plan(jobs)?;
+        let mut crcs = vec![0u32; pieces.len()];
+        if let Some(seeds) = seeds {
+            for (j, w) in first.windows(2).enumerate() {
+                if w[1] == w[0] + 1 {
+                    pieces[w[0]].crc = true;
+                    crcs[w[0]] = seeds[j];
+                }
             }
         }
+        let total_bytes: usize = pieces.iter().map(|p| p.len).sum();
+        let helpers = if pieces.len() >= HELP_MIN_PIECES && total_bytes >= HELP_MIN_BYTES {
+            self.copy_threads.min(pieces.len() - 1)
+        } else {
+            0
+        };
+        if helpers == 0 {
+            self.drive(&pieces, bytes, &mut crcs, None)?;
+        } else {
+            std::thread::scope(|s| {
+                let (tasks, steal) = crossbeam_channel::unbounded::<Work<'_>>();
+                let (done_tx, done) = crossbeam_channel::unbounded::<Worked>();
+                for i in 0..helpers {
+                    let (rx, tx) = (steal.clone(), done_tx.clone());
+                    let spawned = std::thread::Builder::new()
+                        .name(format!("vfpoll-store-copy{i}"))
+                        .spawn_scoped(s, move || {
+                            while let Ok(w) = rx.recv() {
+                                if tx.send(w.run()).is_err() {
+                                    break;
+                                }
+                            }
+                        });
+                    if let Err(e) = spawned {
+                        // The calling thread does the copies the missing helpers would have.
+                        log::debug!("cannot start a copy thread: {e}");
+                        break;
+                    }
+                }
+                drop(done_tx);
+                let pool = Helpers { tasks, steal, done };
+                self.drive(&pieces, bytes, &mut crcs, Some(&pool))
+            })?;
+        }
+        let Some(seeds) = seeds else { return Ok(Vec::new()) };
+        Ok(jobs
+            .iter()
+            .zip(first.windows(2))
+            .zip(seeds)
+            .map(|((job, w), &seed)| match (w[1] - w[0], job) {
+                (0, _) => seed,
+                (1, _) => crcs[w[0]],
+                (_, Job::Write { data, .. }) => crc32c_append(seed, data),
+                (_, Job::Read { dst, .. }) => crc32c_append(seed, dst),
+            })
+            .collect())
+    }
+
+    /// Moves the pieces: buffers are filled (by the helpers where there are some, else here),
+    /// submitted, polled, and emptied, with every member kept busy up to its buffers and queue
+    /// depth. Returns once every buffer is back, even after a failure.
+    fn drive<'a>(
+        &mut self,
+        pieces: &[Piece],
+        mut bytes: Vec<Option<Bytes<'a>>>,
+        crcs: &mut [u32],
+        pool: Option<&Helpers<'a>>,
+    ) -> Result<(), StoreError> {
+        let nm = self.members.len();
+        let total = pieces.len();
+        let mut pend: Vec<VecDeque<usize>> = vec![VecDeque::new(); nm];
+        for (i, p) in pieces.iter().enumerate() {
+            pend[p.member].push_back(i);
+        }
+        // Buffers ready to submit (filled for writes, empty for reads), per member.
+        let mut ready: Vec<VecDeque<(usize, IoBuf)>> = (0..nm).map(|_| VecDeque::new()).collect();
+        let mut local: VecDeque<Worked> = VecDeque::new();
+        let mut at_helpers = 0usize;
         let mut finished = 0usize;
         let mut failure: Option<StoreError> = None;
         let mut done: Vec<IoDone> = Vec::with_capacity(64);
         let mut last = Instant::now();
+        let dispatch = |w: Work<'a>, local: &mut VecDeque<Worked>, at_helpers: &mut usize| match pool {
+            Some(p) => match p.tasks.send(w) {
+                Ok(()) => *at_helpers += 1,
+                Err(e) => local.push_back(e.into_inner().run()),
+            },
+            None => local.push_back(w.run()),
+        };
         while finished < total {
             let mut progress = false;
-            for (m, pend) in pending.iter_mut().enumerate() {
-                while failure.is_none() {
-                    let Some(&pi) = pend.front() else { break };
-                    let member = &mut self.members[m];
-                    let Some(mut buf) = member.bufs.pop() else { break };
-                    let piece = pieces[pi];
-                    let io_len = piece.len.next_multiple_of(PAGE);
-                    let prep = buf.set_len(io_len).and_then(|()| match &jobs[piece.job] {
-                        Job::Write { data, .. } => {
-                            buf.write(0, &data[piece.data_off..piece.data_off + piece.len])?;
-                            if io_len > piece.len {
-                                buf.fill(piece.len, io_len - piece.len, 0)?;
+            // Buffers for waiting pieces. Without helpers one write per member is filled per
+            // round, so that the device starts on it while the next one is filled.
+            if failure.is_none() {
+                for m in 0..nm {
+                    while let Some(&pi) = pend[m].front() {
+                        let Some(buf) = self.members[m].bufs.pop() else {
+                            break;
+                        };
+                        pend[m].pop_front();
+                        progress = true;
+                        match bytes[pi].take() {
+                            Some(Bytes::Src(src)) => {
+                                dispatch(
+                                    Work {
+                                        piece: pi,
+                                        buf,
+                                        bytes: Bytes::Src(src),
+                                        crc: pieces[pi].crc.then_some(crcs[pi]),
+                                    },
+                                    &mut local,
+                                    &mut at_helpers,
+                                );
+                                if pool.is_none() {
+                                    break;
+                                }
                             }
-                            Ok(IoOp::Write {
-                                offset: piece.dev_off,
-                                buf,
-                                fua: false,
-                            })
+                            other => {
+                                bytes[pi] = other;
+                                ready[m].push_back((pi, buf));
+                            }
                         }
-                        Job::Read { .. } => Ok(IoOp::Read {
-                            offset: piece.dev_off,
+                    }
+                }
+            }
+            // Finished copies.
+            loop {
+                let w = match local.pop_front() {
+                    Some(w) => w,
+                    None => match pool.map(|p| p.done.try_recv()) {
+                        Some(Ok(w)) => {
+                            at_helpers -= 1;
+                            w
+                        }
+                        _ => break,
+                    },
+                };
+                progress = true;
+                let p = pieces[w.piece];
+                crcs[w.piece] = w.crc;
+                if let Err(e) = w.result {
+                    failure.get_or_insert(StoreError::Internal(format!("copying a buffer: {e}")));
+                }
+                if p.write && failure.is_none() {
+                    ready[p.member].push_back((w.piece, w.buf));
+                } else {
+                    self.members[p.member].bufs.push(w.buf);
+                    finished += 1;
+                }
+            }
+            // Submissions, one doorbell per member.
+            for m in 0..nm {
+                let mut sent = false;
+                while failure.is_none() {
+                    let Some((pi, mut buf)) = ready[m].pop_front() else {
+                        break;
+                    };
+                    let p = pieces[pi];
+                    let op = if p.write {
+                        IoOp::Write {
+                            offset: p.dev_off,
                             buf,
-                        }),
-                    });
-                    let op = match prep {
-                        Ok(op) => op,
-                        Err(e) => {
-                            failure = Some(StoreError::Internal(format!("staging a buffer: {e}")));
+                            fua: false,
+                        }
+                    } else {
+                        if let Err(e) = buf.set_len(p.len.next_multiple_of(PAGE)) {
+                            self.members[m].bufs.push(buf);
+                            finished += 1;
+                            failure = Some(self.dev_err(m, e));
                             break;
                         }
+                        IoOp::Read {
+                            offset: p.dev_off,
+                            buf,
+                        }
                     };
-                    match member.dev.submit(pi as u64, op) {
+                    match self.members[m].dev.submit(pi as u64, op) {
                         Ok(()) => {
-                            pend.pop_front();
+                            sent = true;
                             progress = true;
                         }
                         Err((DeviceError::QueueFull, op)) => {
-                            member
-                                .bufs
-                                .push(op.into_buf().expect("reads and writes have buffers"));
+                            ready[m].push_front((pi, op.into_buf().expect("reads and writes have buffers")));
                             break;
                         }
                         Err((e, op)) => {
-                            member
+                            self.members[m]
                                 .bufs
                                 .push(op.into_buf().expect("reads and writes have buffers"));
-                            failure = Some(StoreError::Device {
-                                device: member.dev.describe(),
-                                source: e,
-                            });
+                            finished += 1;
+                            failure = Some(self.dev_err(m, e));
                         }
                     }
                 }
                 if failure.is_some() {
                     // Pieces never submitted are finished (failed).
-                    finished += pend.len();
-                    pend.clear();
+                    finished += pend[m].len();
+                    pend[m].clear();
+                    for (_, b) in ready[m].drain(..) {
+                        self.members[m].bufs.push(b);
+                        finished += 1;
+                    }
                 }
-                if let Err(e) = self.members[m].dev.kick() {
-                    failure.get_or_insert(self.dev_err(m, e));
+                if sent {
+                    if let Err(e) = self.members[m].dev.kick() {
+                        failure.get_or_insert(self.dev_err(m, e));
+                    }
                 }
             }
-            for m in 0..self.members.len() {
+            // Completions: write buffers go back, read buffers to be emptied.
+            for m in 0..nm {
                 done.clear();
                 self.members[m].dev.poll(&mut done);
                 for d in done.drain(..) {
                     progress = true;
-                    finished += 1;
-                    let Some(piece) = pieces.get(d.tag as usize).copied() else {
+                    let Some(&p) = pieces.get(d.tag as usize) else {
                         failure.get_or_insert(StoreError::Internal(format!(
                             "completion with unknown tag {}",
                             d.tag
@@ -239,21 +540,34 @@ impl Io {
                         });
                     }
                     let Some(buf) = d.buf else {
+                        finished += 1;
                         failure.get_or_insert(StoreError::Internal(format!(
                             "{} kept a buffer it may still write into",
                             self.members[m].dev.describe()
                         )));
                         continue;
                     };
-                    if failure.is_none() {
-                        if let Job::Read { dst, .. } = &mut jobs[piece.job] {
-                            if let Err(e) = buf.read(0, &mut dst[piece.data_off..piece.data_off + piece.len])
-                            {
-                                failure = Some(StoreError::Internal(format!("copying out a buffer: {e}")));
-                            }
+                    let dst = if p.write || failure.is_some() {
+                        None
+                    } else {
+                        bytes[d.tag as usize].take()
+                    };
+                    match dst {
+                        Some(Bytes::Dst(dst)) => dispatch(
+                            Work {
+                                piece: d.tag as usize,
+                                buf,
+                                bytes: Bytes::Dst(dst),
+                                crc: p.crc.then_some(crcs[d.tag as usize]),
+                            },
+                            &mut local,
+                            &mut at_helpers,
+                        ),
+                        _ => {
+                            self.members[m].bufs.push(buf);
+                            finished += 1;
                         }
                     }
-                    self.members[m].bufs.push(buf);
                 }
             }
             if progress {
@@ -266,19 +580,26 @@ impl Io {
                     outstanding: total - finished,
                 });
             }
-            if failure.is_none()
-                && self
-                    .members
-                    .iter()
-                    .all(|mb| mb.bufs.is_empty() && mb.dev.outstanding() == 0)
-            {
-                return Err(StoreError::Internal(
-                    "no I/O buffers left (devices kept them)".into(),
-                ));
+            // Nothing moved: take a copy off the helpers' queue, else wait for the helpers or
+            // the devices.
+            if let Some(p) = pool {
+                if let Ok(w) = p.steal.try_recv() {
+                    at_helpers -= 1;
+                    local.push_back(w.run());
+                    continue;
+                }
             }
-            match self.members.iter_mut().find(|mb| mb.dev.outstanding() > 0) {
-                Some(mb) => mb.dev.wait(Duration::from_millis(1)),
-                None => std::thread::yield_now(),
+            let busy = self.members.iter_mut().find(|mb| mb.dev.outstanding() > 0);
+            match (busy, pool) {
+                (None, Some(p)) if at_helpers > 0 => {
+                    if let Ok(w) = p.done.recv_timeout(Duration::from_millis(1)) {
+                        at_helpers -= 1;
+                        local.push_back(w);
+                    }
+                }
+                (Some(mb), _) if at_helpers == 0 => mb.dev.wait(Duration::from_millis(1)),
+                (Some(_), _) => std::hint::spin_loop(),
+                (None, _) => std::thread::yield_now(),
             }
         }
         match failure {
@@ -286,7 +607,9 @@ impl Io {
             None => Ok(()),
         }
     }
+}
 
+impl Io {
     /// One request on member `m` without a buffer (flush, deallocate), or with one (FUA write,
     /// raw read/write), waited for.
     fn op_wait(&mut self, m: usize, op: IoOp) -> Result<Option<IoBuf>, StoreError> {
@@ -418,5 +741,91 @@ impl Io {
             }
             p += run;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::MemDevice;
+    use crate::format::crc32c;
+
+    fn engine(members: usize, copy_threads: usize) -> Io {
+        let devs: Vec<Box<dyn Device>> = (0..members)
+            .map(|_| Box::new(MemDevice::new(8 << 20, 512, true)) as Box<dyn Device>)
+            .collect();
+        let geo = Geometry {
+            members: members as u32,
+            chunk_pages: 16,
+            chunks_per_member: 40,
+        };
+        let mut io = Io::new(devs, geo, 3, Duration::from_secs(10)).unwrap();
+        io.copy_threads = copy_threads;
+        io
+    }
+
+    /// Writes and reads jobs of odd lengths that cross chunks and members, with and without
+    /// copy threads: the bytes come back, and each job's crc is the crc32c of its bytes.
+    #[test]
+    fn run_moves_bytes_and_computes_crcs() {
+        for copy_threads in [0, 1, 3] {
+            let mut io = engine(2, copy_threads);
+            // Over 1 MiB in all, so that the copy threads take part.
+            let lens = [
+                1usize,
+                4096,
+                70_000,
+                1_100_000,
+                200_000,
+                65_536 * 3 + 5,
+                0,
+                12_345,
+            ];
+            let mut page = 0u64;
+            let mut at = Vec::new();
+            let data: Vec<Vec<u8>> = lens
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| (0..n).map(|b| (b * 7 + i * 13) as u8).collect())
+                .collect();
+            for &n in &lens {
+                at.push(page);
+                page += n.div_ceil(PAGE) as u64 + 3;
+            }
+            let mut jobs: Vec<Job<'_>> = data
+                .iter()
+                .zip(&at)
+                .map(|(d, &page)| Job::Write { page, data: d })
+                .collect();
+            let w = io.run_crc(&mut jobs).unwrap();
+            let want: Vec<u32> = data.iter().map(|d| crc32c(d)).collect();
+            assert_eq!(w, want, "write crcs, {copy_threads} copy threads");
+            let mut back: Vec<Vec<u8>> = lens.iter().map(|&n| vec![0u8; n]).collect();
+            let mut jobs: Vec<Job<'_>> = back
+                .iter_mut()
+                .zip(&at)
+                .map(|(d, &page)| Job::Read { page, dst: d })
+                .collect();
+            let r = io.run_crc(&mut jobs).unwrap();
+            drop(jobs);
+            assert_eq!(r, want, "read crcs, {copy_threads} copy threads");
+            assert_eq!(back, data);
+            // Every buffer is back.
+            assert!(io.members.iter().all(|m| m.bufs.len() == 3));
+        }
+    }
+
+    /// A batch that runs past the store is refused before any I/O.
+    #[test]
+    fn run_refuses_io_past_the_end() {
+        let mut io = engine(1, 1);
+        let end = io.geo.pages();
+        let d = [0u8; 8192];
+        assert!(io
+            .run(&mut [Job::Write {
+                page: end - 1,
+                data: &d
+            }])
+            .is_err());
     }
 }

@@ -13,7 +13,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::error::{Result, StoreError};
-use crate::format::{slot_data_crc, PoolRec, SlotHeader, MAX_BLOCK, MAX_NAME, PAGE, SLOT_HEADER};
+use crate::format::{
+    slot_crc_seed, slot_data_crc, PoolRec, SlotHeader, MAX_BLOCK, MAX_NAME, PAGE, SLOT_HEADER,
+};
 use crate::io::Job;
 use crate::store::{now_ns, Change, Finding, Store};
 
@@ -574,28 +576,40 @@ impl KvPool {
             }
         }
         // Read without the pool lock: a put that reuses a slot meanwhile makes its crc fail.
-        {
-            let mut jobs: Vec<Job<'_>> = Vec::new();
-            for (w, b) in want.iter().zip(bufs.iter_mut()) {
+        // The engine computes each block's crc32c next to its copy out of the I/O buffer (for
+        // a batch, on its copy threads, while other blocks are still being read).
+        let mut crcs = {
+            let mut jobs: Vec<Job<'_>> = Vec::with_capacity(keys.len());
+            let mut seeds: Vec<u32> = Vec::with_capacity(keys.len());
+            for ((w, b), k) in want.iter().zip(bufs.iter_mut()).zip(keys) {
                 if let Some((slot, s)) = w {
                     jobs.push(Job::Read {
                         page: rec.data_page + slot * rec.block_pages(),
                         dst: &mut b[..s.len as usize],
                     });
+                    seeds.push(slot_crc_seed(*k, s.generation));
                 }
             }
-            self.store.io().run(&mut jobs)?;
+            if jobs.is_empty() {
+                Vec::new()
+            } else {
+                self.store.io().run_crc_seeded(&mut jobs, &seeds)?
+            }
         }
+        .into_iter();
         let mut out = Vec::with_capacity(keys.len());
         let mut st = self.shared.lock();
-        for ((k, w), b) in keys.iter().zip(&want).zip(bufs.iter()) {
+        for (k, w) in keys.iter().zip(&want) {
             match w {
                 None => {
                     st.stats.misses += 1;
                     out.push(None);
                 }
                 Some((slot, s)) => {
-                    if slot_data_crc(*k, s.generation, &b[..s.len as usize]) == s.crc {
+                    let crc = crcs
+                        .next()
+                        .ok_or_else(|| StoreError::Internal("a crc per block read".into()))?;
+                    if crc == s.crc {
                         st.stats.hits += 1;
                         out.push(Some(s.len as usize));
                     } else {

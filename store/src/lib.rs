@@ -63,7 +63,10 @@
 //! bursts from several threads are serialised, each at full queue depth over every namespace.
 //! This suits the two workloads (a checkpoint's tensors and a KV batch are big bursts), keeps
 //! each NVMe queue pair on one thread at a time as the driver requires, and needs no I/O
-//! thread of the store's own: the only threads are a transaction's optional background writer
+//! thread of the store's own. Within a large burst, copies between the caller's memory and
+//! the DMA buffers and the crc32c of each extent or block run on scoped copy threads
+//! ([`StoreOptions::copy_threads`]) that live for that burst, overlapped with the devices'
+//! I/O; they never touch a queue pair. The other threads are a transaction's optional background writer
 //! ([`CheckpointTx::background`], which stages puts in host memory and writes them in bursts
 //! like any caller), the reader that runs one window ahead of [`VersionReader::load_device`],
 //! and [`CheckpointTx::commit_async`]'s commit. Commits hold the metadata lock while they write the catalog and the root, so

@@ -36,6 +36,20 @@ pub struct StoreOptions {
     /// offers it, the type1 container otherwise) unless told; VFIO's unsafe no-IOMMU mode only
     /// when asked for ([`Backend::NoIommu`]).
     pub iommu: Backend,
+    /// Threads that copy between the caller's memory and the I/O buffers, and compute or check
+    /// crc32c, beside the calling thread during a large batch (a checkpoint's window, a KV
+    /// batch), so that copies and checksums of some chunks overlap the I/O of others. 0: the
+    /// calling thread does it all (still overlapped with the devices' work). Default: the
+    /// CPUs there are, less one, at most 3 (at least 1).
+    pub copy_threads: usize,
+}
+
+/// The default of [`StoreOptions::copy_threads`].
+fn default_copy_threads() -> usize {
+    std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .saturating_sub(1)
+        .clamp(1, 3)
 }
 
 impl Default for StoreOptions {
@@ -47,6 +61,7 @@ impl Default for StoreOptions {
             queue_depth: 128,
             io_timeout: Duration::from_secs(30),
             iommu: Backend::Auto,
+            copy_threads: default_copy_threads(),
         }
     }
 }
@@ -575,6 +590,7 @@ impl Store {
             chunks_per_member: first.chunks_per_member,
         };
         let mut io = Io::new(devs, geo, opts.io_buffers, opts.io_timeout)?;
+        io.copy_threads = opts.copy_threads;
         let root = read_root(&mut io, &first.uuid)?;
         let (catalog, manifests, alloc) = load_catalog(&mut io, &root, &geo)?;
         let meta = Meta {

@@ -337,10 +337,23 @@ impl Device for UringDevice {
     fn outstanding(&self) -> usize {
         self.inflight.len() - self.free.len()
     }
-    fn wait(&mut self, _timeout: Duration) {
+    fn wait(&mut self, timeout: Duration) {
         if self.outstanding() > 0 {
-            if let Err(e) = self.ring.submit_and_wait(1) {
-                log::debug!("{}: io_uring wait: {e}", self.describe());
+            // With IORING_FEAT_EXT_ARG (Linux 5.11) the wait ends after `timeout` (ETIME) even
+            // if nothing completed, so a caller with other work (copies, other members) is not
+            // held; older kernels wait for a completion.
+            let r = if self.ring.params().is_feature_ext_arg() {
+                let ts = types::Timespec::from(timeout);
+                let args = types::SubmitArgs::new().timespec(&ts);
+                self.ring.submitter().submit_with_args(1, &args)
+            } else {
+                self.ring.submit_and_wait(1)
+            };
+            match r {
+                Err(e) if e.raw_os_error() != Some(libc::ETIME) => {
+                    log::debug!("{}: io_uring wait: {e}", self.describe());
+                }
+                _ => {}
             }
             self.unsubmitted = 0;
         }

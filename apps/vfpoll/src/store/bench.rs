@@ -64,6 +64,9 @@ pub struct BenchArgs {
     /// Seed of the data and the random keys and offsets.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Copy threads of the store (StoreOptions::copy_threads; default: CPUs less one, 1 to 3).
+    #[arg(long)]
+    copy_threads: Option<usize>,
 }
 
 /// One round's figures.
@@ -433,13 +436,16 @@ fn store_phase(
     entry_len: usize,
     rng: &mut Rng,
 ) -> anyhow::Result<()> {
-    let opts = FormatOptions {
+    let mut opts = FormatOptions {
         chunk_size: u32::try_from(a.chunk_size).context("--chunk-size: at most 64M")?,
         label: "vfpoll store bench".into(),
         file_size: None,
         force: true,
         store: a.c.store_options(),
     };
+    if let Some(n) = a.copy_threads {
+        opts.store.copy_threads = n;
+    }
     let store = Store::format_devices(devs, &opts)?;
     let names: Vec<String> = (0..a.entries).map(|i| format!("layers.{i}.weight")).collect();
     let total = src.len() as u64;
