@@ -793,18 +793,23 @@ class StoreReader(StorageReader):
             entries = self._entries
         else:
             entries = {e.name: e for e in s.entries(self.name, version)}
-        direct: List[Tuple[str, Any]] = []
+        # One read_many for everything (its entries are read on several threads at once):
+        # tensors straight into their destination, byte items and slices (resharding) into
+        # host memory first.
+        reads: List[Tuple[str, Any]] = []
+        raws = []
         commits = []
         staged = []
         devices = set()
+        whole_src: Dict[str, torch.Tensor] = {}
         for req, entry in reqs:
             e = entries.get(entry)
             if e is None:
                 raise CorruptError(f"checkpoint {self.name!r} version {version}: no entry {entry!r}")
             if req.type == LoadItemType.BYTE_IO:
                 raw = bytearray(e.size)
-                s.read_many(self.name, version, [(entry, raw)], self.verify)
-                planner.load_bytes(req, io.BytesIO(bytes(raw)))
+                reads.append((entry, raw))
+                raws.append((req, raw))
                 continue
             d = describe(e.meta)
             shape = tuple(d["shape"])
@@ -812,19 +817,24 @@ class StoreReader(StorageReader):
             whole = all(o == 0 for o in req.storage_offsets) and tuple(req.lengths) == shape
             if whole and target.is_contiguous() and target.dtype == _dtype(d["dtype"]) and tuple(target.shape) == shape:
                 if e.size:
-                    direct.append((entry, _bytes_view(target)))
+                    reads.append((entry, _bytes_view(target)))
                 devices.add(target.device)
                 commits.append((req, target))
             else:
-                src = torch.empty(shape, dtype=_dtype(d["dtype"]))
-                if e.size:
-                    s.read_many(self.name, version, [(entry, _bytes_view(src))], self.verify)
+                src = whole_src.get(entry)
+                if src is None:
+                    src = torch.empty(shape, dtype=_dtype(d["dtype"]))
+                    whole_src[entry] = src
+                    if e.size:
+                        reads.append((entry, _bytes_view(src)))
                 for dim, (off, ln) in enumerate(zip(req.storage_offsets, req.lengths)):
                     src = src.narrow(dim, off, ln)
                 staged.append((req, target, src))
         _sync(devices)
-        if direct:
-            s.read_many(self.name, version, direct, self.verify)
+        if reads:
+            s.read_many(self.name, version, reads, self.verify)
+        for req, raw in raws:
+            planner.load_bytes(req, io.BytesIO(bytes(raw)))
         for req, target in commits:
             planner.commit_tensor(req, target)
         for req, target, src in staged:
