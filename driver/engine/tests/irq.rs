@@ -1,62 +1,37 @@
 //! The engine in interrupt mode over the model: workers sleep on their queue pair's eventfd
 //! when a poll finds nothing, and still complete every I/O (verify, counts, several workers).
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use vfpoll_dma::{DmaContext, FakeMapper, PageSize};
-use vfpoll_engine::{split_evenly, Engine, JobSpec, Limit, Namespace, Workload};
-use vfpoll_nvme::{CompletionMode, Controller, ControllerOptions, QpairOptions};
+use vfpoll_engine::{split_evenly, Engine, JobSpec, Limit, Workload};
+use vfpoll_nvme::{CompletionMode, Controller, QpairOptions};
 use vfpoll_nvme_model::{FaultCheck, ModelConfig, NamespaceConfig, NvmeModel};
 
+mod common;
+use common::ns;
+
 fn bring_up(latency: Option<Duration>) -> (FaultCheck, NvmeModel, Controller) {
-    let mapper = Arc::new(FakeMapper::new());
-    let log = Arc::new(vfpoll_nvme_model::FaultLog::new(mapper.clone()));
     let cfg = ModelConfig {
-        namespaces: vec![
+        completion_latency: latency,
+        ..common::config(vec![
             NamespaceConfig::new(1, 512, 8192),
             NamespaceConfig::new(2, 4096, 2048),
-        ],
-        completion_latency: latency,
-        idle_spin: Duration::from_millis(200),
-        ..Default::default()
+        ])
     };
-    let model = NvmeModel::start(cfg, log.clone()).unwrap();
-    let opts = ControllerOptions {
-        page_size: PageSize::Base4K,
-        io_queues: 8,
-        ..Default::default()
-    };
-    let ctrl = Controller::new(model.bar0(), DmaContext::new(mapper), opts).unwrap();
+    let (check, model, ctrl) = common::bring_up(cfg);
     ctrl.use_interrupts(model.msix(9).unwrap()).unwrap();
-    (FaultCheck(log), model, ctrl)
+    (check, model, ctrl)
 }
 
 fn job(workload: Workload, qd: u16, limit: Limit, completion: CompletionMode) -> JobSpec {
     JobSpec {
-        workload,
-        rwmix_read: 70,
-        io_size: 4096,
         queue_depth: qd,
-        limit,
-        warmup: Duration::ZERO,
-        verify: false,
-        breakdown: false,
         seed: 7,
         qpair: QpairOptions {
             completion,
             ..Default::default()
         },
-        buffer_page: PageSize::Base4K,
-    }
-}
-
-fn ns(ctrl: &Controller, nsid: u32, size: Option<u64>) -> Namespace {
-    Namespace {
-        ctrl: ctrl.clone(),
-        device: "model".into(),
-        nsid,
-        size,
+        ..common::job(workload, limit)
     }
 }
 

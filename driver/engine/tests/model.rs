@@ -1,58 +1,28 @@
 //! The engine over the real driver and the in-process NVMe model: counts, mixes, several
 //! workers and namespaces, I/O limits, verify passes and catches lost writes.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use vfpoll_dma::{DmaContext, FakeMapper, PageSize};
 use vfpoll_engine::pattern::Found;
-use vfpoll_engine::{split_evenly, Engine, JobSpec, Limit, Namespace, Workload};
-use vfpoll_nvme::{Controller, ControllerOptions};
-use vfpoll_nvme_model::{Fault, FaultCheck, FaultKind, ModelConfig, NamespaceConfig, NvmeModel, Status};
+use vfpoll_engine::{split_evenly, Engine, JobSpec, Limit, Workload};
+use vfpoll_nvme::Controller;
+use vfpoll_nvme_model::{Fault, FaultCheck, FaultKind, NamespaceConfig, NvmeModel, Status};
+
+mod common;
+use common::ns;
 
 fn bring_up() -> (FaultCheck, NvmeModel, Controller) {
-    let mapper = Arc::new(FakeMapper::new());
-    let log = Arc::new(vfpoll_nvme_model::FaultLog::new(mapper.clone()));
-    let cfg = ModelConfig {
-        namespaces: vec![
-            NamespaceConfig::new(1, 512, 8192),
-            NamespaceConfig::new(2, 4096, 2048),
-        ],
-        idle_spin: Duration::from_millis(200),
-        ..Default::default()
-    };
-    let model = NvmeModel::start(cfg, log.clone()).unwrap();
-    let opts = ControllerOptions {
-        page_size: PageSize::Base4K,
-        io_queues: 8,
-        ..Default::default()
-    };
-    let ctrl = Controller::new(model.bar0(), DmaContext::new(mapper), opts).unwrap();
-    (FaultCheck(log), model, ctrl)
+    common::bring_up(common::config(vec![
+        NamespaceConfig::new(1, 512, 8192),
+        NamespaceConfig::new(2, 4096, 2048),
+    ]))
 }
 
 fn job(workload: Workload, io_size: usize, qd: u16, limit: Limit) -> JobSpec {
     JobSpec {
-        workload,
-        rwmix_read: 70,
         io_size,
         queue_depth: qd,
-        limit,
-        warmup: Duration::ZERO,
-        verify: false,
-        breakdown: false,
-        seed: 42,
-        qpair: Default::default(),
-        buffer_page: PageSize::Base4K,
-    }
-}
-
-fn ns(ctrl: &Controller, nsid: u32, size: Option<u64>) -> Namespace {
-    Namespace {
-        ctrl: ctrl.clone(),
-        device: "model".into(),
-        nsid,
-        size,
+        ..common::job(workload, limit)
     }
 }
 

@@ -6,48 +6,27 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use vfpoll_dma::{DmaContext, FakeMapper, PageSize};
-use vfpoll_engine::{split_evenly, Engine, JobSpec, Limit, Namespace, Workload};
-use vfpoll_nvme::{Controller, ControllerOptions};
-use vfpoll_nvme_model::{FaultLog, ModelConfig, NamespaceConfig, NvmeModel};
+use vfpoll_engine::{split_evenly, Engine, JobSpec, Limit, Workload};
+use vfpoll_nvme_model::{ModelConfig, NamespaceConfig};
+
+mod common;
 
 #[test]
 fn verify_holds_while_the_controller_is_reset_again_and_again() {
-    let mapper = Arc::new(FakeMapper::new());
-    let log = Arc::new(FaultLog::new(mapper.clone()));
     let cfg = ModelConfig {
-        namespaces: vec![NamespaceConfig::new(1, 512, 16384)],
         // I/Os stay in flight long enough for the resets to catch them.
         completion_latency: Some(Duration::from_micros(300)),
-        idle_spin: Duration::from_millis(200),
-        ..Default::default()
+        ..common::config(vec![NamespaceConfig::new(1, 512, 16384)])
     };
-    let model = NvmeModel::start(cfg, log.clone()).unwrap();
-    let opts = ControllerOptions {
-        page_size: PageSize::Base4K,
-        io_queues: 8,
-        ..Default::default()
-    };
-    let ctrl = Controller::new(model.bar0(), DmaContext::new(mapper), opts).unwrap();
-    let space = Namespace {
-        ctrl: ctrl.clone(),
-        device: "model".into(),
-        nsid: 1,
-        size: None,
-    };
+    let (no_stray_dma, _model, ctrl) = common::bring_up(cfg);
+    let space = common::ns(&ctrl, 1, None);
     let workers = split_evenly(&[None, None], &[space], 4096).unwrap();
     let job = JobSpec {
-        workload: Workload::RandWrite,
         rwmix_read: 0,
-        io_size: 4096,
         queue_depth: 32,
-        limit: Limit::Ios(u64::MAX),
-        warmup: Duration::ZERO,
         verify: true,
-        breakdown: false,
         seed: 7,
-        qpair: Default::default(),
-        buffer_page: PageSize::Base4K,
+        ..common::job(Workload::RandWrite, Limit::Ios(u64::MAX))
     };
     let stop = Arc::new(AtomicBool::new(false));
     let (s, c) = (stop.clone(), ctrl.clone());
@@ -84,5 +63,5 @@ fn verify_holds_while_the_controller_is_reset_again_and_again() {
     assert!(queues.iter().all(|q| q.max_gap > Duration::ZERO));
     drop(r);
     drop(ctrl);
-    log.assert_none();
+    no_stray_dma.0.assert_none();
 }

@@ -4,19 +4,18 @@
 //! remainders past the last I/O of a zone are finished, long runs wrap with resets, and what
 //! cannot run on zones is refused with the reason.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use vfpoll_dma::{DmaContext, FakeMapper, PageSize};
 use vfpoll_engine::pattern::Found;
 use vfpoll_engine::{
     split_evenly, Engine, JobSpec, Limit, Namespace, Report, Target, WorkerSpec, Workload, ZoneReport,
 };
-use vfpoll_nvme::{Controller, ControllerOptions};
+use vfpoll_nvme::Controller;
 use vfpoll_nvme_model::{
-    Fault, FaultCheck, FaultKind, ModelConfig, NamespaceConfig, NvmeModel, Status, ZoneInfo, ZoneState,
-    ZonedConfig,
+    Fault, FaultCheck, FaultKind, NamespaceConfig, NvmeModel, Status, ZoneInfo, ZoneState, ZonedConfig,
 };
+
+mod common;
 
 /// Zones of namespace 1: 256 blocks of 4 KiB (1 MiB), 192 writable, as the test bed's.
 const ZONE: u64 = 256;
@@ -24,53 +23,29 @@ const CAP: u64 = 192;
 const ZONES: u64 = 16;
 
 fn bring_up() -> (FaultCheck, NvmeModel, Controller) {
-    let mapper = Arc::new(FakeMapper::new());
-    let log = Arc::new(vfpoll_nvme_model::FaultLog::new(mapper.clone()));
     let mut z = ZonedConfig::new(ZONE);
     z.zone_capacity = CAP;
     z.max_open = 4;
     z.max_active = 6;
-    let cfg = ModelConfig {
-        namespaces: vec![
-            NamespaceConfig::new(1, 4096, ZONE * ZONES).zoned(z),
-            NamespaceConfig::new(2, 4096, 2048),
-        ],
-        idle_spin: Duration::from_millis(200),
-        ..Default::default()
-    };
-    let model = NvmeModel::start(cfg, log.clone()).unwrap();
-    let opts = ControllerOptions {
-        page_size: PageSize::Base4K,
-        io_queues: 8,
-        ..Default::default()
-    };
-    let ctrl = Controller::new(model.bar0(), DmaContext::new(mapper), opts).unwrap();
-    (FaultCheck(log), model, ctrl)
+    common::bring_up(common::config(vec![
+        NamespaceConfig::new(1, 4096, ZONE * ZONES).zoned(z),
+        NamespaceConfig::new(2, 4096, 2048),
+    ]))
 }
 
 fn job(workload: Workload, io_size: usize, qd: u16, verify: bool, seed: u64) -> JobSpec {
     JobSpec {
-        workload,
         rwmix_read: 50,
         io_size,
         queue_depth: qd,
-        limit: Limit::Time(Duration::from_secs(1)),
-        warmup: Duration::ZERO,
         verify,
-        breakdown: false,
         seed,
-        qpair: Default::default(),
-        buffer_page: PageSize::Base4K,
+        ..common::job(workload, Limit::Time(Duration::from_secs(1)))
     }
 }
 
 fn ns(ctrl: &Controller, nsid: u32) -> Namespace {
-    Namespace {
-        ctrl: ctrl.clone(),
-        device: "model".into(),
-        nsid,
-        size: None,
-    }
+    common::ns(ctrl, nsid, None)
 }
 
 fn run(job: JobSpec, workers: Vec<WorkerSpec>) -> Report {
