@@ -102,18 +102,15 @@ mod tests {
         (dir, host, k)
     }
 
-    #[test]
-    fn regions_map_through_the_container_and_unmap_on_drop() {
-        let (_dir, host, k) = bed();
-        let c = Container::open_with(k.clone(), host, IommuMode::Type1).unwrap();
-        let _dev = c.device("0000:00:03.0".parse().unwrap()).unwrap();
-        let ctx = DmaContext::new(c.clone());
+    /// A region of `ctx` is mapped at an IOVA of the fake's window (the container's window
+    /// under type1, the IOAS's ranges under iommufd), and unmapped when dropped.
+    fn maps_in_the_window_and_unmaps_on_drop(k: &FakeVfio, ctx: &DmaContext) {
         assert_eq!(ctx.kind(), MapKind::Iommu);
         let r = ctx.alloc_region(3 * 4096, PageSize::Base4K).unwrap();
         let iova = r.iova().unwrap().get();
         assert!(
             (0x10_0000..0x1000_0000).contains(&iova),
-            "{iova:#x} from the container's window"
+            "{iova:#x} from the window"
         );
         assert_eq!(
             k.with(|st| st.mappings.clone()),
@@ -121,6 +118,15 @@ mod tests {
         );
         drop(r);
         assert!(k.with(|st| st.mappings.is_empty()), "unmapped on drop");
+    }
+
+    #[test]
+    fn regions_map_through_the_container_and_unmap_on_drop() {
+        let (_dir, host, k) = bed();
+        let c = Container::open_with(k.clone(), host, IommuMode::Type1).unwrap();
+        let _dev = c.device("0000:00:03.0".parse().unwrap()).unwrap();
+        let ctx = DmaContext::new(c.clone());
+        maps_in_the_window_and_unmaps_on_drop(&k, &ctx);
         // A refused map surfaces as a DMA error naming the cause, and leaks no IOVA.
         let free = ctx.iova_total_free();
         k.with(|st| st.fail_next_map = Some(libc::ENOMEM));
@@ -152,19 +158,7 @@ mod tests {
         let c = Container::open_with(k.clone(), host, IommuMode::Iommufd).unwrap();
         let dev = c.device("0000:00:03.0".parse().unwrap()).unwrap();
         let ctx = DmaContext::new(c.clone());
-        assert_eq!(ctx.kind(), MapKind::Iommu);
-        let r = ctx.alloc_region(3 * 4096, PageSize::Base4K).unwrap();
-        let iova = r.iova().unwrap().get();
-        assert!(
-            (0x10_0000..0x1000_0000).contains(&iova),
-            "{iova:#x} from the IOAS's ranges"
-        );
-        assert_eq!(
-            k.with(|st| st.mappings.clone()),
-            vec![(iova, 3 * 4096, r.as_ptr() as u64)]
-        );
-        drop(r);
-        assert!(k.with(|st| st.mappings.is_empty()), "unmapped on drop");
+        maps_in_the_window_and_unmaps_on_drop(&k, &ctx);
         // A BAR's mmap: iommufd cannot pin it; the error says so and names type1.
         // SAFETY: a fake device: its BAR is plain memory and starts no DMA.
         let bar = unsafe { dev.map_bar(0) }.unwrap();
