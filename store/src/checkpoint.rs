@@ -9,8 +9,8 @@ use std::thread::JoinHandle;
 use crate::background::{Window, Writer};
 use crate::error::{Result, StoreError};
 use crate::format::{
-    crc32c, encode_blob, BlobKind, CheckpointRec, Entry, Extent, Manifest, VersionRec, MAX_ENTRY_NAME,
-    MAX_META, MAX_NAME, PAGE,
+    copy_crc, crc32c, encode_blob, BlobKind, CheckpointRec, Entry, Extent, Manifest, VersionRec,
+    MAX_ENTRY_NAME, MAX_META, MAX_NAME, PAGE,
 };
 use crate::io::Job;
 use crate::store::{now_ns, Change, Store};
@@ -369,25 +369,27 @@ impl CheckpointTx {
                 if let Some(w) = bg {
                     // Staged: copy the window into host memory, hand it to the writer.
                     let mut data = w.take_buffer(bytes as usize)?;
-                    let filled = match direct {
-                        Some(d) => {
-                            data.copy_from_slice(&d[off as usize..(off + bytes) as usize]);
-                            Ok(())
+                    // Host data is copied and checksummed in one pass (copy_crc); filled data
+                    // is checksummed after its fill.
+                    let src = direct.map(|d| &d[off as usize..(off + bytes) as usize]);
+                    if src.is_none() {
+                        if let Err(e) = fill(off, &mut data) {
+                            w.untake(data);
+                            return Err(e);
                         }
-                        None => fill(off, &mut data),
-                    };
-                    if let Err(e) = filled {
-                        w.untake(data);
-                        return Err(e);
                     }
                     let mut pieces = Vec::with_capacity(j - i);
                     let mut at = 0usize;
                     for &(page, n) in &runs[i..j] {
                         let l = (bytes as usize - at).min(n as usize * PAGE);
+                        let crc = match src {
+                            Some(src) => copy_crc(&mut data[at..at + l], &src[at..at + l]),
+                            None => crc32c(&data[at..at + l]),
+                        };
                         extents.push(Extent {
                             page,
                             len: l as u32,
-                            crc: crc32c(&data[at..at + l]),
+                            crc,
                         });
                         pieces.push((page, at, l));
                         at += l;
