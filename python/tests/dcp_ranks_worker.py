@@ -79,7 +79,12 @@ def main() -> int:
     ok = True
     if scenario == "save":
         w = vt.StoreWriter(template, "ck", open_options=opts, keep_last=keep)
-        dcp.save(state(rank, step), storage_writer=w)
+        if os.environ.get("ASYNC"):
+            # dcp.async_save: staged into host memory here, written on DCP's thread.
+            fut = dcp.async_save(state(rank, step), storage_writer=w)
+            getattr(fut, "upload_completion", fut).result()
+        else:
+            dcp.save(state(rank, step), storage_writer=w)
     elif scenario == "save_fail_commit":
         # The coordinator fails before its commit: the ranks' versions are there, the
         # checkpoint is not.

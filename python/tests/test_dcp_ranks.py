@@ -76,6 +76,9 @@ def test_two_ranks_save_then_load_with_two_and_with_one(tmp_path, device):
     ranks("load", 2, tmp_path, VFPOLL_TEST_DEVICE=device)
     # One process, no process group: reads both ranks' stores.
     ranks("load", 1, tmp_path, VFPOLL_TEST_DEVICE=device, OWNS="0,1")
+    # dcp.async_save, both ranks: the next checkpoint.
+    ranks("save", 2, tmp_path, VFPOLL_TEST_DEVICE=device, STEP=2, ASYNC=1)
+    ranks("load", 2, tmp_path, VFPOLL_TEST_DEVICE=device, STEP=2)
 
 
 def test_reshard_dtensor_from_two_ranks_to_three_and_one(tmp_path):
