@@ -29,7 +29,10 @@
 //! - an accepted I/O command names a namespace of the subsystem, stays inside it, moves
 //!   exactly blocks × block size (at most MDTS), in the capsule only when the capsule holds
 //!   it; Dataset Management ranges parse within the namespace;
-//! - the two decoding paths ([`IoQueue::decode`] and [`Target::io_command`]) agree.
+//! - the two decoding paths ([`IoQueue::decode`] and [`Target::io_command`]) agree;
+//! - a reservation command carries the data its opcode takes, and run through
+//!   [`Target::reservation`] with its in-capsule data it answers a Report with exactly the
+//!   bytes asked for and nothing else with data.
 
 use vfpoll_nvme::cmd::io_op;
 use vfpoll_nvme::status::Status;
@@ -166,7 +169,24 @@ impl Session {
                 if let Some(q) = self.io.as_mut() {
                     let r = q.decode(sqe);
                     let max = q.in_capsule_max();
+                    let cntlid = q.queue().cntlid;
                     self.io_result("IoQueue::decode", sqe, data, max, r);
+                    if let Ok(
+                        req @ IoRequest {
+                            op: IoOp::Reservation(c),
+                            ..
+                        },
+                    ) = r
+                    {
+                        let host = c.data.in_capsule_slice(data).unwrap_or(&[]);
+                        let (st, out) = self.target.reservation(cntlid, &req, host);
+                        match c.data {
+                            DataXfer::ToHost { len } if st.is_success() => {
+                                assert_eq!(out.len(), len as usize)
+                            }
+                            _ => assert!(out.is_empty(), "{req:?} answered {} bytes", out.len()),
+                        }
+                    }
                 }
             }
             op::IO_TARGET => {
@@ -317,6 +337,16 @@ impl Session {
                 inside(slba, n);
             }
             IoOp::Flush => assert_eq!(sqe.opcode(), io_op::FLUSH),
+            IoOp::Reservation(c) => {
+                let want = match sqe.opcode() {
+                    0x0d | 0x11 => 16,
+                    0x15 => 8,
+                    0x0e => (sqe.dw[10] as u64 + 1) * 4,
+                    op => panic!("{what}: opcode {op:#04x} decoded as a reservation command"),
+                };
+                assert_eq!(c.data.len() as u64, want, "{req:?}");
+                assert!(c.data.len() as u64 <= max_transfer);
+            }
             IoOp::DatasetManagement {
                 ranges,
                 data,
