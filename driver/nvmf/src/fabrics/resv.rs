@@ -7,7 +7,7 @@
 //! This module is the per-namespace state machine ([`NsResv`], pure logic, tested against
 //! the specification's tables), the per-controller Reservation Notification log
 //! ([`NoticeLog`], log page 80h), and the per-subsystem cell that I/O queues check without
-//! the target's lock ([`SubsysResv`]). `resv/target.rs` wires them to the [`Target`]
+//! the target's lock (`SubsysResv`). `resv/target.rs` wires them to the [`Target`]
 //! (commands, features, log page, events); `resv/store.rs` keeps the state of namespaces with
 //! Persist Through Power Loss on disk.
 //!

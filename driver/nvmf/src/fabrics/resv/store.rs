@@ -436,6 +436,23 @@ mod tests {
         assert!(parse(extra.as_bytes()).unwrap_err().1.contains("after the end"));
     }
 
+    proptest::proptest! {
+        /// Any bytes, and any valid file with one byte changed, parse or are refused: never a
+        /// panic, and a changed byte is never accepted as the same records.
+        #[test]
+        fn any_bytes_parse_or_are_refused(b in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..600)) {
+            let _ = parse(&b);
+        }
+
+        #[test]
+        fn a_changed_byte_is_caught(i in 0usize..10_000, x in 1u8..=255) {
+            let mut t = render(&sample()).into_bytes();
+            let n = t.len();
+            t[i % n] ^= x;
+            proptest::prop_assert!(parse(&t).is_err());
+        }
+    }
+
     #[test]
     fn saves_atomically_and_opens_back() {
         let dir = std::env::temp_dir().join(format!("vfpoll-resv-store-{}", std::process::id()));
