@@ -783,6 +783,7 @@ impl Target {
         };
         state.publish();
         self.subsystems.insert(id, state);
+        self.resv_attach(id);
         Ok((id, self.discovery_changed()))
     }
 
@@ -792,6 +793,13 @@ impl Target {
         &mut self,
         id: SubsystemId,
     ) -> Result<(Vec<QueueRef>, Vec<AerCompletion>), ConfigError> {
+        let nsids: Vec<u32> = self
+            .subsystems
+            .get(&id)
+            .map_or_else(Vec::new, |s| s.cfg.namespaces.iter().map(|n| n.nsid).collect());
+        for nsid in nsids {
+            self.resv_detach(id, nsid);
+        }
         if self.subsystems.remove(&id).is_none() {
             return Err(ConfigError::NoSuchSubsystem(format!("with ID {}", id.0)));
         }
@@ -979,6 +987,7 @@ impl Target {
         let (nsid, group) = (ns.nsid, ns.ana_group);
         s.cfg.namespaces.push(ns);
         s.publish();
+        self.resv_attach(id);
         Ok(self.namespace_changed(id, nsid, &[group]))
     }
 
@@ -1021,6 +1030,8 @@ impl Target {
                 nsid,
             });
         };
+        self.resv_detach(id, nsid);
+        let s = self.subsys_mut(id)?;
         s.cfg.namespaces.retain(|n| n.nsid != nsid);
         s.health.remove(&nsid);
         s.publish();

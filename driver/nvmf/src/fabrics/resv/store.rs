@@ -137,6 +137,12 @@ impl ResvStore {
         Some(r.state)
     }
 
+    /// Keeps the record of a namespace no longer served (removed by a reload), to be written
+    /// with the others and taken back if it returns.
+    pub(crate) fn keep(&mut self, nqn: &str, nsid: u32, record: Record) {
+        self.pending.insert((nqn.to_owned(), nsid), record);
+    }
+
     /// Writes `served` (the states of served namespaces with PTPL) and the records still
     /// pending, atomically: temporary file, fsync, rename, fsync of the directory.
     pub(crate) fn save(&self, served: &BTreeMap<(String, u32), Record>) -> Result<(), StoreError> {

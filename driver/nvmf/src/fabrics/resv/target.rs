@@ -86,27 +86,58 @@ impl Target {
     /// of such a state is written before its command completes. Records of namespaces not
     /// served stay in the file. The file is rewritten at once (dropping records whose NGUID
     /// no longer matches).
-    pub fn set_reservation_store(&mut self, mut store: ResvStore) -> Result<(), StoreError> {
-        for s in self.subsystems.values() {
-            let mut states = s.cell.resv.lock();
-            for ns in &s.cfg.namespaces {
-                if let Some(st) = store.take(&s.cfg.nqn, ns.nsid, &ns.nguid) {
-                    log::info!(
-                        "namespace {} of {}: reservation state restored ({} registrant(s), {})",
-                        ns.nsid,
-                        s.cfg.nqn,
-                        st.registrants.len(),
-                        st.held
-                            .map_or("no reservation".to_owned(), |h| format!("{:?}", h.rtype))
-                    );
-                    s.cell.resv.store(&mut states, ns.nsid, st);
-                }
-            }
+    pub fn set_reservation_store(&mut self, store: ResvStore) -> Result<(), StoreError> {
+        self.resv.store = Some(store);
+        let ids: Vec<SubsystemId> = self.subsystems.keys().copied().collect();
+        for id in ids {
+            self.resv_attach(id);
         }
         let served = self.ptpl_records(None);
-        store.save(&served)?;
-        self.resv.store = Some(store);
-        Ok(())
+        let saved = self.resv.store.as_ref().map_or(Ok(()), |s| s.save(&served));
+        if saved.is_err() {
+            // No PTPL without a file that takes writes.
+            self.resv.store = None;
+        }
+        saved
+    }
+
+    /// Namespaces of subsystem `id` that came to be served (at start, or added by a reload)
+    /// take the state the file keeps for them, if they have none.
+    pub(crate) fn resv_attach(&mut self, id: SubsystemId) {
+        let (Some(store), Some(s)) = (self.resv.store.as_mut(), self.subsystems.get(&id)) else {
+            return;
+        };
+        let mut states = s.cell.resv.lock();
+        for ns in &s.cfg.namespaces {
+            if states.contains_key(&ns.nsid) {
+                continue;
+            }
+            if let Some(st) = store.take(&s.cfg.nqn, ns.nsid, &ns.nguid) {
+                log::info!(
+                    "namespace {} of {}: reservation state restored ({} registrant(s))",
+                    ns.nsid,
+                    s.cfg.nqn,
+                    st.registrants.len()
+                );
+                s.cell.resv.store(&mut states, ns.nsid, st);
+            }
+        }
+    }
+
+    /// Namespace `nsid` of subsystem `id` stops being served: its state goes, except that one
+    /// with PTPL stays in the file (and comes back with the namespace).
+    pub(crate) fn resv_detach(&mut self, id: SubsystemId, nsid: u32) {
+        let Some(s) = self.subsystems.get(&id) else { return };
+        let mut states = s.cell.resv.lock();
+        let Some(st) = states.get(&nsid).cloned() else {
+            return;
+        };
+        s.cell.resv.store(&mut states, nsid, NsResv::default());
+        drop(states);
+        let nguid = s.namespace(nsid).map(|n| n.nguid);
+        if let (Some(store), Some(nguid), true) = (self.resv.store.as_mut(), nguid, st.ptpl) {
+            store.keep(&s.cfg.nqn, nsid, Record { nguid, state: st });
+        }
     }
 
     /// The namespaces (subsystem NQN and NSID) the state file keeps reservations for that no

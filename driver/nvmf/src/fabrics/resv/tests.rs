@@ -705,5 +705,22 @@ fn persisted_state_survives_a_new_target() {
     t.set_reservation_store(ResvStore::open(&dir).unwrap()).unwrap();
     assert_eq!(t.reservation_state(sid, 1), NsResv::default());
     assert!(t.reservation_state(sid, 2).ptpl);
+    // A reload that removes namespace 2 keeps its PTPL state in the file; adding it back
+    // restores it. Namespace 1 (no PTPL now) loses its state with its removal.
+    let (b, mut qb) = host_b(&mut t);
+    assert_eq!(
+        resv_cmd(&mut t, b, &mut qb, opcode::REGISTER, 0, &keys(0, 0xbb)),
+        Status::SUCCESS
+    );
+    let ns2 = t.subsystem(sid).unwrap().namespaces[1].clone();
+    let ns1 = t.subsystem(sid).unwrap().namespaces[0].clone();
+    t.remove_namespace(sid, 2).unwrap();
+    t.remove_namespace(sid, 1).unwrap();
+    assert_eq!(t.reservations_not_served(), vec![format!("namespace 2 of {SUB}")]);
+    t.add_namespace(sid, ns2).unwrap();
+    t.add_namespace(sid, ns1).unwrap();
+    assert!(t.reservation_state(sid, 2).ptpl);
+    assert_eq!(t.reservation_state(sid, 1), NsResv::default());
+    assert!(t.reservations_not_served().is_empty());
     std::fs::remove_dir_all(&dir).unwrap();
 }
