@@ -598,8 +598,9 @@ impl Io {
                     }
                 }
                 (Some(mb), _) if at_helpers == 0 => mb.dev.wait(Duration::from_millis(1)),
-                (Some(_), _) => std::hint::spin_loop(),
-                (None, _) => std::thread::yield_now(),
+                // Copy threads are busy and so are the devices: let the copy threads (and,
+                // on a loaded machine, whatever else runs) have the CPU rather than spin.
+                (Some(_), _) | (None, _) => std::thread::yield_now(),
             }
         }
         match failure {
