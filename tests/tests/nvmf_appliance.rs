@@ -56,6 +56,9 @@ fn guest_appliance_example_serves_counts_and_limits() {
     std::fs::create_dir_all(&dir).unwrap();
     let config: PathBuf = dir.join("target.toml");
     std::fs::write(&config, EXAMPLE).unwrap();
+    // The example holds DH-HMAC-CHAP secrets: the target reads it only if no one else can.
+    let private = <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o600);
+    std::fs::set_permissions(&config, private).unwrap();
     let mut args = Vec::new();
     if mode() == vfpoll_pci::vfio::IommuMode::NoIommu {
         args.push("--noiommu");

@@ -40,7 +40,7 @@ const EXPECT_FAULT_PREFIX: &str = "guest_expect_iommu_fault_";
 const EXPECT_FAULT_FILE: &str = "expect-iommu-fault";
 /// Test binaries that also boot the guest kernels other than the default (`--kernel`), in
 /// rows of their own.
-const OTHER_KERNEL_BINS: &[&str] = &["foundation", "nvme", "formats"];
+const OTHER_KERNEL_BINS: &[&str] = &["foundation", "nvme", "formats", "nvmf_auth"];
 /// Test binaries that also boot in mode `iommufd`, on the kernels with iommufd (6.12), in rows
 /// of their own.
 const IOMMUFD_BINS: &[&str] = &["foundation", "nvme", "p2p", "unprivileged", "nic"];

@@ -38,6 +38,7 @@ use crate::pdu::{
 use crate::server::{ConnCounters, IoCounters, IoKind, Stats, WorkerMetrics};
 use crate::sys::{self, Piece, MAX_PIECES};
 
+mod auth;
 mod resv;
 mod stage;
 
@@ -688,6 +689,10 @@ impl Conn {
                 }
             }
             return;
+        }
+        // Authentication, and whatever comes before the queue has authenticated (`auth`).
+        if fabrics::is_auth_command(&sqe) || self.queue.as_ref().is_some_and(|q| q.io.is_none()) {
+            return self.auth_command(cx, &sqe, data, head, QueueRef { cntlid, qid });
         }
         self.count(Stats::add_io_command);
         if self.cmds.len() as u32 >= entries || self.cmds.contains_key(&cid) {

@@ -39,6 +39,7 @@
 
 mod admin;
 mod ana;
+mod auth;
 mod config;
 mod controller;
 mod identify;
@@ -54,6 +55,7 @@ mod tests;
 
 pub use admin::{AdminEffect, AdminOutcome};
 pub use ana::{AnaState, ANAGRPMAX, ANATT_SECONDS, ANA_DESCRIPTOR_BYTES, ANA_HEADER_BYTES};
+pub use auth::{is_auth_command, AUTHENTICATION_REQUIRED, AUTHREQ_ATR};
 pub use config::{
     validate_nqn, AdrFam, ConfigError, Listener, NamespaceIds, NamespaceInfo, Subsystem, TargetOptions,
     DEFAULT_MAX_NSID, DISCOVERY_NQN, NQN_MAX,

@@ -379,14 +379,25 @@ impl Shared {
 
     /// The operators' counters now, summed over the workers.
     fn metrics(&self) -> Metrics {
-        let names = {
+        let (names, auth_failures): (_, Vec<_>) = {
             let t = self.target();
-            t.subsystems()
-                .map(|(id, s)| (id, (s.nqn.clone(), t.refused_connects(id))))
-                .collect()
+            (
+                t.subsystems()
+                    .map(|(id, s)| (id, (s.nqn.clone(), t.refused_connects(id))))
+                    .collect(),
+                t.subsystems()
+                    .map(|(id, s)| (s.nqn.clone(), t.auth_failures(id)))
+                    .collect(),
+            )
         };
         let st = self.stats();
-        metrics::collect(&self.metrics, &names, st.active, st.protocol_errors)
+        let mut m = metrics::collect(&self.metrics, &names, st.active, st.protocol_errors);
+        for (nqn, n) in auth_failures {
+            if let Some(s) = m.subsystems.get_mut(&nqn) {
+                s.authentication_failures = n;
+            }
+        }
+        m
     }
 
     /// Worker `worker`'s counters of subsystem `id` (made on first use).
@@ -820,6 +831,20 @@ impl Server {
         let aers = target.set_allowed_hosts(id, hosts)?;
         drop(target);
         self.shared.deliver(aers);
+        Ok(())
+    }
+
+    /// Sets which hosts of subsystem `nqn` must authenticate with DH-HMAC-CHAP, with their
+    /// secrets, at run time: Connects from now on use them.
+    pub fn set_host_auth(
+        &self,
+        nqn: &str,
+        hosts: std::collections::BTreeMap<String, Arc<crate::auth::HostAuth>>,
+    ) -> Result<(), ServerError> {
+        self.check_running()?;
+        let mut target = self.shared.target();
+        let id = subsystem_of(&target, nqn)?;
+        target.set_host_auth(id, hosts)?;
         Ok(())
     }
 

@@ -7,6 +7,7 @@ mod devices;
 mod metrics;
 mod plan;
 mod reload;
+mod secrets;
 
 use std::collections::HashMap;
 use std::io::{IsTerminal, Write};
@@ -54,8 +55,12 @@ power loss, relative to this file). The command line's flags of the same names w
 max_bytes_per_s = \"SIZE\" (limits over all hosts).
 
 [[subsystem.host]]: nqn = \"NQN\" or \"hostid:UUID\"; max_iops = N; max_bytes_per_s = \
-\"SIZE\" (that host's limits over the subsystem); dhchap_secret (reserved: in-band \
-authentication is not built, refused).";
+\"SIZE\" (that host's limits over the subsystem); dhchap_secret = \"DHHC-1:..\" (the host \
+must authenticate with DH-HMAC-CHAP, as `nvme connect --dhchap-secret`; the file must then be \
+chmod 600); dhchap_ctrl_secret = \"DHHC-1:..\" (the controller's secret, for hosts that \
+authenticate it: --dhchap-ctrl-secret); dhchap_hashes = [\"sha256\", \"sha384\", \"sha512\"] \
+and dhchap_dhgroups = [\"ffdhe2048\", \"ffdhe3072\", \"ffdhe4096\", \"ffdhe6144\", \
+\"ffdhe8192\", \"null\"] (allowed, in order of preference; these are the defaults).";
 
 /// Options of `vfpoll target`.
 #[derive(Debug, ClapArgs)]
@@ -81,6 +86,14 @@ pub struct Args {
     /// Allow only these host NQNs (repeat for more); without it every host may connect.
     #[arg(long, value_name = "NQN", conflicts_with = "config")]
     allow_host: Vec<String>,
+    /// Host NQN must authenticate with DH-HMAC-CHAP (in-band authentication) using the
+    /// secret in FILE (`nvme gen-dhchap-key` output; chmod 600); repeat for more hosts.
+    #[arg(long, value_name = "NQN=FILE", conflicts_with = "config")]
+    dhchap_secret: Vec<String>,
+    /// The controller's secret for host NQN (in FILE, chmod 600), which hosts connecting
+    /// with --dhchap-ctrl-secret use to authenticate the target.
+    #[arg(long, value_name = "NQN=FILE", conflicts_with = "config")]
+    dhchap_ctrl_secret: Vec<String>,
     /// Serve what this TOML file describes; SIGHUP reloads it (`--help` lists the keys).
     #[arg(long, value_name = "FILE", long_help = CONFIG_HELP)]
     config: Option<PathBuf>,
@@ -150,7 +163,12 @@ pub fn run(_ctx: &Ctx, a: Args) -> anyhow::Result<ExitCode> {
             &a.malloc,
             a.block_size,
             &a.allow_host,
-        )?,
+        )
+        .and_then(|mut p| {
+            p.subsystems[0].host_auth = secrets::from_args(&a.dhchap_secret, &a.dhchap_ctrl_secret)?;
+            p.check()?;
+            Ok(p)
+        })?,
     };
     let page_size = plan.page_size;
     // Buffers larger than a page span pages behind an IOMMU; without one the plan refused 4 KiB
@@ -459,7 +477,7 @@ mod tests {
                 DOCS.contains(&format!("| `{k}` |")),
                 "docs/target.md's table lacks {k}"
             );
-            let reserved = matches!(k.as_str(), "listener.tls" | "subsystem.host.dhchap_secret");
+            let reserved = matches!(k.as_str(), "listener.tls");
             if reserved {
                 assert!(
                     EXAMPLE.contains(&format!("# {name} = ")),
@@ -492,10 +510,39 @@ mod tests {
         let tls = format!("[[listener]]\naddress = \"127.0.0.1:1\"\ntls = true\n{sub}");
         let e = format!("{:#}", Plan::from_toml(&tls, &Settings::default()).unwrap_err());
         assert!(e.contains("tlshd") && e.contains("Debian 12"), "{e}");
-        let auth = format!(
-            "{sub}[[subsystem.host]]\nnqn = \"nqn.2024-01.io.vfpoll:h\"\ndhchap_secret = \"DHHC-1:00:x:\"\n"
+    }
+
+    /// A file with secrets loads only when no one but its owner can read it; a host with a
+    /// secret must be in allow_hosts where there is one.
+    #[test]
+    fn a_file_with_secrets_must_be_private() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let host = "nqn.2024-01.io.vfpoll:h";
+        let text = format!(
+            "[[subsystem]]\nnqn = \"nqn.2024-01.io.vfpoll:a\"\n[[subsystem.namespace]]\nmalloc = \"1M\"\n[[subsystem.host]]\nnqn = \"{host}\"\ndhchap_secret = \"DHHC-1:00:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:\"\n"
         );
-        let e = format!("{:#}", Plan::from_toml(&auth, &Settings::default()).unwrap_err());
-        assert!(e.contains("not built"), "{e}");
+        let f = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(f.path(), &text).unwrap();
+        std::fs::set_permissions(f.path(), std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = format!(
+            "{:#}",
+            Plan::from_file(f.path(), &Settings::default()).unwrap_err()
+        );
+        assert!(e.contains("chmod 600") && e.contains("0644"), "{e}");
+        std::fs::set_permissions(f.path(), std::fs::Permissions::from_mode(0o600)).unwrap();
+        let p = Plan::from_file(f.path(), &Settings::default()).unwrap();
+        assert!(p.subsystems[0].host_auth.contains_key(host));
+        let listed = text.replace(
+            "[[subsystem.namespace]]",
+            "allow_hosts = [\"nqn.2024-01.io.vfpoll:other\"]\n[[subsystem.namespace]]",
+        );
+        let e = format!(
+            "{:#}",
+            Plan::from_toml(&listed, &Settings::default()).unwrap_err()
+        );
+        assert!(e.contains("not in allow_hosts"), "{e}");
+        let bad = text.replace("KfiaR", "KfiaS");
+        let e = format!("{:#}", Plan::from_toml(&bad, &Settings::default()).unwrap_err());
+        assert!(e.contains("CRC-32"), "{e}");
     }
 }

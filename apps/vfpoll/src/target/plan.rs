@@ -30,17 +30,24 @@
 //! [[subsystem.namespace]]
 //! malloc = "64M"           # or RAM
 //! block_size = 512
+//!
+//! [[subsystem.host]]
+//! nqn = "nqn.2014-08.org.nvmexpress:uuid:..."
+//! dhchap_secret = "DHHC-1:01:...:"       # the host must authenticate (DH-HMAC-CHAP); the
+//! dhchap_ctrl_secret = "DHHC-1:01:...:"  # file must then be chmod 600
 //! ```
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context as _};
 use serde::Deserialize;
 use vfpoll_dma::PageSize;
 use vfpoll_engine::affinity::parse_cores;
+use vfpoll_nvmf::auth::HostAuth;
 use vfpoll_nvmf::fabrics::{validate_nqn, AnaState, Limits, Listener, RateLimit, ANAGRPMAX};
 use vfpoll_nvmf::server::DEFAULT_SPIN;
 use vfpoll_pci::Bdf;
@@ -106,6 +113,8 @@ pub struct SubsystemPlan {
     pub namespaces: Vec<NsPlan>,
     /// Rate limits per host and per namespace.
     pub limits: Limits,
+    /// Hosts that must authenticate (DH-HMAC-CHAP), with their secrets.
+    pub host_auth: BTreeMap<String, Arc<HostAuth>>,
 }
 
 /// Everything the target serves and how.
@@ -202,6 +211,7 @@ impl Plan {
                     })
                     .collect(),
                 limits: Limits::default(),
+                host_auth: BTreeMap::new(),
             }],
             ..Plan::settings(&settings)?
         };
@@ -222,6 +232,9 @@ impl Plan {
                     *d = base.join(&*d);
                 }
             }
+        }
+        if plan.subsystems.iter().any(|s| !s.host_auth.is_empty()) {
+            super::secrets::check_private(path, "it holds DH-HMAC-CHAP secrets")?;
         }
         Ok(plan)
     }
@@ -285,12 +298,22 @@ impl Plan {
         let mut subsystems = Vec::new();
         for s in f.subsystem {
             let mut limits = Limits::default();
+            let mut host_auth = BTreeMap::new();
             for h in &s.host {
                 let what = || format!("subsystem {} host {}", s.nqn, h.nqn);
-                if h.dhchap_secret.is_some() {
-                    bail!("{}: dhchap_secret: in-band authentication (DH-HMAC-CHAP) is not built yet; remove the key (and until then, restrict hosts with allow_hosts on a trusted network)", what());
-                }
                 check_host_name(&h.nqn).map_err(|e| anyhow::anyhow!("{}: {e}", what()))?;
+                let keys = super::secrets::HostKeys {
+                    secret: h.dhchap_secret.as_deref(),
+                    ctrl_secret: h.dhchap_ctrl_secret.as_deref(),
+                    hashes: h.dhchap_hashes.as_deref(),
+                    groups: h.dhchap_dhgroups.as_deref(),
+                };
+                if let Some(a) = super::secrets::host_auth(&keys).with_context(what)? {
+                    if h.nqn.starts_with("hostid:") {
+                        bail!("{}: a host known only by its HOSTID cannot authenticate: DH-HMAC-CHAP proves a host NQN", what());
+                    }
+                    host_auth.insert(h.nqn.clone(), Arc::new(a));
+                }
                 let l = rate_limit(h.max_iops, h.max_bytes_per_s.as_deref())
                     .map_err(|e| anyhow::anyhow!("{}: {e}", what()))?;
                 if limits.hosts.insert(h.nqn.clone(), l).is_some() {
@@ -340,6 +363,7 @@ impl Plan {
                 allowed_hosts: s.allow_hosts,
                 namespaces,
                 limits,
+                host_auth,
             });
         }
         let plan = Plan {
@@ -411,6 +435,13 @@ impl Plan {
             }
             for h in s.allowed_hosts.iter().flatten() {
                 validate_nqn(h).map_err(|e| anyhow::anyhow!("subsystem {}: allowed host: {e}", s.nqn))?;
+            }
+            for h in s.host_auth.keys() {
+                validate_nqn(h)
+                    .map_err(|e| anyhow::anyhow!("subsystem {}: host with a secret: {e}", s.nqn))?;
+                if s.allowed_hosts.as_ref().is_some_and(|a| !a.contains(h)) {
+                    bail!("subsystem {}: host {h} has a DH-HMAC-CHAP secret but is not in allow_hosts; add it there", s.nqn);
+                }
             }
             let mut nsids = BTreeSet::new();
             for n in &s.namespaces {
@@ -519,8 +550,10 @@ struct FileHost {
     nqn: String,
     max_iops: Option<u64>,
     max_bytes_per_s: Option<String>,
-    /// Reserved for DH-HMAC-CHAP in-band authentication, refused until it is built.
     dhchap_secret: Option<String>,
+    dhchap_ctrl_secret: Option<String>,
+    dhchap_hashes: Option<Vec<String>>,
+    dhchap_dhgroups: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]

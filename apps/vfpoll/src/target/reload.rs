@@ -156,6 +156,7 @@ pub fn build_subsystem(
     }
     sub.allowed_hosts = s.allowed_hosts.clone();
     sub.limits = s.limits.clone();
+    sub.host_auth = s.host_auth.clone();
     let mut backends = HashMap::new();
     for ns in &s.namespaces {
         let (info, b) = devices.namespace(&s.nqn, ns, workers)?;
@@ -187,6 +188,18 @@ fn update_subsystem(
                 cur.allowed_hosts = new.allowed_hosts.clone();
             }
             Err(e) => out.failed.push(format!("subsystem {nqn}: allowed hosts: {e}")),
+        }
+    }
+    if cur.host_auth != new.host_auth {
+        match server.set_host_auth(nqn, new.host_auth.clone()) {
+            Ok(()) => {
+                out.applied.push(format!(
+                    "subsystem {nqn}: {} host(s) must authenticate (new Connects)",
+                    new.host_auth.len()
+                ));
+                cur.host_auth = new.host_auth.clone();
+            }
+            Err(e) => out.failed.push(format!("subsystem {nqn}: authentication: {e}")),
         }
     }
     if cur.limits != new.limits {

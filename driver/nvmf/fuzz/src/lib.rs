@@ -1,6 +1,6 @@
 //! # vfpoll-nvmf-fuzz: fuzz targets for the NVMe/TCP target's wire-facing code
 //!
-//! Two targets, each a function that takes any bytes and panics when a property breaks:
+//! Three targets, each a function that takes any bytes and panics when a property breaks:
 //!
 //! - [`pdu::check`] (binary `fuzz_pdu`): a stream of NVMe/TCP PDUs read by
 //!   [`vfpoll_nvmf::pdu`] as a controller (ICReq, CapsuleCmd, H2CData, H2CTermReq) or as a host
@@ -9,7 +9,9 @@
 //! - [`fabrics::check`] (binary `fuzz_fabrics`): a sequence of capsules given to a
 //!   [`vfpoll_nvmf::fabrics::Target`]: Connect (admin and I/O queues), admin and Fabrics
 //!   commands, I/O commands through [`IoQueue::decode`](vfpoll_nvmf::fabrics::IoQueue::decode)
-//!   with their in-capsule data.
+//!   with their in-capsule data;
+//! - [`auth::check`] (binary `fuzz_auth`): DH-HMAC-CHAP messages, one queue's transaction and
+//!   `DHHC-1` secrets through [`vfpoll_nvmf::auth`].
 //!
 //! Built with the `libfuzzer` feature and coverage instrumentation (`cargo xtask fuzz`, which
 //! `cargo xtask test` runs for a bounded time), the binaries are libFuzzer targets on stable
@@ -27,6 +29,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod auth;
 pub mod fabrics;
 pub mod pdu;
 pub mod seeds;
@@ -59,7 +62,7 @@ pub fn planted() -> bool {
 /// A fuzz target: its name (the binary is `fuzz_<name>`), its check and its seeds.
 #[derive(Debug, Clone, Copy)]
 pub struct Target {
-    /// `pdu` or `fabrics`.
+    /// `pdu`, `fabrics` or `auth`.
     pub name: &'static str,
     /// The check: panics when a property breaks.
     pub check: fn(&[u8]),
@@ -79,6 +82,13 @@ pub const FABRICS: Target = Target {
     name: "fabrics",
     check: fabrics::check,
     seeds: seeds::fabrics,
+};
+
+/// The DH-HMAC-CHAP target.
+pub const AUTH: Target = Target {
+    name: "auth",
+    check: auth::check,
+    seeds: auth::seeds,
 };
 
 /// Writes `target`'s seeds into the directory `VFPOLL_FUZZ_SEEDS` names, if it names one (a

@@ -257,6 +257,16 @@ impl Exchange {
         }
     }
 
+    /// Ends the transaction with AUTH_Failure1 (explanation "authentication failed") for a
+    /// reason outside the messages, e.g. a host that must wait after failures.
+    pub fn refuse(&mut self, t_id: u16, why: String) -> Event {
+        self.step = Step::Failure1 {
+            t_id,
+            explanation: explanation::FAILED,
+        };
+        Event::Failed(why)
+    }
+
     fn t_id(&self) -> u16 {
         step_t_id(&self.step).unwrap_or(0)
     }

@@ -164,6 +164,32 @@ mod tests {
         assert!(!format!("{s:?}").contains("AAcO"));
     }
 
+    /// What nvme-cli 2.3 (libnvme 1.3) printed for `nvme gen-dhchap-key --secret=000102...1f
+    /// --hmac=N --nqn NQN`: with hmac 0 the key as given, with hmac 1 the key already through
+    /// HMAC-SHA-256 with the NQN (libnvme's `nvme_gen_dhchap_key`), which is exactly what this
+    /// crate's transformation of the hmac-0 key gives.
+    #[test]
+    fn parses_nvme_cli_output() {
+        let k32: Vec<u8> = (0..32).collect();
+        let raw = Secret::parse("DHHC-1:00:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:").unwrap();
+        assert_eq!(raw.key, k32);
+        let cli = Secret::parse("DHHC-1:01:jWiK0NeSweQjGFEI9c4bjHV792NxG/KQG1mAfCQAiRlmCljm:").unwrap();
+        assert_eq!(cli.transform(), Some(HashId::Sha256));
+        assert_eq!(
+            cli.key,
+            Secret::new(Some(HashId::Sha256), &k32).unwrap().transformed(NQN)
+        );
+        let s48 = Secret::parse(
+            "DHHC-1:02:M0rYNyCyvVmVHDHPqyN1ArhAN83V3IGRVt4sIqz7Y1Mtn38Lich0i9dVYTnM1E7s9DtwRQ==:",
+        )
+        .unwrap();
+        let k48: Vec<u8> = (0..48).collect();
+        assert_eq!(
+            s48.key,
+            HashId::Sha384.hmac(&k48, &[b"nqn.2024-01.io.vfpoll:auth", b"NVMe-over-Fabrics"])
+        );
+    }
+
     #[test]
     fn refuses_malformed_secrets_with_the_reason() {
         let good = "DHHC-1:00:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:";

@@ -121,13 +121,17 @@ impl Target {
     /// Executes an admin command of controller `cntlid`: the completion and the data for
     /// the host, or [`AdminOutcome::Held`] for an Asynchronous Event Request. `in_data` is
     /// the data the command carried (in the capsule or after R2T; see
-    /// [`data_xfer`](super::data_xfer)); no admin command this target implements takes any.
+    /// [`data_xfer`](super::data_xfer)); Authentication Send is the only command that takes any
+    /// ([`Target::authenticate`]).
     ///
     /// A failed command is recorded in the controller's Error Information log. Any command
     /// counts as traffic for the keep-alive timer.
     pub fn admin(&mut self, cntlid: Cntlid, sqe: &Sqe, in_data: &[u8]) -> AdminOutcome {
-        let _ = in_data;
         let cid = sqe.cid();
+        // Before a host that must authenticate has, only authentication (`auth`).
+        if let Some(out) = self.auth_gate(QueueRef { cntlid, qid: 0 }, sqe, in_data) {
+            return out;
+        }
         // Log page 80h and features 82h/83h live with the reservations (`resv`).
         if let Some(out) = self.reservation_admin(cntlid, sqe) {
             return out;
@@ -254,7 +258,8 @@ fn fabrics(cx: &Cx<'_>, ctrl: &mut Controller, sqe: &Sqe) -> Result<Reply, Statu
         }
         // A queue is connected once.
         fctype::CONNECT => Err(status::COMMAND_SEQUENCE_ERROR),
-        // Authentication (never requested: Connect's AUTHREQ is 0) and Disconnect (OFCS 0).
+        // Authentication of a host that needs none (`auth` takes the others), and Disconnect
+        // (OFCS 0).
         _ => Err(Status::INVALID_OPCODE),
     }
 }

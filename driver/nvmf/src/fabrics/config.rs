@@ -340,6 +340,10 @@ pub struct Subsystem {
     pub allowed_hosts: Option<Vec<String>>,
     /// Rate limits per host and per namespace (none by default).
     pub limits: super::qos::Limits,
+    /// Hosts that must authenticate with DH-HMAC-CHAP, by host NQN, with their secrets (none
+    /// by default). Other hosts the subsystem allows connect without authentication: restrict
+    /// them with [`Subsystem::allowed_hosts`].
+    pub host_auth: std::collections::BTreeMap<String, std::sync::Arc<crate::auth::HostAuth>>,
 }
 
 impl Subsystem {
@@ -354,6 +358,7 @@ impl Subsystem {
             namespaces: Vec::new(),
             allowed_hosts: None,
             limits: super::qos::Limits::default(),
+            host_auth: Default::default(),
         }
     }
 
@@ -397,6 +402,9 @@ impl Subsystem {
             for h in hosts {
                 validate_nqn(h)?;
             }
+        }
+        for h in self.host_auth.keys() {
+            validate_nqn(h)?;
         }
         let max = self.max_nsid();
         let mut seen = std::collections::BTreeSet::new();

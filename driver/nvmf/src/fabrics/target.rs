@@ -193,6 +193,8 @@ pub struct Target {
     refused_connects: BTreeMap<SubsystemId, u64>,
     /// Reservations' state file and pending events (`resv`).
     pub(super) resv: super::resv::target::TargetResv,
+    /// In-band authentication (`auth`).
+    pub(super) auth: super::auth::AuthState,
 }
 
 impl Target {
@@ -214,6 +216,7 @@ impl Target {
             ana: AnaPorts::default(),
             refused_connects: BTreeMap::new(),
             resv: Default::default(),
+            auth: Default::default(),
         };
         for l in listeners {
             t.add_listener(l)?;
@@ -304,7 +307,7 @@ impl Target {
         peer: ConnInfo,
     ) -> Result<ConnectOutcome, Cqe> {
         let who = peer.peer.clone();
-        self.connect_checked(sqe, connect_data, peer).map_err(|r| {
+        let mut out = self.connect_checked(sqe, connect_data, peer).map_err(|r| {
             log::warn!(
                 "{who}: Connect refused ({}): {} = {}: {}",
                 r.cqe.status(),
@@ -319,7 +322,10 @@ impl Target {
                     .or_insert(1);
             }
             r.cqe
-        })
+        })?;
+        // A host with a secret must authenticate the queue (AUTHREQ; `auth`).
+        self.auth_connected(&mut out);
+        Ok(out)
     }
 
     /// Connects refused per subsystem since the start (the Connects that named no known
@@ -655,6 +661,10 @@ impl Target {
     /// The decoder of a connected I/O queue (another for the same queue, e.g. after a worker
     /// restarts).
     pub fn io_queue(&self, queue: QueueRef) -> Option<IoQueue> {
+        // None before the queue authenticated (`auth`).
+        if !self.queue_authenticated(queue) {
+            return None;
+        }
         let c = self.controllers.get(&queue.cntlid)?;
         let sid = c.subsystem?;
         c.io_queues.contains(&queue.qid).then(|| {
@@ -673,6 +683,9 @@ impl Target {
     /// that hold the target; errors are logged with SQID FFFFh, the queue not being known).
     pub fn io_command(&self, cntlid: Cntlid, sqe: &Sqe) -> Result<IoRequest, Cqe> {
         let refuse = |st| Err(cqe(sqe.cid(), st, 0));
+        if !self.queue_authenticated(QueueRef { cntlid, qid: 0 }) {
+            return refuse(super::auth::AUTHENTICATION_REQUIRED);
+        }
         let Some(c) = self.controllers.get(&cntlid) else {
             return refuse(status::COMMAND_SEQUENCE_ERROR);
         };
@@ -705,6 +718,7 @@ impl Target {
             if let Some(c) = self.controllers.get_mut(&queue.cntlid) {
                 c.io_queues.remove(&queue.qid);
             }
+            self.auth_forget(queue);
             return Vec::new();
         }
         let mut rest = self.drop_controller(queue.cntlid);
@@ -720,6 +734,7 @@ impl Target {
             return Vec::new();
         };
         c.shared.ready.store(false, std::sync::atomic::Ordering::Release);
+        self.auth_forget(QueueRef { cntlid, qid: 0 });
         log::debug!("controller {} of {} removed", cntlid.0, c.hostnqn);
         std::iter::once(0)
             .chain(c.io_queues.iter().copied())

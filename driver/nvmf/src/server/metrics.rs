@@ -216,7 +216,7 @@ pub struct SubsystemMetrics {
     pub nqn: String,
     /// Connects that named the subsystem and were refused (host not allowed, bad fields).
     pub connect_refusals: u64,
-    /// Failed in-band authentications (always 0: DH-HMAC-CHAP is not built yet).
+    /// Failed in-band authentications (DH-HMAC-CHAP transactions that ended in failure).
     pub authentication_failures: u64,
     /// Per host label: connections.
     pub hosts: BTreeMap<String, HostStats>,
@@ -403,7 +403,7 @@ impl Metrics {
         }
         header(
             &mut o,
-            "vfpoll_nvmf_authentication_failures_total counter Failed in-band authentications (DH-HMAC-CHAP is not built yet: always 0).",
+            "vfpoll_nvmf_authentication_failures_total counter Failed in-band (DH-HMAC-CHAP) authentications.",
         );
         for s in subs.values() {
             let _ = writeln!(
