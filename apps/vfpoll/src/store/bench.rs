@@ -573,6 +573,7 @@ fn report(a: &BenchArgs, members: &[String], rounds: &[Round]) -> anyhow::Result
         "rounds": rounds.len(),
         "raw_depth": a.raw_depth,
         "kv_block": a.kv_block,
+        "copy_threads": a.copy_threads.unwrap_or_else(|| vfpoll_store::StoreOptions::default().copy_threads),
         "raw_seq_write": rate(&|r| r.raw_write),
         "raw_seq_read": rate(&|r| r.raw_read),
         "checkpoint_save": rate(&|r| r.save),
@@ -601,12 +602,14 @@ fn report(a: &BenchArgs, members: &[String], rounds: &[Round]) -> anyhow::Result
         return Ok(ExitCode::SUCCESS);
     }
     println!(
-        "vfpoll store bench: {} over {} namespace(s) ({}), {} entries, {} chunks, {} round(s), medians (min-max)",
+        "vfpoll store bench: {} over {} namespace(s) ({}), {} entries, {} chunks, {} copy thread(s), {} round(s), \
+         medians (min-max)",
         super::human(a.size),
         members.len(),
         members.join(", "),
         a.entries,
         super::human(a.chunk_size),
+        v["copy_threads"],
         rounds.len()
     );
     println!("{:<34} {:>20} {:>10}", "", "GB/s", "CPU s/GB");
