@@ -816,6 +816,40 @@ mod tests {
         }
     }
 
+    /// A device that fails in the middle of a large batch (a power cut: every request from
+    /// then on fails): the batch returns the error, with and without copy threads, and every
+    /// buffer comes back (none is lost to a copy thread or a failed request).
+    #[test]
+    fn a_failure_mid_batch_is_an_error_and_returns_every_buffer() {
+        for copy_threads in [0, 2] {
+            let devs: Vec<MemDevice> = (0..2).map(|_| MemDevice::new(8 << 20, 512, true)).collect();
+            let handles: Vec<_> = devs.iter().map(MemDevice::handle).collect();
+            let devs = devs.into_iter().map(|d| Box::new(d) as Box<dyn Device>).collect();
+            let geo = Geometry {
+                members: 2,
+                chunk_pages: 16,
+                chunks_per_member: 40,
+            };
+            let mut io = Io::new(devs, geo, 3, Duration::from_secs(10)).unwrap();
+            io.copy_threads = copy_threads;
+            let data = vec![5u8; 2 << 20];
+            handles[1].arm_cut(4, 1);
+            let e = io
+                .run_crc(&mut [Job::Write { page: 0, data: &data }])
+                .unwrap_err();
+            assert!(e.to_string().contains("power lost"), "{e}");
+            assert!(io.members.iter().all(|m| m.bufs.len() == 3));
+            let mut back = vec![0u8; 2 << 20];
+            assert!(io
+                .run_crc(&mut [Job::Read {
+                    page: 0,
+                    dst: &mut back
+                }])
+                .is_err());
+            assert!(io.members.iter().all(|m| m.bufs.len() == 3));
+        }
+    }
+
     /// A batch that runs past the store is refused before any I/O.
     #[test]
     fn run_refuses_io_past_the_end() {
