@@ -191,7 +191,8 @@ pub type Notices = Vec<(HostId, Notice)>;
 /// Loss.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NsResv {
-    /// PRGEN: counts Register commands that changed a registration, Preempts and Clears.
+    /// PRGEN: counts successful Register commands, Preempts and Clears (NVMe Base 2.0
+    /// Figure 8.22, Generation).
     pub generation: u32,
     /// The registrants.
     pub registrants: Vec<Registrant>,
@@ -344,7 +345,10 @@ impl NsResv {
         };
         let notices = match action {
             RegisterAction::Register => match self.find(host) {
-                Some(i) if self.registrants[i].key == nrkey => Vec::new(),
+                Some(i) if self.registrants[i].key == nrkey => {
+                    self.generation = self.generation.wrapping_add(1);
+                    Vec::new()
+                }
                 Some(_) => return Err(RESERVATION_CONFLICT),
                 None => {
                     self.registrants.push(Registrant {

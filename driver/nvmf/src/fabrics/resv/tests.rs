@@ -99,11 +99,11 @@ fn register_unregister_and_replace_check_keys() {
     s.register(&A, RegisterAction::Register, false, 0, 7, None)
         .unwrap();
     assert_eq!(s.generation, 1);
-    // Registering again with the same key succeeds and changes nothing; another key is a
-    // conflict.
+    // Registering again with the same key succeeds (and counts, as every successful
+    // Register does); another key is a conflict.
     s.register(&A, RegisterAction::Register, false, 0, 7, None)
         .unwrap();
-    assert_eq!(s.generation, 1);
+    assert_eq!((s.generation, s.key_of(&A)), (2, Some(7)));
     assert_eq!(
         s.register(&A, RegisterAction::Register, false, 0, 8, None),
         Err(RESERVATION_CONFLICT)
@@ -140,7 +140,7 @@ fn register_unregister_and_replace_check_keys() {
     s.register(&A, RegisterAction::Unregister, false, 10, 0, Some(true))
         .unwrap();
     assert!(s.ptpl && s.registrants.is_empty());
-    assert_eq!(s.generation, 4);
+    assert_eq!(s.generation, 5);
 }
 
 #[test]
