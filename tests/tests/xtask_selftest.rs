@@ -9,7 +9,7 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use vfpoll_nvme::cmd::{io_op, Command};
+use vfpoll_nvme::cmd::{io_op, Command, CommandExt as _};
 use vfpoll_nvme::{Controller, ControllerOptions, QpairOptions, RegionBuf};
 use vfpoll_pci::vfio::{Container, IommuMode};
 use vfpoll_tests::{bdf, bind_all, mode, out_dir, reserve_hugepages, NVME_B};

@@ -5,74 +5,8 @@ use crate::dptr::{self, copy_to_host};
 use crate::nsconfig::{NamespaceFormat, PiType, Protection};
 use crate::queue::{Command, Cq, Sq, CQE_SIZE, SQE_SIZE};
 use crate::Status;
-use vfpoll_nvme::regs::off;
-
-/// Admin opcodes (§5, Figure 139).
-pub mod opcode {
-    /// Delete I/O Submission Queue.
-    pub const DELETE_IO_SQ: u8 = 0x00;
-    /// Create I/O Submission Queue.
-    pub const CREATE_IO_SQ: u8 = 0x01;
-    /// Get Log Page.
-    pub const GET_LOG_PAGE: u8 = 0x02;
-    /// Delete I/O Completion Queue.
-    pub const DELETE_IO_CQ: u8 = 0x04;
-    /// Create I/O Completion Queue.
-    pub const CREATE_IO_CQ: u8 = 0x05;
-    /// Identify.
-    pub const IDENTIFY: u8 = 0x06;
-    /// Abort.
-    pub const ABORT: u8 = 0x08;
-    /// Set Features.
-    pub const SET_FEATURES: u8 = 0x09;
-    /// Get Features.
-    pub const GET_FEATURES: u8 = 0x0a;
-    /// Asynchronous Event Request.
-    pub const ASYNC_EVENT_REQUEST: u8 = 0x0c;
-    /// Doorbell Buffer Config.
-    pub const DOORBELL_BUFFER_CONFIG: u8 = 0x7c;
-    /// Format NVM.
-    pub const FORMAT_NVM: u8 = 0x80;
-}
-
-/// Feature identifiers the model knows (§5.27.1, Figure 317).
-pub mod feature {
-    /// Arbitration.
-    pub const ARBITRATION: u8 = 0x01;
-    /// Power Management.
-    pub const POWER_MANAGEMENT: u8 = 0x02;
-    /// Temperature Threshold.
-    pub const TEMPERATURE_THRESHOLD: u8 = 0x04;
-    /// Error Recovery.
-    pub const ERROR_RECOVERY: u8 = 0x05;
-    /// Volatile Write Cache.
-    pub const VOLATILE_WRITE_CACHE: u8 = 0x06;
-    /// Number of Queues.
-    pub const NUMBER_OF_QUEUES: u8 = 0x07;
-    /// Interrupt Coalescing.
-    pub const INTERRUPT_COALESCING: u8 = 0x08;
-    /// Interrupt Vector Configuration.
-    pub const INTERRUPT_VECTOR_CONFIG: u8 = 0x09;
-    /// Write Atomicity Normal.
-    pub const WRITE_ATOMICITY: u8 = 0x0a;
-    /// Asynchronous Event Configuration (bit 8: Namespace Attribute Notices).
-    pub const ASYNC_EVENT_CONFIG: u8 = 0x0b;
-    /// I/O Command Set Profile (index 0 of the Identify I/O Command Set data structure is the
-    /// only combination).
-    pub const IO_COMMAND_SET_PROFILE: u8 = 0x19;
-}
-
-/// Log page identifiers (§5.16.1).
-pub mod log_page {
-    /// Error Information.
-    pub const ERROR_INFORMATION: u8 = 0x01;
-    /// SMART / Health Information.
-    pub const SMART: u8 = 0x02;
-    /// Firmware Slot Information.
-    pub const FIRMWARE_SLOT: u8 = 0x03;
-    /// Changed Namespace List (read clears it; CDW10 bit 15, RAE, keeps the notice masked).
-    pub const CHANGED_NAMESPACE_LIST: u8 = 0x04;
-}
+use vfpoll_nvme_spec::cmd::{admin_op as opcode, feature};
+use vfpoll_nvme_spec::regs::off;
 
 impl Controller {
     /// Executes an admin command.

@@ -205,7 +205,7 @@ impl ModelConfig {
     /// Length of BAR0: the registers and a doorbell pair for the admin queue and each I/O queue.
     pub fn bar0_len(&self) -> usize {
         let doorbells = 2 * (self.max_io_queue_pairs as usize + 1) * self.doorbell_stride();
-        (vfpoll_nvme::regs::off::DOORBELLS + doorbells).next_multiple_of(4096)
+        (vfpoll_nvme_spec::regs::off::DOORBELLS + doorbells).next_multiple_of(4096)
     }
 
     /// Maximum data transfer size in bytes (`None`: no limit).
@@ -239,7 +239,7 @@ impl ModelConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vfpoll_nvme::regs::Cap;
+    use vfpoll_nvme_spec::regs::Cap;
 
     #[test]
     fn cap_decodes_with_the_driver_helpers() {

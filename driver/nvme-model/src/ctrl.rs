@@ -10,7 +10,7 @@ use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Or
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use vfpoll_nvme::regs::{off, Cc};
+use vfpoll_nvme_spec::regs::{off, Cc};
 use vfpoll_pci::mmio::Mmio;
 
 use crate::config::ShutdownBehavior;
@@ -714,7 +714,7 @@ impl Controller {
         }
         sq.advance();
         let head = sq.head as u16;
-        let cmd = Command::from_bytes(&raw);
+        let cmd = Command::from_le_bytes(&raw);
         let op = cmd.opcode();
         let stats = &self.shared.stats;
         bump(if qid == 0 {
@@ -739,7 +739,7 @@ impl Controller {
             return;
         };
         if !status.is_success() {
-            let lba = if qid != 0 { cmd.cdw10_11() } else { 0 };
+            let lba = if qid != 0 { cmd.slba() } else { 0 };
             self.record_error(qid, cmd.cid(), status, lba, cmd.nsid());
             log::debug!(
                 "SQ {qid} command {:#06x} (opcode {op:#04x}) failed: {status}",
@@ -980,7 +980,8 @@ impl Controller {
     /// A namespace's Identify data changed: lists it in the Changed Namespace List and, if
     /// Asynchronous Event Configuration bit 8 allows, raises Namespace Attribute Changed.
     pub(crate) fn namespace_changed(&mut self, nsid: u32) {
-        let notify = self.features[crate::admin::feature::ASYNC_EVENT_CONFIG as usize] & AEC_NS_ATTR != 0;
+        let notify =
+            self.features[vfpoll_nvme_spec::cmd::feature::ASYNC_EVENT_CONFIG as usize] & AEC_NS_ATTR != 0;
         self.events.namespace_changed(nsid, notify);
         if self.state == State::Running {
             self.deliver_events();

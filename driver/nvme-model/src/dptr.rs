@@ -4,6 +4,11 @@
 
 use crate::dma::{DmaFault, Guest, Seg};
 use crate::Status;
+// SGL descriptor types (§4.1.2.1, Figure 89).
+use vfpoll_nvme_spec::cmd::sgl::{
+    BIT_BUCKET as SGL_BIT_BUCKET, DATA_BLOCK as SGL_DATA_BLOCK, LAST_SEGMENT as SGL_LAST_SEGMENT,
+    SEGMENT as SGL_SEGMENT,
+};
 
 /// Which way the data moves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -14,11 +19,6 @@ pub(crate) enum Dir {
     FromHost,
 }
 
-/// SGL descriptor types (§4.1.2.1, Figure 89).
-const SGL_DATA_BLOCK: u8 = 0x0;
-const SGL_BIT_BUCKET: u8 = 0x1;
-const SGL_SEGMENT: u8 = 0x2;
-const SGL_LAST_SEGMENT: u8 = 0x3;
 /// Caps on walking an SGL, so a looping or absurd list cannot hold the controller thread.
 const MAX_SGL_SEGMENTS: usize = 256;
 const MAX_SGL_DESCRIPTORS: usize = 4096;

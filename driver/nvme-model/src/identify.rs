@@ -4,26 +4,21 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 
-use crate::admin::log_page;
 use crate::ctrl::{Controller, ERROR_LOG_ENTRIES, VERSION};
 use crate::events::{AER_LIMIT, CHANGED_LIST_ENTRIES};
 use crate::ns::{Namespace, NsState};
 use crate::queue::Command;
 use crate::Status;
-
-/// Identify CNS values (§5.17.2, Figure 273).
-const CNS_NAMESPACE: u32 = 0x00;
-const CNS_CONTROLLER: u32 = 0x01;
-const CNS_ACTIVE_NS_LIST: u32 = 0x02;
-const CNS_NS_DESCRIPTORS: u32 = 0x03;
-const CNS_CSI_NAMESPACE: u32 = 0x05;
-const CNS_CSI_CONTROLLER: u32 = 0x06;
-const CNS_CSI_ACTIVE_NS_LIST: u32 = 0x07;
-const CNS_IO_COMMAND_SETS: u32 = 0x1c;
-
-/// Command Set Identifiers (§5.17.2, Figure 274): NVM and Zoned Namespace command sets.
-pub(crate) const CSI_NVM: u8 = 0x00;
-pub(crate) const CSI_ZONED: u8 = 0x02;
+// Identify CNS values (§5.17.2, Figure 273).
+use vfpoll_nvme_spec::cmd::cns::{
+    ACTIVE_NS_LIST as CNS_ACTIVE_NS_LIST, ACTIVE_NS_LIST_CSI as CNS_CSI_ACTIVE_NS_LIST,
+    CONTROLLER as CNS_CONTROLLER, CONTROLLER_CSI as CNS_CSI_CONTROLLER,
+    IO_COMMAND_SETS as CNS_IO_COMMAND_SETS, NAMESPACE as CNS_NAMESPACE, NAMESPACE_CSI as CNS_CSI_NAMESPACE,
+    NS_DESCRIPTORS as CNS_NS_DESCRIPTORS,
+};
+use vfpoll_nvme_spec::cmd::log_page;
+// Command Set Identifiers (§5.17.2, Figure 274): NVM and Zoned Namespace command sets.
+pub(crate) use vfpoll_nvme_spec::zns::{CSI_NVM, CSI_ZONED};
 /// Namespace Identification Descriptor types (Figure 279): NGUID, Command Set Identifier.
 const NIDT_NGUID: u8 = 0x02;
 const NIDT_CSI: u8 = 0x04;
@@ -176,9 +171,9 @@ impl Controller {
         let len = numd * 4;
         let offset = cmd.cdw(12) as u64 | (cmd.cdw(13) as u64) << 32;
         let log_len = match lid {
-            log_page::ERROR_INFORMATION => 64 * ERROR_LOG_ENTRIES,
+            log_page::ERROR => 64 * ERROR_LOG_ENTRIES,
             log_page::SMART | log_page::FIRMWARE_SLOT => 512,
-            log_page::CHANGED_NAMESPACE_LIST => 4 * CHANGED_LIST_ENTRIES,
+            log_page::CHANGED_NS_LIST => 4 * CHANGED_LIST_ENTRIES,
             _ => return Status::INVALID_LOG_PAGE,
         };
         if !offset.is_multiple_of(4) || offset >= log_len as u64 || len > self.buf.len() {
@@ -191,9 +186,9 @@ impl Controller {
         let end = len.max(log_len);
         self.buf[..end].fill(0);
         match lid {
-            log_page::ERROR_INFORMATION => self.error_log(),
+            log_page::ERROR => self.error_log(),
             log_page::SMART => self.smart_log(),
-            log_page::CHANGED_NAMESPACE_LIST => {
+            log_page::CHANGED_NS_LIST => {
                 // RAE, Retain Asynchronous Event: CDW10 bit 15.
                 let rae = cmd.cdw(10) & 1 << 15 != 0;
                 self.events.take_changed_list(rae, &mut self.buf[..log_len]);

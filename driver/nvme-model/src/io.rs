@@ -8,28 +8,7 @@ use crate::pi::{self, PiArgs};
 use crate::queue::Command;
 use crate::zns::{action, DESCRIPTOR, REPORT_HEADER};
 use crate::Status;
-
-/// I/O opcodes (NVM Command Set 1.0 §3, Figure 17; ZNS 1.1 §4, Figure 29).
-pub mod opcode {
-    /// Flush.
-    pub const FLUSH: u8 = 0x00;
-    /// Write.
-    pub const WRITE: u8 = 0x01;
-    /// Read.
-    pub const READ: u8 = 0x02;
-    /// Compare.
-    pub const COMPARE: u8 = 0x05;
-    /// Write Zeroes.
-    pub const WRITE_ZEROES: u8 = 0x08;
-    /// Dataset Management.
-    pub const DATASET_MANAGEMENT: u8 = 0x09;
-    /// Zone Management Send (zoned namespaces).
-    pub const ZONE_MANAGEMENT_SEND: u8 = 0x79;
-    /// Zone Management Receive (zoned namespaces).
-    pub const ZONE_MANAGEMENT_RECEIVE: u8 = 0x7a;
-    /// Zone Append (zoned namespaces).
-    pub const ZONE_APPEND: u8 = 0x7d;
-}
+use vfpoll_nvme_spec::cmd::io_op as opcode;
 
 /// Dataset Management, CDW11 bit 2: Attribute – Deallocate.
 const DSM_DEALLOCATE: u32 = 1 << 2;
@@ -70,8 +49,8 @@ impl Controller {
             (opcode::ZONE_APPEND, CommandSet::Zoned) => self.read_write(cmd, i),
             (opcode::WRITE_ZEROES, _) => self.write_zeroes(cmd, i).into(),
             (opcode::DATASET_MANAGEMENT, _) => self.dataset_management(cmd, i).into(),
-            (opcode::ZONE_MANAGEMENT_SEND, CommandSet::Zoned) => self.zone_send(cmd, i).into(),
-            (opcode::ZONE_MANAGEMENT_RECEIVE, CommandSet::Zoned) => self.zone_receive(cmd, i).into(),
+            (opcode::ZONE_MGMT_SEND, CommandSet::Zoned) => self.zone_send(cmd, i).into(),
+            (opcode::ZONE_MGMT_RECV, CommandSet::Zoned) => self.zone_receive(cmd, i).into(),
             _ => Status::INVALID_OPCODE.into(),
         }
     }
@@ -140,7 +119,7 @@ impl Controller {
     fn write_zeroes(&mut self, cmd: &Command, i: usize) -> Status {
         let ns = self.ns[i].clone();
         let mut st = ns.lock();
-        let (slba, nlb) = (cmd.cdw10_11(), (cmd.cdw(12) & 0xffff) as u64 + 1);
+        let (slba, nlb) = (cmd.slba(), cmd.blocks() as u64);
         if !st.contains(slba, nlb) {
             return Status::LBA_OUT_OF_RANGE;
         }
@@ -213,7 +192,7 @@ impl Controller {
     fn zone_send(&mut self, cmd: &Command, i: usize) -> Status {
         let ns = self.ns[i].clone();
         let mut st = ns.lock();
-        let (slba, dw13) = (cmd.cdw10_11(), cmd.cdw(13));
+        let (slba, dw13) = (cmd.slba(), cmd.cdw(13));
         let act = dw13 as u8;
         let Some(mut zones) = st.zones.take() else {
             return Status::INVALID_OPCODE;
@@ -240,7 +219,7 @@ impl Controller {
     fn zone_receive(&mut self, cmd: &Command, i: usize) -> Status {
         let ns = self.ns[i].clone();
         let st = ns.lock();
-        let (slba, dw13) = (cmd.cdw10_11(), cmd.cdw(13));
+        let (slba, dw13) = (cmd.slba(), cmd.cdw(13));
         let len = (cmd.cdw(12) as u64 + 1) * 4;
         let filter = (dw13 >> 8) as u8;
         let Some(zones) = st.zones.as_ref() else {

@@ -12,7 +12,10 @@
 //! be injected at run time ([`NvmeModel::inject`]).
 //!
 //! It never replaces the QEMU tests: it is one implementation of the specification, and the
-//! driver must also meet QEMU's and real controllers'.
+//! driver must also meet QEMU's and real controllers'. It knows nothing of the driver: the
+//! register offsets and fields, opcodes, feature and log page identifiers, status codes and the
+//! queue entries' layouts are `vfpoll-nvme-spec`'s, the definitions the driver uses too; the
+//! driver's tests against it live in `driver/nvme/tests`.
 //!
 //! Layers, bottom up:
 //! - `dma`: host memory through a [`DmaSpace`] (all `unsafe` code is there), and [`HeapDma`],
@@ -88,11 +91,9 @@ use std::thread::JoinHandle;
 
 use vfpoll_pci::mmio::{self, Mmio};
 
-pub use admin::{feature, log_page, opcode as admin_opcode};
 pub use config::{EventIdxPolicy, ModelConfig, ShutdownBehavior};
 pub use dma::{DmaFault, DmaSpace, FaultCheck, FaultLog, HeapDma};
 pub use fault::{Fault, FaultKind, QueueMatch};
-pub use io::opcode as io_opcode;
 pub use nsconfig::{
     LbaFormat, MetadataCaps, NamespaceConfig, NamespaceFormat, PiCaps, PiType, Protection, ZonedConfig,
     MAX_LBA_FORMATS,
@@ -100,6 +101,7 @@ pub use nsconfig::{
 pub use pi::{crc16_t10dif, PiTuple};
 pub use stats::StatsSnapshot;
 pub use status::{Status, SCT_COMMAND_SPECIFIC, SCT_GENERIC, SCT_MEDIA};
+pub use vfpoll_nvme_spec::cmd::{admin_op as admin_opcode, feature, io_op as io_opcode, log_page};
 pub use zns::{ZoneInfo, ZoneState};
 
 use ctrl::{Controller, FaultInbox, PanicGuard, Shared};

@@ -5,69 +5,12 @@ use std::collections::VecDeque;
 use crate::Status;
 
 /// Size of a submission queue entry (SQES = 6).
-pub(crate) const SQE_SIZE: u64 = 64;
+pub(crate) const SQE_SIZE: u64 = vfpoll_nvme_spec::cmd::SQE_SIZE as u64;
 /// Size of a completion queue entry (CQES = 4).
-pub(crate) const CQE_SIZE: u64 = 16;
+pub(crate) const CQE_SIZE: u64 = vfpoll_nvme_spec::cmd::CQE_SIZE as u64;
 
-/// A submission queue entry, copied out of host memory (NVMe Base 2.0 §4.1, Figure 91).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Command {
-    pub(crate) dw: [u32; 16],
-}
-
-impl Command {
-    pub(crate) fn from_bytes(b: &[u8; SQE_SIZE as usize]) -> Self {
-        Command {
-            dw: std::array::from_fn(|i| u32::from_le_bytes(b[4 * i..4 * i + 4].try_into().expect("4 bytes"))),
-        }
-    }
-    /// Opcode (CDW0 bits 7:0).
-    pub(crate) fn opcode(&self) -> u8 {
-        self.dw[0] as u8
-    }
-    /// Fused Operation (CDW0 bits 9:8).
-    pub(crate) fn fuse(&self) -> u32 {
-        (self.dw[0] >> 8) & 0x3
-    }
-    /// PRP or SGL for Data Transfer (CDW0 bits 15:14).
-    pub(crate) fn psdt(&self) -> u32 {
-        (self.dw[0] >> 14) & 0x3
-    }
-    /// Command Identifier (CDW0 bits 31:16).
-    pub(crate) fn cid(&self) -> u16 {
-        (self.dw[0] >> 16) as u16
-    }
-    pub(crate) fn nsid(&self) -> u32 {
-        self.dw[1]
-    }
-    /// Metadata Pointer (dwords 4-5).
-    pub(crate) fn mptr(&self) -> u64 {
-        self.dw[4] as u64 | (self.dw[5] as u64) << 32
-    }
-    /// Data Pointer, PRP Entry 1 (dwords 6-7).
-    pub(crate) fn prp1(&self) -> u64 {
-        self.dw[6] as u64 | (self.dw[7] as u64) << 32
-    }
-    /// Data Pointer, PRP Entry 2 (dwords 8-9).
-    pub(crate) fn prp2(&self) -> u64 {
-        self.dw[8] as u64 | (self.dw[9] as u64) << 32
-    }
-    /// The Data Pointer as an SGL descriptor (dwords 6-9, SGL1).
-    pub(crate) fn sgl1(&self) -> [u8; 16] {
-        let mut d = [0; 16];
-        for (i, w) in self.dw[6..10].iter().enumerate() {
-            d[4 * i..4 * i + 4].copy_from_slice(&w.to_le_bytes());
-        }
-        d
-    }
-    pub(crate) fn cdw(&self, n: usize) -> u32 {
-        self.dw[n]
-    }
-    /// CDW10 and CDW11 as a 64-bit value (Starting LBA of NVM commands).
-    pub(crate) fn cdw10_11(&self) -> u64 {
-        self.dw[10] as u64 | (self.dw[11] as u64) << 32
-    }
-}
+/// A submission queue entry, copied out of host memory ([`Command::from_le_bytes`]).
+pub(crate) use vfpoll_nvme_spec::cmd::Command;
 
 /// How a completion is to be written (the faults that change the writing itself).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -217,12 +160,15 @@ impl Cq {
 /// Dwords of a completion queue entry (NVMe Base 2.0 §4.2, Figure 96): DW0 and DW1 command
 /// specific, DW2 SQ head and SQ ID, DW3 CID, phase tag (bit 16) and status (31:17).
 pub(crate) fn cqe_dwords(c: &Completion, sq_head: u16, phase: bool) -> [u32; 4] {
-    [
-        c.dw0,
-        c.dw1,
-        sq_head as u32 | (c.sqid as u32) << 16,
-        c.cid as u32 | (phase as u32) << 16 | (c.status.field() as u32) << 17,
-    ]
+    vfpoll_nvme_spec::cmd::Completion {
+        dw0: c.dw0,
+        dw1: c.dw1,
+        sq_head,
+        sq_id: c.sqid,
+        cid: c.cid,
+        status: c.status.to_spec().field() | phase as u16,
+    }
+    .to_dwords()
 }
 
 #[cfg(test)]
@@ -255,7 +201,7 @@ mod tests {
         b[0..4].copy_from_slice(&0x1234_4002u32.to_le_bytes());
         b[24..32].copy_from_slice(&0x1_0000_2000u64.to_le_bytes());
         b[39] = 0x30;
-        let c = Command::from_bytes(&b);
+        let c = Command::from_le_bytes(&b);
         assert_eq!((c.opcode(), c.psdt(), c.cid(), c.fuse()), (0x02, 1, 0x1234, 0));
         assert_eq!(c.prp1(), 0x1_0000_2000);
         assert_eq!(c.sgl1()[15], 0x30);

@@ -21,12 +21,12 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use crate::ctrl::{Controller, Outcome};
 use crate::dptr::{copy_from_host, copy_to_host, equals_host, Cursor, Dir};
-use crate::io::opcode;
 use crate::ns::{Geometry, NsState};
 use crate::nsconfig::{PiType, Protection};
 use crate::pi::{self, PiArgs, PiTuple};
 use crate::queue::Command;
 use crate::Status;
+use vfpoll_nvme_spec::cmd::io_op as opcode;
 
 /// One command's transfer, resolved against the namespace's format.
 #[derive(Debug, Clone, Copy)]
@@ -85,7 +85,7 @@ impl Controller {
     fn transfer(&mut self, cmd: &Command, st: &mut NsState) -> Result<u64, Status> {
         let op = cmd.opcode();
         let append = op == opcode::ZONE_APPEND;
-        let (slba, nlb) = (cmd.cdw10_11(), (cmd.cdw(12) & 0xffff) as u64 + 1);
+        let (slba, nlb) = (cmd.slba(), cmd.blocks() as u64);
         let geo = st.geo;
         let args = PiArgs::of(cmd);
         let prot = geo.protection();

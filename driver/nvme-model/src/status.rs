@@ -1,13 +1,17 @@
-//! Completion status (NVMe Base 2.0 §4.2.3, "Status Field Definition").
+//! Completion status (NVMe Base 2.0 §4.2.3, "Status Field Definition"): the codes, their types
+//! and their names are `vfpoll-nvme-spec`'s; this type is the model's view of one (fields a
+//! fault can set one by one, DNR on unless said otherwise).
 
 use core::fmt;
 
+use vfpoll_nvme_spec::status::{sc, Sct};
+
 /// Status Code Type: generic command status (§4.2.3.1).
-pub const SCT_GENERIC: u8 = 0;
+pub const SCT_GENERIC: u8 = Sct::Generic.bits();
 /// Status Code Type: command specific status (§4.2.3.2).
-pub const SCT_COMMAND_SPECIFIC: u8 = 1;
+pub const SCT_COMMAND_SPECIFIC: u8 = Sct::CommandSpecific.bits();
 /// Status Code Type: media and data integrity errors (§4.2.3.3).
-pub const SCT_MEDIA: u8 = 2;
+pub const SCT_MEDIA: u8 = Sct::Media.bits();
 
 /// The status of a completion: Status Code Type, Status Code and Do Not Retry.
 ///
@@ -31,87 +35,97 @@ impl Status {
         dnr: false,
     };
     /// Invalid Command Opcode.
-    pub const INVALID_OPCODE: Status = Status::generic(0x01);
+    pub const INVALID_OPCODE: Status = Status::generic(sc::generic::INVALID_OPCODE);
     /// Invalid Field in Command.
-    pub const INVALID_FIELD: Status = Status::generic(0x02);
+    pub const INVALID_FIELD: Status = Status::generic(sc::generic::INVALID_FIELD);
     /// Data Transfer Error: what the model reports when a data pointer does not translate.
-    pub const DATA_TRANSFER_ERROR: Status = Status::generic(0x04);
+    pub const DATA_TRANSFER_ERROR: Status = Status::generic(sc::generic::DATA_TRANSFER_ERROR);
     /// Internal Error.
-    pub const INTERNAL_ERROR: Status = Status::generic(0x06);
+    pub const INTERNAL_ERROR: Status = Status::generic(sc::generic::INTERNAL_ERROR);
     /// Command Abort Requested (the command was aborted by an Abort command).
-    pub const ABORT_REQUESTED: Status = Status::generic(0x07).with_dnr(false);
+    pub const ABORT_REQUESTED: Status = Status::generic(sc::generic::ABORT_REQUESTED).with_dnr(false);
     /// Command Aborted due to SQ Deletion.
-    pub const ABORTED_SQ_DELETION: Status = Status::generic(0x08).with_dnr(false);
+    pub const ABORTED_SQ_DELETION: Status = Status::generic(sc::generic::ABORTED_SQ_DELETION).with_dnr(false);
     /// Invalid Namespace or Format.
-    pub const INVALID_NAMESPACE: Status = Status::generic(0x0b);
+    pub const INVALID_NAMESPACE: Status = Status::generic(sc::generic::INVALID_NAMESPACE);
     /// Command Sequence Error.
-    pub const COMMAND_SEQUENCE_ERROR: Status = Status::generic(0x0c);
+    pub const COMMAND_SEQUENCE_ERROR: Status = Status::generic(sc::generic::COMMAND_SEQUENCE_ERROR);
     /// Invalid SGL Segment Descriptor.
-    pub const INVALID_SGL_SEGMENT: Status = Status::generic(0x0d);
+    pub const INVALID_SGL_SEGMENT: Status = Status::generic(sc::generic::INVALID_SGL_SEGMENT);
     /// Invalid Number of SGL Descriptors.
-    pub const INVALID_SGL_COUNT: Status = Status::generic(0x0e);
+    pub const INVALID_SGL_COUNT: Status = Status::generic(sc::generic::INVALID_SGL_COUNT);
     /// Data SGL Length Invalid.
-    pub const DATA_SGL_LENGTH_INVALID: Status = Status::generic(0x0f);
+    pub const DATA_SGL_LENGTH_INVALID: Status = Status::generic(sc::generic::DATA_SGL_LENGTH_INVALID);
     /// SGL Descriptor Type Invalid.
-    pub const SGL_TYPE_INVALID: Status = Status::generic(0x11);
+    pub const SGL_TYPE_INVALID: Status = Status::generic(sc::generic::SGL_TYPE_INVALID);
     /// Metadata SGL Length Invalid (a PSDT 10b metadata SGL describing other than the
     /// metadata length).
-    pub const METADATA_SGL_LENGTH_INVALID: Status = Status::generic(0x10);
+    pub const METADATA_SGL_LENGTH_INVALID: Status = Status::generic(sc::generic::METADATA_SGL_LENGTH_INVALID);
     /// PRP Offset Invalid.
-    pub const PRP_OFFSET_INVALID: Status = Status::generic(0x13);
+    pub const PRP_OFFSET_INVALID: Status = Status::generic(sc::generic::PRP_OFFSET_INVALID);
     /// I/O Command Set Combination Rejected (Set Features, I/O Command Set Profile).
-    pub const IOCS_COMBINATION_REJECTED: Status = Status::generic(0x2b);
+    pub const IOCS_COMBINATION_REJECTED: Status =
+        Status::command_specific(sc::command_specific::IOCS_COMBINATION_REJECTED);
     /// LBA Out of Range (NVM Command Set specific generic status 80h).
-    pub const LBA_OUT_OF_RANGE: Status = Status::generic(0x80);
+    pub const LBA_OUT_OF_RANGE: Status = Status::generic(sc::generic::LBA_OUT_OF_RANGE);
     /// Completion Queue Invalid (Create I/O Submission Queue).
-    pub const CQ_INVALID: Status = Status::command_specific(0x00);
+    pub const CQ_INVALID: Status = Status::command_specific(sc::command_specific::CQ_INVALID);
     /// Invalid Queue Identifier.
-    pub const INVALID_QID: Status = Status::command_specific(0x01);
+    pub const INVALID_QID: Status = Status::command_specific(sc::command_specific::INVALID_QID);
     /// Invalid Queue Size.
-    pub const INVALID_QUEUE_SIZE: Status = Status::command_specific(0x02);
+    pub const INVALID_QUEUE_SIZE: Status = Status::command_specific(sc::command_specific::INVALID_QUEUE_SIZE);
     /// Asynchronous Event Request Limit Exceeded.
-    pub const AER_LIMIT_EXCEEDED: Status = Status::command_specific(0x05);
+    pub const AER_LIMIT_EXCEEDED: Status = Status::command_specific(sc::command_specific::AER_LIMIT_EXCEEDED);
     /// Invalid Interrupt Vector.
-    pub const INVALID_INTERRUPT_VECTOR: Status = Status::command_specific(0x08);
+    pub const INVALID_INTERRUPT_VECTOR: Status =
+        Status::command_specific(sc::command_specific::INVALID_INTERRUPT_VECTOR);
     /// Invalid Log Page.
-    pub const INVALID_LOG_PAGE: Status = Status::command_specific(0x09);
+    pub const INVALID_LOG_PAGE: Status = Status::command_specific(sc::command_specific::INVALID_LOG_PAGE);
     /// Invalid Format (Format NVM).
-    pub const INVALID_FORMAT: Status = Status::command_specific(0x0a);
+    pub const INVALID_FORMAT: Status = Status::command_specific(sc::command_specific::INVALID_FORMAT);
     /// Invalid Queue Deletion (Delete I/O Completion Queue with submission queues attached).
-    pub const INVALID_QUEUE_DELETION: Status = Status::command_specific(0x0c);
+    pub const INVALID_QUEUE_DELETION: Status =
+        Status::command_specific(sc::command_specific::INVALID_QUEUE_DELETION);
     /// Feature Identifier Not Saveable.
-    pub const FEATURE_NOT_SAVEABLE: Status = Status::command_specific(0x0d);
+    pub const FEATURE_NOT_SAVEABLE: Status =
+        Status::command_specific(sc::command_specific::FEATURE_NOT_SAVEABLE);
     /// Invalid Protection Information (NVM Command Set 1.0 §3.2.1.1: PRINFO not valid for the
     /// namespace's format, or a Type 1 ILBRT other than the SLBA's low 32 bits).
-    pub const INVALID_PROTECTION_INFO: Status = Status::command_specific(0x81);
+    pub const INVALID_PROTECTION_INFO: Status =
+        Status::command_specific(sc::command_specific::INVALID_PROTECTION_INFO);
     /// Invalid Zone Operation Request (Zoned Namespace Command Set 1.1 §3.3.1: a zone random
     /// write area operation, which the model does not offer).
-    pub const INVALID_ZONE_OPERATION: Status = Status::command_specific(0xb6);
+    pub const INVALID_ZONE_OPERATION: Status =
+        Status::command_specific(sc::command_specific::INVALID_ZONE_OPERATION);
     /// Zone Boundary Error (ZNS 1.1 §3.3.1: a write past the zone's writable capacity, or a
     /// read across zones without RAZB).
-    pub const ZONE_BOUNDARY_ERROR: Status = Status::command_specific(0xb8);
+    pub const ZONE_BOUNDARY_ERROR: Status =
+        Status::command_specific(sc::command_specific::ZONE_BOUNDARY_ERROR);
     /// Zone Is Full.
-    pub const ZONE_IS_FULL: Status = Status::command_specific(0xb9);
+    pub const ZONE_IS_FULL: Status = Status::command_specific(sc::command_specific::ZONE_IS_FULL);
     /// Zone Is Read Only.
-    pub const ZONE_IS_READ_ONLY: Status = Status::command_specific(0xba);
+    pub const ZONE_IS_READ_ONLY: Status = Status::command_specific(sc::command_specific::ZONE_IS_READ_ONLY);
     /// Zone Is Offline.
-    pub const ZONE_IS_OFFLINE: Status = Status::command_specific(0xbb);
+    pub const ZONE_IS_OFFLINE: Status = Status::command_specific(sc::command_specific::ZONE_IS_OFFLINE);
     /// Zone Invalid Write (a write that does not start at the write pointer).
-    pub const ZONE_INVALID_WRITE: Status = Status::command_specific(0xbc);
+    pub const ZONE_INVALID_WRITE: Status = Status::command_specific(sc::command_specific::ZONE_INVALID_WRITE);
     /// Too Many Active Zones.
-    pub const TOO_MANY_ACTIVE_ZONES: Status = Status::command_specific(0xbd);
+    pub const TOO_MANY_ACTIVE_ZONES: Status =
+        Status::command_specific(sc::command_specific::TOO_MANY_ACTIVE_ZONES);
     /// Too Many Open Zones.
-    pub const TOO_MANY_OPEN_ZONES: Status = Status::command_specific(0xbe);
+    pub const TOO_MANY_OPEN_ZONES: Status =
+        Status::command_specific(sc::command_specific::TOO_MANY_OPEN_ZONES);
     /// Invalid Zone State Transition.
-    pub const INVALID_ZONE_STATE_TRANSITION: Status = Status::command_specific(0xbf);
+    pub const INVALID_ZONE_STATE_TRANSITION: Status =
+        Status::command_specific(sc::command_specific::INVALID_ZONE_STATE_TRANSITION);
     /// End-to-end Guard Check Error (NVM Command Set 1.0 §5.2.1.2).
-    pub const GUARD_CHECK_ERROR: Status = Status::media(0x82);
+    pub const GUARD_CHECK_ERROR: Status = Status::media(sc::media::GUARD_CHECK_ERROR);
     /// End-to-end Application Tag Check Error.
-    pub const APP_TAG_CHECK_ERROR: Status = Status::media(0x83);
+    pub const APP_TAG_CHECK_ERROR: Status = Status::media(sc::media::APP_TAG_CHECK_ERROR);
     /// End-to-end Reference Tag Check Error.
-    pub const REF_TAG_CHECK_ERROR: Status = Status::media(0x84);
+    pub const REF_TAG_CHECK_ERROR: Status = Status::media(sc::media::REF_TAG_CHECK_ERROR);
     /// Compare Failure (media error).
-    pub const COMPARE_FAILURE: Status = Status::media(0x85);
+    pub const COMPARE_FAILURE: Status = Status::media(sc::media::COMPARE_FAILURE);
 
     /// A generic status with DNR set (the model's errors are not transient).
     pub const fn generic(sc: u8) -> Status {
@@ -165,50 +179,16 @@ impl Status {
         }
     }
 
-    /// The status's name in the specification, or `None` for codes the model does not produce.
+    /// The status's name in the specification ([`vfpoll_nvme_spec::status::Status::name`]), or
+    /// `None` for a code it does not name.
     pub fn name(self) -> Option<&'static str> {
-        Some(match (self.sct, self.sc) {
-            (0, 0x00) => "Successful Completion",
-            (0, 0x01) => "Invalid Command Opcode",
-            (0, 0x02) => "Invalid Field in Command",
-            (0, 0x04) => "Data Transfer Error",
-            (0, 0x06) => "Internal Error",
-            (0, 0x07) => "Command Abort Requested",
-            (0, 0x08) => "Command Aborted due to SQ Deletion",
-            (0, 0x0b) => "Invalid Namespace or Format",
-            (0, 0x0c) => "Command Sequence Error",
-            (0, 0x0d) => "Invalid SGL Segment Descriptor",
-            (0, 0x0e) => "Invalid Number of SGL Descriptors",
-            (0, 0x0f) => "Data SGL Length Invalid",
-            (0, 0x11) => "SGL Descriptor Type Invalid",
-            (0, 0x10) => "Metadata SGL Length Invalid",
-            (0, 0x13) => "PRP Offset Invalid",
-            (0, 0x2b) => "I/O Command Set Combination Rejected",
-            (0, 0x80) => "LBA Out of Range",
-            (1, 0x00) => "Completion Queue Invalid",
-            (1, 0x01) => "Invalid Queue Identifier",
-            (1, 0x02) => "Invalid Queue Size",
-            (1, 0x05) => "Asynchronous Event Request Limit Exceeded",
-            (1, 0x09) => "Invalid Log Page",
-            (1, 0x0a) => "Invalid Format",
-            (1, 0x0c) => "Invalid Queue Deletion",
-            (1, 0x0d) => "Feature Identifier Not Saveable",
-            (1, 0x81) => "Invalid Protection Information",
-            (1, 0xb6) => "Invalid Zone Operation Request",
-            (1, 0xb8) => "Zone Boundary Error",
-            (1, 0xb9) => "Zone Is Full",
-            (1, 0xba) => "Zone Is Read Only",
-            (1, 0xbb) => "Zone Is Offline",
-            (1, 0xbc) => "Zone Invalid Write",
-            (1, 0xbd) => "Too Many Active Zones",
-            (1, 0xbe) => "Too Many Open Zones",
-            (1, 0xbf) => "Invalid Zone State Transition",
-            (2, 0x82) => "End-to-end Guard Check Error",
-            (2, 0x83) => "End-to-end Application Tag Check Error",
-            (2, 0x84) => "End-to-end Reference Tag Check Error",
-            (2, 0x85) => "Compare Failure",
-            _ => return None,
-        })
+        self.to_spec().name()
+    }
+
+    /// The same status as the spec crate's [`vfpoll_nvme_spec::status::Status`] (what a driver
+    /// decodes from the completion entry).
+    pub const fn to_spec(self) -> vfpoll_nvme_spec::status::Status {
+        vfpoll_nvme_spec::status::Status::new(Sct::from_bits(self.sct), self.sc, self.dnr)
     }
 }
 

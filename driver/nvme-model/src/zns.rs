@@ -15,6 +15,7 @@ use std::collections::VecDeque;
 
 use crate::nsconfig::ZonedConfig;
 use crate::Status;
+use vfpoll_nvme_spec::zns::state;
 
 /// The state of a zone (ZNS 1.1 §2.1.1, Figure 7), with its Report Zones code (bits 7:4 of the
 /// descriptor's Zone State byte).
@@ -40,26 +41,26 @@ impl ZoneState {
     /// The code in a zone descriptor's Zone State field (ZNS 1.1 Figure 37).
     pub const fn code(self) -> u8 {
         match self {
-            ZoneState::Empty => 0x1,
-            ZoneState::ImplicitlyOpened => 0x2,
-            ZoneState::ExplicitlyOpened => 0x3,
-            ZoneState::Closed => 0x4,
-            ZoneState::ReadOnly => 0xd,
-            ZoneState::Full => 0xe,
-            ZoneState::Offline => 0xf,
+            ZoneState::Empty => state::EMPTY,
+            ZoneState::ImplicitlyOpened => state::IMPLICITLY_OPENED,
+            ZoneState::ExplicitlyOpened => state::EXPLICITLY_OPENED,
+            ZoneState::Closed => state::CLOSED,
+            ZoneState::ReadOnly => state::READ_ONLY,
+            ZoneState::Full => state::FULL,
+            ZoneState::Offline => state::OFFLINE,
         }
     }
 
     /// The state with this code.
     pub const fn from_code(code: u8) -> Option<ZoneState> {
         Some(match code {
-            0x1 => ZoneState::Empty,
-            0x2 => ZoneState::ImplicitlyOpened,
-            0x3 => ZoneState::ExplicitlyOpened,
-            0x4 => ZoneState::Closed,
-            0xd => ZoneState::ReadOnly,
-            0xe => ZoneState::Full,
-            0xf => ZoneState::Offline,
+            state::EMPTY => ZoneState::Empty,
+            state::IMPLICITLY_OPENED => ZoneState::ImplicitlyOpened,
+            state::EXPLICITLY_OPENED => ZoneState::ExplicitlyOpened,
+            state::CLOSED => ZoneState::Closed,
+            state::READ_ONLY => ZoneState::ReadOnly,
+            state::FULL => ZoneState::Full,
+            state::OFFLINE => ZoneState::Offline,
             _ => return None,
         })
     }
@@ -93,15 +94,8 @@ pub struct ZoneInfo {
     pub state: ZoneState,
 }
 
-/// Zone Management Send actions (ZNS 1.1 §4.4.1, Figure 46, CDW13 bits 7:0).
-pub(crate) mod action {
-    pub(crate) const CLOSE: u8 = 0x01;
-    pub(crate) const FINISH: u8 = 0x02;
-    pub(crate) const OPEN: u8 = 0x03;
-    pub(crate) const RESET: u8 = 0x04;
-    pub(crate) const OFFLINE: u8 = 0x05;
-    pub(crate) const SET_ZDE: u8 = 0x10;
-}
+/// Zone Management Send actions (ZNS 1.1 §4.4.1, CDW13 bits 7:0).
+pub(crate) use vfpoll_nvme_spec::zns::send_action as action;
 
 /// Bytes of the Report Zones header and of one zone descriptor (ZNS 1.1 Figures 35, 36).
 pub(crate) const REPORT_HEADER: usize = 64;

@@ -7,11 +7,11 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use vfpoll_nvme::regs;
 use vfpoll_nvme_model::{
     admin_opcode as adm, feature, io_opcode as io, log_page, EventIdxPolicy, LbaFormat, MetadataCaps,
     ModelConfig, NamespaceConfig, NamespaceFormat, PiCaps, PiTuple, Status,
 };
+use vfpoll_nvme_spec::regs;
 use vfpoll_pci::BusAddr;
 
 fn two_namespaces() -> ModelConfig {
@@ -396,7 +396,7 @@ fn logs_count_io_and_record_errors() {
     );
     assert_eq!(le(&smart, 176, 8), 1, "error log entries");
 
-    get_log(&mut h, log_page::ERROR_INFORMATION, 16, 0).ok();
+    get_log(&mut h, log_page::ERROR, 16, 0).ok();
     let e = h.mem.read_vec(log, 64);
     assert_eq!(le(&e, 0, 8), 1, "error count");
     assert_eq!((le(&e, 8, 2), le(&e, 10, 2)), (1, bad.cid as u64), "SQID, CID");
@@ -408,13 +408,13 @@ fn logs_count_io_and_record_errors() {
 
     // A second error goes first; reading at an offset skips the newest entry.
     assert_eq!(h.admin(Sqe::new(0x7f)).status, Status::INVALID_OPCODE);
-    get_log(&mut h, log_page::ERROR_INFORMATION, 16, 64).ok();
+    get_log(&mut h, log_page::ERROR, 16, 64).ok();
     assert_eq!(
         le(&h.mem.read_vec(log, 8), 0, 8),
         1,
         "the older entry, at offset 64"
     );
-    get_log(&mut h, log_page::ERROR_INFORMATION, 16, 0).ok();
+    get_log(&mut h, log_page::ERROR, 16, 0).ok();
     assert_eq!(
         le(&h.mem.read_vec(log, 16), 8, 2),
         0,
@@ -752,7 +752,7 @@ fn changed_list(h: &mut Host, rae: bool) -> Vec<u32> {
     let log = h.mem.alloc(PAGE);
     h.admin(Sqe::new(adm::GET_LOG_PAGE).prp(log.get(), 0).cdw(
         10,
-        1023 << 16 | (rae as u32) << 15 | log_page::CHANGED_NAMESPACE_LIST as u32,
+        1023 << 16 | (rae as u32) << 15 | log_page::CHANGED_NS_LIST as u32,
     ))
     .ok();
     let b = h.mem.read_vec(log, PAGE);

@@ -3,8 +3,8 @@
 mod common;
 
 use common::*;
-use vfpoll_nvme::regs::{off, Cap, Cc, Shutdown, ShutdownStatus, Version};
 use vfpoll_nvme_model::{admin_opcode as adm, ModelConfig, Status};
+use vfpoll_nvme_spec::regs::{off, Cap, Cc, Shutdown, ShutdownStatus, Version};
 
 #[test]
 fn cap_and_vs_after_start() {

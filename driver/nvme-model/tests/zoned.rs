@@ -49,7 +49,7 @@ fn host() -> Host {
 }
 
 fn send(h: &mut Host, slba: u64, action: u32, all: bool) -> Status {
-    let sqe = Sqe::new(io::ZONE_MANAGEMENT_SEND)
+    let sqe = Sqe::new(io::ZONE_MGMT_SEND)
         .nsid(1)
         .cdw(10, slba as u32)
         .cdw(11, (slba >> 32) as u32)
@@ -170,7 +170,7 @@ fn the_command_set_follows_cc_css() {
     assert_eq!(zone(&h, 0).state, ZoneState::ImplicitlyOpened);
     // CC.CSS 110b: an NVM namespace knows no zone commands.
     let mut h = host();
-    let c = h.cmd(1, Sqe::new(io::ZONE_MANAGEMENT_SEND).nsid(2).cdw(13, OPEN));
+    let c = h.cmd(1, Sqe::new(io::ZONE_MGMT_SEND).nsid(2).cdw(13, OPEN));
     assert_eq!(c.status, Status::INVALID_OPCODE);
     // CC.CSS 111b, admin only: no I/O command set (Flush aside, as QEMU).
     let mut h = host_css(config(vec![zoned(1)]), 0b111);
@@ -392,7 +392,7 @@ fn report(h: &mut Host, slba: u64, filter: u32, partial: bool, dwords: u32) -> (
     let len = dwords as usize * 4;
     let buf = h.mem.alloc(len);
     h.mem.write(buf, &vec![0xee; len]);
-    let sqe = Sqe::new(io::ZONE_MANAGEMENT_RECEIVE)
+    let sqe = Sqe::new(io::ZONE_MGMT_RECV)
         .nsid(1)
         .sgl(sgl_desc(buf.get(), len as u32, SGL_DATA))
         .cdw(10, slba as u32)
@@ -457,10 +457,7 @@ fn report_zones_filters_and_partial_reports() {
         "shorter than the header"
     );
     assert_eq!(report(&mut h, 8 * 64, 0, false, 64).0, Status::LBA_OUT_OF_RANGE);
-    let ext = Sqe::new(io::ZONE_MANAGEMENT_RECEIVE)
-        .nsid(1)
-        .cdw(12, 63)
-        .cdw(13, 1);
+    let ext = Sqe::new(io::ZONE_MGMT_RECV).nsid(1).cdw(12, 63).cdw(13, 1);
     assert_eq!(
         h.cmd(1, ext).status,
         Status::INVALID_FIELD,

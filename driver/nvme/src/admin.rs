@@ -266,7 +266,7 @@ impl AdminQueue {
                 region: &mut self.data,
             };
             let (p1, p2) = prp::build(start, len, PAGE, |i| pages[i], &mut list)?;
-            cmd.set_data_ptr(DataPtr::prp(p1, p2));
+            crate::cmd::set_data_ptr(&mut cmd, DataPtr::prp(p1, p2));
         }
         let cid = self.take_cid();
         cmd.set_cid(cid);

@@ -15,7 +15,7 @@ use vfpoll_pci::vfio::{Container, Device};
 use vfpoll_pci::Bdf;
 
 use crate::admin::{AdminQueue, DataDir};
-use crate::cmd::{cns, feature, log_page, Command, Completion};
+use crate::cmd::{cns, feature, log_page, Command, CommandExt as _, Completion};
 use crate::error::{NvmeError, Result};
 use crate::identify::oacs;
 use crate::identify::{parse_ns_list, ErrorLogEntry, IdentifyController, SmartLog};

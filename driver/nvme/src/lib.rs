@@ -1,12 +1,13 @@
 //! # vfpoll-nvme: a polled userspace NVMe driver
 //!
 //! Layers, bottom up:
-//! - [`regs`]: the controller's registers in BAR0;
-//! - [`cmd`], [`status`], [`identify`]: queue entries, completion status with names, Identify
-//!   and log page structures;
+//! - [`regs`], [`cmd`], [`status`], [`identify`], [`zns`]: the NVMe definitions (registers in
+//!   BAR0, queue entries, opcodes, completion status with names, Identify and log page
+//!   structures, zoned namespaces' data) are `vfpoll-nvme-spec`'s, re-exported; [`cmd`] adds
+//!   the builders that take bus addresses ([`cmd::CommandExt`]);
 //! - [`prp`]: data pointers (PRP entries and lists);
 //! - [`format`](mod@format): namespace formats (metadata placement, protection information) and what a
-//!   command moves through each pointer; [`zns`]: zoned namespaces;
+//!   command moves through each pointer;
 //! - [`Controller`]: bring-up, admin commands, namespaces (re-read after a format or a
 //!   namespace event), reset and recovery ([`Controller::reset`]: queue pairs survive it, their
 //!   commands in flight come back with [`NvmeError::Reset`] and their buffers), shutdown;
@@ -20,6 +21,9 @@
 //! type vouches for its bus addresses by implementing the `unsafe` trait [`IoBuffer`], and
 //! registers are read-only outside the crate ([`Registers`]; mapping a BAR writable is `unsafe`
 //! in `vfpoll-pci`, and the VFIO device stays inside the crate).
+//!
+//! The integration tests (`tests/driver_*.rs`, `tests/prop_completions.rs`) run this driver
+//! against the in-process controller of `vfpoll-nvme-model` (a dev-dependency).
 //!
 //! The `unsafe` code is in the private `qmem` (queue memory access) and `signal` (clean
 //! shutdown on SIGINT/SIGTERM: [`shutdown_on_signals`]) modules, in `regs::map_bar` (the
@@ -56,7 +60,7 @@ pub mod cmd;
 mod ctrlr;
 pub mod error;
 pub mod format;
-pub mod identify;
+pub use vfpoll_nvme_spec::identify;
 mod namespace;
 #[cfg(test)]
 mod proptest_support;
@@ -68,8 +72,8 @@ pub mod regs;
 mod removal;
 mod reset;
 mod signal;
-pub mod status;
-pub mod zns;
+pub use vfpoll_nvme_spec::status;
+pub use vfpoll_nvme_spec::zns;
 
 pub use buffer::{AnyBuf, BusRange, CmbBuf, DeviceBuf, IoBuffer, RegionBuf};
 pub use ctrlr::{Controller, ControllerOptions, FormatOptions, Namespace, Registers, PAGE_SIZE};

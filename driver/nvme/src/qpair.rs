@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::buffer::IoBuffer;
-use crate::cmd::Command;
+use crate::cmd::{Command, CommandExt as _};
 use crate::cmd::{CQE_SIZE, SQE_SIZE};
 use crate::ctrlr::{Controller, Shared, PAGE_SIZE};
 use crate::error::{NvmeError, Result};

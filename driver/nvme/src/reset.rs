@@ -35,7 +35,7 @@ use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::admin::{AdminQueue, DataDir};
-use crate::cmd::{feature, Command};
+use crate::cmd::{feature, Command, CommandExt as _};
 use crate::ctrlr::{check_csts, wait_csts, Controller, Shared, PAGE_SIZE};
 use crate::error::{NvmeError, Result};
 use crate::regs::{self, off, Cc};

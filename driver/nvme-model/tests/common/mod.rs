@@ -8,10 +8,10 @@ use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vfpoll_nvme::regs::{self, off, Cc, Csts};
 use vfpoll_nvme_model::{
     admin_opcode as adm, DmaFault, FaultCheck, FaultLog, HeapDma, ModelConfig, NvmeModel, Status,
 };
+use vfpoll_nvme_spec::regs::{self, off, Cc, Csts};
 use vfpoll_pci::mmio::Mmio;
 use vfpoll_pci::BusAddr;
 

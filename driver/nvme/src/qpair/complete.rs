@@ -49,7 +49,8 @@ impl<B: IoBuffer> QueuePair<B> {
                     .get_mut(slot)
                     .filter(|t| t.owner != UNUSED && t.gen == gen)
                 else {
-                    self.bogus(c);
+                    let [dw0, dw1, dw2, dw3] = c.to_dwords();
+                    self.bogus(dw0, dw1, dw2, dw3);
                     break 'entry;
                 };
                 let rid = t.owner as usize;
@@ -166,7 +167,8 @@ impl<B: IoBuffer> QueuePair<B> {
                 .get_mut(slot)
                 .filter(|t| t.owner != UNUSED && t.gen == gen)
             else {
-                self.bogus(c);
+                let [dw0, dw1, dw2, dw3] = c.to_dwords();
+                self.bogus(dw0, dw1, dw2, dw3);
                 continue;
             };
             let rid = t.owner as usize;
@@ -234,10 +236,13 @@ impl<B: IoBuffer> QueuePair<B> {
         });
     }
 
-    /// A completion for no command in flight: counted and logged.
+    /// A completion for no command in flight: counted and logged. It takes the entry's dwords
+    /// as four scalars: a `Completion` passed by value goes through memory, and the compiler
+    /// then stored every entry on the stack in the hot loop, in case it turned out bogus.
     #[cold]
     #[inline(never)]
-    fn bogus(&mut self, c: crate::cmd::Completion) {
+    fn bogus(&mut self, dw0: u32, dw1: u32, dw2: u32, dw3: u32) {
+        let c = crate::cmd::Completion::from_dwords([dw0, dw1, dw2, dw3]);
         self.stats.bogus_completions += 1;
         log::error!(
             "queue {}: completion for command id {} which is not in flight: {c:?}",

@@ -25,7 +25,7 @@ use super::slot::UNUSED;
 use super::{Done, QueuePair};
 use crate::admin::Taken;
 use crate::buffer::IoBuffer;
-use crate::cmd::Command;
+use crate::cmd::{Command, CommandExt as _};
 use crate::cmd::{CQE_SIZE, SQE_SIZE};
 use crate::error::NvmeError;
 use crate::reset::is_up;

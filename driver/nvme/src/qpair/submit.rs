@@ -681,7 +681,7 @@ impl<B: IoBuffer> QueuePair<B> {
         if let Some(b) = &buf {
             let sgl = self.use_sgl;
             match xfer::data_ptr(b, 0, b.len(), sgl, &mut self.lists(slot)) {
-                Ok(dp) => cmd.set_data_ptr(dp),
+                Ok(dp) => crate::cmd::set_data_ptr(&mut cmd, dp),
                 Err(error) => return Err(Rejected { error, buf }),
             }
         }
@@ -745,7 +745,7 @@ impl<B: IoBuffer> QueuePair<B> {
             self.mem.write_u64(off + i * 16 + 8, slba);
         }
         let mut cmd = Command::deallocate(nsid, ranges.len() as u32);
-        cmd.set_data_ptr(crate::cmd::DataPtr::prp(self.mem.bus(off), BusAddr(0)));
+        crate::cmd::set_data_ptr(&mut cmd, crate::cmd::DataPtr::prp(self.mem.bus(off), BusAddr(0)));
         self.submit_nodata(cmd, Op::DatasetManagement, tag)
     }
 

@@ -48,7 +48,7 @@ impl<B: IoBuffer> QueuePair<B> {
             Err(error) => return Err(Rejected { error, buf }),
         };
         let mut cmd = Command::new(op::ZONE_MGMT_RECV, nsid);
-        cmd.set_data_ptr(dp);
+        crate::cmd::set_data_ptr(&mut cmd, dp);
         cmd.dw[10] = slba as u32;
         cmd.dw[11] = (slba >> 32) as u32;
         // NUMD, 0's based: the controller moves at most `len` bytes.

@@ -4,7 +4,8 @@
 //! A zoned namespace is divided into zones of a fixed size; each zone is written sequentially
 //! at its write pointer (or appended to, the controller choosing the LBA), can be opened,
 //! closed, finished and reset, and at most a number of zones may be open or active at once.
-//! The I/O side lives in [`crate::QueuePair`] (`report_zones`, `zone_action`, `zone_append`).
+//! This module holds the data layouts; the driver's I/O side is `vfpoll_nvme::QueuePair`'s
+//! `report_zones`, `zone_action` and `zone_append`.
 
 use core::fmt;
 
@@ -13,14 +14,9 @@ pub const CSI_ZONED: u8 = 0x02;
 /// The NVM command set identifier.
 pub const CSI_NVM: u8 = 0x00;
 
-/// Zoned I/O opcodes (ZNS 1.1 Figure 17).
+/// Zoned I/O opcodes (ZNS 1.1 Figure 17), from the one opcode table ([`crate::cmd::io_op`]).
 pub mod op {
-    /// Zone Management Send.
-    pub const ZONE_MGMT_SEND: u8 = 0x79;
-    /// Zone Management Receive.
-    pub const ZONE_MGMT_RECV: u8 = 0x7a;
-    /// Zone Append.
-    pub const ZONE_APPEND: u8 = 0x7d;
+    pub use crate::cmd::io_op::{ZONE_APPEND, ZONE_MGMT_RECV, ZONE_MGMT_SEND};
 }
 
 fn le16(b: &[u8], o: usize) -> u16 {
@@ -125,17 +121,51 @@ pub enum ZoneState {
     Reserved(u8),
 }
 
+/// Zone State codes (ZNS 1.1 Figure 37: byte 1 bits 7:4 of a zone descriptor).
+pub mod state {
+    /// ZSE: empty.
+    pub const EMPTY: u8 = 0x1;
+    /// ZSIO: implicitly opened.
+    pub const IMPLICITLY_OPENED: u8 = 0x2;
+    /// ZSEO: explicitly opened.
+    pub const EXPLICITLY_OPENED: u8 = 0x3;
+    /// ZSC: closed.
+    pub const CLOSED: u8 = 0x4;
+    /// ZSRO: read only.
+    pub const READ_ONLY: u8 = 0xd;
+    /// ZSF: full.
+    pub const FULL: u8 = 0xe;
+    /// ZSO: offline.
+    pub const OFFLINE: u8 = 0xf;
+}
+
+/// Zone Send Action codes (ZNS 1.1 Figure 32, Zone Management Send CDW13 bits 7:0).
+pub mod send_action {
+    /// Close Zone.
+    pub const CLOSE: u8 = 0x01;
+    /// Finish Zone.
+    pub const FINISH: u8 = 0x02;
+    /// Open Zone.
+    pub const OPEN: u8 = 0x03;
+    /// Reset Zone.
+    pub const RESET: u8 = 0x04;
+    /// Offline Zone.
+    pub const OFFLINE: u8 = 0x05;
+    /// Set Zone Descriptor Extension.
+    pub const SET_ZDE: u8 = 0x10;
+}
+
 impl ZoneState {
     /// From the ZS field (byte 1 bits 7:4 of a zone descriptor).
     pub const fn from_bits(v: u8) -> Self {
         match v {
-            0x1 => ZoneState::Empty,
-            0x2 => ZoneState::ImplicitlyOpened,
-            0x3 => ZoneState::ExplicitlyOpened,
-            0x4 => ZoneState::Closed,
-            0xd => ZoneState::ReadOnly,
-            0xe => ZoneState::Full,
-            0xf => ZoneState::Offline,
+            state::EMPTY => ZoneState::Empty,
+            state::IMPLICITLY_OPENED => ZoneState::ImplicitlyOpened,
+            state::EXPLICITLY_OPENED => ZoneState::ExplicitlyOpened,
+            state::CLOSED => ZoneState::Closed,
+            state::READ_ONLY => ZoneState::ReadOnly,
+            state::FULL => ZoneState::Full,
+            state::OFFLINE => ZoneState::Offline,
             r => ZoneState::Reserved(r),
         }
     }
@@ -230,13 +260,13 @@ pub fn parse_report(b: &[u8], ext: usize) -> (u64, Vec<Zone>) {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ZoneAction {
     /// Close Zone.
-    Close = 0x1,
+    Close = send_action::CLOSE as isize,
     /// Finish Zone.
-    Finish = 0x2,
+    Finish = send_action::FINISH as isize,
     /// Open Zone.
-    Open = 0x3,
+    Open = send_action::OPEN as isize,
     /// Reset Zone.
-    Reset = 0x4,
+    Reset = send_action::RESET as isize,
 }
 
 impl ZoneAction {
