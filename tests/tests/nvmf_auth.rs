@@ -149,16 +149,11 @@ fn guest_nvmf_auth_dhchap_with_the_kernel_initiator_and_nvmet() {
     let open = dir.join("open.key");
     std::fs::write(&open, &keys.host).unwrap();
     std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let out = run(
-        "vfpoll",
-        &[
-            "target",
-            "--malloc",
-            "16M",
-            "--dhchap-secret",
-            &format!("{HOST_NQN}={}", open.display()),
-        ],
-    );
+    let out = std::process::Command::new("vfpoll")
+        .args(["target", "--malloc", "16M", "--dhchap-secret"])
+        .arg(format!("{HOST_NQN}={}", open.display()))
+        .output()
+        .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("chmod 600"), "{err}");
 
