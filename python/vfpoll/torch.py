@@ -22,6 +22,13 @@ With ``torch.distributed.checkpoint``::
     dcp.load(state_dict, storage_reader=vfpoll.torch.StoreReader(store, "run1"))
     fut = dcp.async_save(state_dict, storage_writer=vfpoll.torch.StoreWriter(store, "run1"))
 
+In a job of several ranks, a spec template with ``{rank}`` instead of a store (one store per
+rank; see :class:`StoreWriter`)::
+
+    stores = "file:/data/ckpt/rank{rank}.img?size=64G"
+    dcp.save(state_dict, storage_writer=vfpoll.torch.StoreWriter(stores, "run1", keep_last=2))
+    dcp.load(state_dict, storage_reader=vfpoll.torch.StoreReader(stores, "run1"))
+
 Streams: before saving, the current CUDA stream of every device that holds a tensor is
 synchronised (the store copies on streams of its own); loaded tensors are complete when
 ``load`` returns.
