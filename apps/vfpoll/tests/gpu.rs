@@ -1,5 +1,6 @@
 //! `vfpoll gpu` end to end, with the CPU stand-in for the GPU (`--cpu`): the in-process NVMe
-//! model, a file and hugepage-resident data as sources; and the error without a GPU.
+//! model (or, built without the `model` feature, its refusal), a file and hugepage-resident data
+//! as sources; and the error without a GPU.
 
 use std::process::{Command, Output};
 
@@ -21,6 +22,7 @@ fn text(o: &Output) -> String {
 
 const SMALL: &[&str] = &["--page-size", "4K", "--slot-size", "1m", "--slots", "3", "--cpu"];
 
+#[cfg(feature = "model")]
 #[test]
 fn load_and_save_through_the_model_verify() {
     for op in ["load", "save"] {
@@ -35,6 +37,22 @@ fn load_and_save_through_the_model_verify() {
         assert!(s.contains("GB/s; CPU"), "{s}");
         assert!(s.contains("verify: 5242880 bytes match"), "{s}");
     }
+}
+
+/// A build without the `model` feature (`cargo test -p vfpoll --no-default-features`) refuses
+/// `--model` with the way to get it.
+#[cfg(not(feature = "model"))]
+#[test]
+fn without_the_model_feature_model_runs_say_how_to_get_it() {
+    let mut args = vec!["gpu", "load", "--model", "--len", "1m"];
+    args.extend(SMALL);
+    let o = vfpoll(&args);
+    let s = text(&o);
+    assert!(!o.status.success(), "{s}");
+    assert!(
+        s.contains("--model: this vfpoll was built without the NVMe model; rebuild with --features model"),
+        "{s}"
+    );
 }
 
 #[test]
