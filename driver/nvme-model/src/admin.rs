@@ -244,7 +244,7 @@ impl Controller {
                 max | max << 16
             }
             _ if fid == feature::IO_COMMAND_SET_PROFILE => 0,
-            _ => feature_defaults(&self.cfg)[fid as usize],
+            _ => self.cfg.feature_defaults()[fid as usize],
         };
         Outcome::Done(Status::SUCCESS, dw0 as u64)
     }
@@ -369,15 +369,6 @@ impl Controller {
         }
         Status::SUCCESS
     }
-}
-
-/// Default feature values by feature ID (Number of Queues aside: see `Controller::nq`).
-pub(crate) fn feature_defaults(cfg: &crate::ModelConfig) -> [u32; 16] {
-    let mut f = [0; 16];
-    // Temperature Threshold: an over-temperature threshold of 343 K, as QEMU's.
-    f[feature::TEMPERATURE_THRESHOLD as usize] = 0x0157;
-    f[feature::VOLATILE_WRITE_CACHE as usize] = cfg.volatile_write_cache as u32;
-    f
 }
 
 fn insert_sorted(v: &mut Vec<u16>, q: u16) {

@@ -145,6 +145,17 @@ pub(crate) const CAP_CSS_ADMIN_ONLY: u8 = 1 << 7;
 const CAP_TO_500MS: u8 = 10;
 
 impl ModelConfig {
+    /// Default feature values by feature ID (Number of Queues aside: see `Controller::nq`),
+    /// what Get Features reads after a controller reset.
+    pub(crate) fn feature_defaults(&self) -> [u32; 16] {
+        use vfpoll_nvme_spec::cmd::feature;
+        let mut f = [0; 16];
+        // Temperature Threshold: an over-temperature threshold of 343 K, as QEMU's.
+        f[feature::TEMPERATURE_THRESHOLD as usize] = 0x0157;
+        f[feature::VOLATILE_WRITE_CACHE as usize] = self.volatile_write_cache as u32;
+        f
+    }
+
     /// Checks the configuration, naming the first problem.
     pub fn validate(&self) -> Result<(), ModelError> {
         let bad = |why: String| Err(ModelError::Config(why));

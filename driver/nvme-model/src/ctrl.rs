@@ -517,7 +517,7 @@ impl Controller {
     }
 
     pub(crate) fn default_features(&mut self) {
-        self.features = crate::admin::feature_defaults(&self.cfg);
+        self.features = self.cfg.feature_defaults();
         self.nq = (self.cfg.max_io_queue_pairs, self.cfg.max_io_queue_pairs);
     }
 
