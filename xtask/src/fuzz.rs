@@ -3,7 +3,7 @@
 //! for a bounded time.
 //!
 //! The targets live in `driver/nvmf/fuzz` (crate `vfpoll-nvmf-fuzz`): `fuzz_pdu` (the NVMe/TCP
-//! PDU parser, builders, digests, ICReq/ICResp negotiation), `fuzz_auth` (DH-HMAC-CHAP) and `fuzz_fabrics` (Connect, admin
+//! PDU parser, builders, digests, ICReq/ICResp negotiation), `fuzz_auth` (DH-HMAC-CHAP), `fuzz_resv` (the reservation state file) and `fuzz_fabrics` (Connect, admin
 //! and I/O command decoding); and in `store/fuzz` (crate `vfpoll-store-fuzz`): `fuzz_superblock`,
 //! `fuzz_root`, `fuzz_catalog`, `fuzz_manifest` and `fuzz_slot` (the store's format parsers).
 //! They are built with the crate's `libfuzzer` feature (libFuzzer
@@ -45,7 +45,7 @@ in target/fuzz/corpus/<target>/; inputs that fail are saved in target/fuzz/artif
 
 Options:
       --secs <SECS>      Seconds per target [default: 300]
-      --target <NAME>    Only this target: pdu, fabrics, auth, superblock, root, catalog, manifest or
+      --target <NAME>    Only this target: pdu, fabrics, auth, resv, superblock, root, catalog, manifest or
                          slot [default: all]
       --no-selftest      Skip the planted-crash check
   -h, --help             Print this help";
@@ -103,10 +103,11 @@ const fn target(name: &'static str, max_len: usize, (package, dir): (&'static st
     }
 }
 
-pub const TARGETS: [Target; 8] = [
+pub const TARGETS: [Target; 9] = [
     target("pdu", 16384, NVMF),
     target("fabrics", 16384, NVMF),
     target("auth", 4096, NVMF),
+    target("resv", 4096, NVMF),
     target("superblock", 4200, STORE),
     target("root", 4200, STORE),
     target("catalog", 16384, STORE),

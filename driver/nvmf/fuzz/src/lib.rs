@@ -10,6 +10,8 @@
 //!   [`vfpoll_nvmf::fabrics::Target`]: Connect (admin and I/O queues), admin and Fabrics
 //!   commands, I/O commands through [`IoQueue::decode`](vfpoll_nvmf::fabrics::IoQueue::decode)
 //!   with their in-capsule data;
+//! - [`resv::check`] (binary `fuzz_resv`): the reservation state file a target reads at start
+//!   ([`vfpoll_nvmf::fabrics::resv::canonical_state`]);
 //! - [`auth::check`] (binary `fuzz_auth`): DH-HMAC-CHAP messages, one queue's transaction and
 //!   `DHHC-1` secrets through [`vfpoll_nvmf::auth`].
 //!
@@ -32,6 +34,7 @@
 pub mod auth;
 pub mod fabrics;
 pub mod pdu;
+pub mod resv;
 pub mod seeds;
 
 use std::path::{Path, PathBuf};
@@ -62,7 +65,7 @@ pub fn planted() -> bool {
 /// A fuzz target: its name (the binary is `fuzz_<name>`), its check and its seeds.
 #[derive(Debug, Clone, Copy)]
 pub struct Target {
-    /// `pdu`, `fabrics` or `auth`.
+    /// `pdu`, `fabrics`, `auth` or `resv`.
     pub name: &'static str,
     /// The check: panics when a property breaks.
     pub check: fn(&[u8]),
@@ -89,6 +92,13 @@ pub const AUTH: Target = Target {
     name: "auth",
     check: auth::check,
     seeds: auth::seeds,
+};
+
+/// The reservation state file target.
+pub const RESV: Target = Target {
+    name: "resv",
+    check: resv::check,
+    seeds: resv::seeds,
 };
 
 /// Writes `target`'s seeds into the directory `VFPOLL_FUZZ_SEEDS` names, if it names one (a

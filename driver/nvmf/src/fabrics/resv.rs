@@ -32,7 +32,7 @@ pub(crate) mod target;
 #[cfg(test)]
 mod tests;
 
-pub use store::{ResvStore, StoreError, STATE_FILE};
+pub use store::{canonical_state, ResvStore, StoreError, STATE_FILE};
 pub use target::ResvCommand;
 
 /// A host's 128-bit Host Identifier (HOSTID of Connect).

@@ -188,6 +188,29 @@ fn unhex_vec(s: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
+/// Reads a state file's bytes as [`ResvStore::open`] does and writes what it holds back in the
+/// format: the canonical text, or the line at fault (1-based) and why. For fuzzing and tools:
+/// the canonical text reads back to itself.
+pub fn canonical_state(bytes: &[u8]) -> Result<String, (usize, String)> {
+    parse(bytes).map(|r| render(&r))
+}
+
+/// A decimal field: digits only (no sign), as the writer writes it.
+fn dec<T: std::str::FromStr>(s: &str) -> Option<T> {
+    if s.is_empty() || !s.bytes().all(|c| c.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
+}
+
+/// A hexadecimal field of exactly `digits` digits.
+fn hex_exact(s: &str, digits: usize) -> Option<u64> {
+    if s.len() != digits || !s.bytes().all(|c| c.is_ascii_hexdigit()) {
+        return None;
+    }
+    u64::from_str_radix(s, 16).ok()
+}
+
 /// The file's text for `records`.
 pub(crate) fn render(records: &BTreeMap<(String, u32), Record>) -> String {
     let mut s = String::new();
@@ -245,7 +268,7 @@ pub(crate) fn parse(bytes: &[u8]) -> Result<BTreeMap<(String, u32), Record>, (us
                 let Some(nqn) = nqn else {
                     return err("the subsystem NQN is not hexadecimal UTF-8");
                 };
-                let Ok(nsid) = nsid.parse::<u32>() else {
+                let Some(nsid) = dec::<u32>(nsid) else {
                     return err("the NSID is not a number");
                 };
                 if nsid == 0 || nsid == u32::MAX {
@@ -254,12 +277,12 @@ pub(crate) fn parse(bytes: &[u8]) -> Result<BTreeMap<(String, u32), Record>, (us
                 let Some(nguid) = unhex::<16>(nguid) else {
                     return err("the NGUID is not 32 hexadecimal digits");
                 };
-                let Ok(generation) = generation.parse::<u32>() else {
+                let Some(generation) = dec::<u32>(generation) else {
                     return err("the generation is not a 32-bit number");
                 };
-                let held = match (rtype.parse::<u8>(), *holder) {
-                    (Ok(0), "-") => None,
-                    (Ok(t), h) => {
+                let held = match (dec::<u8>(rtype), *holder) {
+                    (Some(0), "-") => None,
+                    (Some(t), h) => {
                         let (Some(rtype), Some(holder)) = (ResvType::from_rtype(t), unhex::<16>(h)) else {
                             return err("RTYPE must be 0 to 6, with a 32-digit holder HOSTID unless 0");
                         };
@@ -289,7 +312,7 @@ pub(crate) fn parse(bytes: &[u8]) -> Result<BTreeMap<(String, u32), Record>, (us
                 let Some(cur) = current.as_ref().and_then(|k| out.get_mut(k)) else {
                     return err("a registrant before any namespace");
                 };
-                let (Some(host), Ok(key)) = (unhex::<16>(host), u64::from_str_radix(key, 16)) else {
+                let (Some(host), Some(key)) = (unhex::<16>(host), hex_exact(key, 16)) else {
                     return err("a registrant is a 32-digit HOSTID and a 16-digit key");
                 };
                 if cur.state.registrants.iter().any(|r| r.host == host) {
@@ -298,7 +321,7 @@ pub(crate) fn parse(bytes: &[u8]) -> Result<BTreeMap<(String, u32), Record>, (us
                 cur.state.registrants.push(Registrant { host, key });
             }
             ["end", crc] => {
-                let Ok(want) = u32::from_str_radix(crc, 16) else {
+                let Some(want) = hex_exact(crc, 8).map(|v| v as u32) else {
                     return err("the checksum is not 8 hexadecimal digits");
                 };
                 let got = crc32c::crc32c(&bytes[..offset]);
