@@ -37,8 +37,9 @@ pub struct StoreOptions {
     /// when asked for ([`Backend::NoIommu`]).
     pub iommu: Backend,
     /// Threads that copy between the caller's memory and the I/O buffers, and compute or check
-    /// crc32c, beside the calling thread during a large batch (a checkpoint's window, a KV
-    /// batch), so that copies and checksums of some chunks overlap the I/O of others. 0: the
+    /// crc32c, beside the calling thread during a large batch that computes crc32c (a
+    /// checkpoint's window, a verified load, a KV get batch), so that copies and checksums of
+    /// some chunks overlap the I/O of others. 0: the
     /// calling thread does it all (still overlapped with the devices' work). Default: the
     /// CPUs there are, less one, at most 3 (at least 1).
     pub copy_threads: usize,
