@@ -140,18 +140,21 @@ fn guest_store_over_two_controllers() {
         "{held:?}"
     );
     drop(pool);
-    // A second process cannot open the store while this one has it (VFIO refuses a second
-    // open of the controllers before the store's lock file is reached).
+    // A second process cannot open the store while this one has it: VFIO refuses a second
+    // open of the controllers before the store's lock file is reached, and the error names
+    // this process as the holder.
     let out = vfpoll_store(&["info"]);
+    let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success(),
         "a second open succeeded: {}",
         String::from_utf8_lossy(&out.stdout)
     );
-    println!(
-        "second open refused: {}",
-        String::from_utf8_lossy(&out.stderr).trim()
+    assert!(
+        err.contains(&format!("in use by PID {}", std::process::id())),
+        "the refusal does not name this process: {err}"
     );
+    println!("second open refused: {}", err.trim());
     let uuid = info.uuid.clone();
     drop(store);
 
