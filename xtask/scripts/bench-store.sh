@@ -5,8 +5,10 @@
 #    raw block devices of G and H, then the checkpoint (SIZE in ENTRIES arrays) written with
 #    numpy's np.save (a plain write() where numpy is missing) to ext4 on each, fsync'ed per
 #    file, read back with np.load after dropping the page cache;
-#  - vfpoll: G and H on vfio-pci, `vfpoll store bench --repeat 1` (its own raw sequential rate
-#    through the same device layer, checkpoint save/load with crc on and off, KV 64 KiB gets).
+#  - vfpoll: G and H on vfio-pci, `vfpoll perf` sequential write and read of the same bytes
+#    (1 MiB, QD32 per device, one worker driving both), then `vfpoll store bench --repeat 1`
+#    (its own raw sequential rate through the store's device layer, checkpoint save/load with
+#    crc on and off, KV 64 KiB gets and puts).
 # Prints one JSON line per run and medians at the end. Run from the repository root, release
 # build first:
 #   cargo build --release -p vfpoll
@@ -108,6 +110,18 @@ EOF
 vfpoll_round() {
   local r=$1
   $V bind $G $H >/dev/null
+  # The driver's own sequential rate on the same namespaces, as many bytes as the checkpoint
+  # (the store bench formats the namespaces afterwards).
+  for rw in write read; do
+    $V perf -d $G -d $H $M -w $rw -o 1m -q 32 --ios $((bytes >> 20)) --json > $OUT/perf.json
+    python3 - "$r" "$rw" $OUT/perf.json >> $RESULTS <<'EOF'
+import json, sys
+j = json.load(open(sys.argv[3]))
+gb = j["job"]["ios"] * j["job"]["io_size"] / 1e9
+print(json.dumps({"round": int(sys.argv[1]), "what": "vfpoll perf seq " + sys.argv[2],
+                  "gb_s": j["bw_bytes"] / 1e9, "cpu_s_per_gb": j["cpu"]["process_s"] / gb}))
+EOF
+  done
   $V store bench vfio:$G/1 vfio:$H/1 $M --yes --size $SIZE --entries $ENTRIES --repeat 1 --seed $r --json > $OUT/vfpoll.json
   python3 - "$r" $OUT/vfpoll.json >> $RESULTS <<'EOF'
 import json, sys
@@ -151,6 +165,9 @@ def ratio(a, b):
     ka = next((k for k in med if k.startswith(a)), None); kb = next((k for k in med if k.startswith(b)), None)
     return f"{med[ka] / med[kb]:.2f}x" if ka and kb and med[kb] else "-"
 print("\nratios of medians:")
+print("store save / vfpoll perf seq write:      ", ratio("vfpoll store checkpoint save", "vfpoll perf seq write"))
+print("store load (crc on) / vfpoll perf seq read:", ratio("vfpoll store checkpoint load, crc on", "vfpoll perf seq read"))
+print("store load (crc off) / vfpoll perf seq read:", ratio("vfpoll store checkpoint load, crc off", "vfpoll perf seq read"))
 print("store save / vfpoll raw seq write:       ", ratio("vfpoll store checkpoint save", "vfpoll raw seq write"))
 print("store load (crc on) / vfpoll raw seq read:", ratio("vfpoll store checkpoint load, crc on", "vfpoll raw seq read"))
 print("store save / ext4 save:                  ", ratio("vfpoll store checkpoint save", "ext4"))
