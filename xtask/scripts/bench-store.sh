@@ -13,9 +13,9 @@
 # build first:
 #   cargo build --release -p vfpoll
 #   cargo xtask vm --no-build --big-ns 1G --mem 4G --hugepages 256 --timeout 900 -- xtask/scripts/bench-store.sh
-# Environment: ROUNDS (3), SIZE (512M), ENTRIES (8).
+# Environment: ROUNDS (3), SIZE (512M), ENTRIES (8), V (the vfpoll binary, target/release/vfpoll).
 set -euo pipefail
-V=target/release/vfpoll
+V=${V:-target/release/vfpoll}
 G=0000:00:0e.0
 H=0000:00:0f.0
 ROUNDS=${ROUNDS:-3}
