@@ -19,7 +19,7 @@
 //! into the guest's `/out`; the host reads those files and prints one table.
 //!
 //! `cargo xtask bench --nvmf` runs another comparison in the same style: `vfpoll target` against
-//! the kernel's NVMe/TCP target (module `nvmf`, `bench_nvmf.rs`).
+//! the kernel's NVMe/TCP target (module `nvmf`, `bench/nvmf.rs`).
 
 use std::ffi::OsString;
 use std::fmt::Write as _;
@@ -27,16 +27,15 @@ use std::fs;
 use std::path::Path;
 use std::time::Duration;
 
-use crate::cli::Task;
+use crate::build;
 use crate::json::{self, Value};
+use crate::mode::Mode;
 use crate::setup;
 use crate::util::{err, run, Result};
-use crate::vm::{self, Boot, Mode, DEFAULT_MODULES};
+use crate::vm::{self, Boot, DEFAULT_MODULES};
 use crate::Workspace;
 
-#[path = "bench_nvmf.rs"]
 mod nvmf;
-#[path = "bench_plot.rs"]
 mod plot;
 
 /// `cargo xtask bench --help`.
@@ -61,7 +60,7 @@ NVMe/TCP target nvmet-tcp (configfs, exporting the same NVMe B namespace 1 on th
 driver), both on 127.0.0.1:4420 to the guest kernel's initiator, alternating per repetition;
 fio io_uring direct on the fabric namespace on CPU 1: 4 KiB randread QD32 and QD1, 128 KiB read
 QD32, 4 KiB randwrite QD32. The table shows IOPS, p99, busy cores and the target's CPU time per
-I/O (method: xtask/src/bench_nvmf.rs), with the ratios vfpoll/kernel. Files in
+I/O (method: xtask/src/bench/nvmf.rs), with the ratios vfpoll/kernel. Files in
 target/testbed/run/bench-nvmf-iommu/out.
 
 Options:
@@ -107,13 +106,13 @@ pub struct BenchArgs {
     pub no_build: bool,
     /// Show init lines and kernel warnings.
     pub verbose: bool,
-    /// Run the NVMe/TCP target comparison instead (`bench_nvmf.rs`).
+    /// Run the NVMe/TCP target comparison instead (`bench/nvmf.rs`).
     pub nvmf: bool,
     /// The vfpoll binary; `None`: `target/release/vfpoll`, built first unless `no_build`.
     pub vfpoll: Option<std::path::PathBuf>,
     /// More arguments for `vfpoll target` (`--nvmf`), split at spaces.
     pub target_args: Vec<String>,
-    /// Draw the figures (`bench_plot.rs`): after the run, or instead of it.
+    /// Draw the figures (`bench/plot.rs`): after the run, or instead of it.
     pub plot: Plot,
 }
 
@@ -272,8 +271,8 @@ impl BenchArgs {
 const BDF: &str = "0000:00:03.0";
 const CPU: u32 = 1;
 
-/// Parses the options after `cargo xtask bench`.
-pub fn parse(args: &[String]) -> Result<Task> {
+/// Parses the options after `cargo xtask bench`; `None`: `--help` asked for [`HELP`].
+pub fn parse(args: &[String]) -> Result<Option<BenchArgs>> {
     let mut a = BenchArgs {
         time: 5,
         warmup: 1,
@@ -300,7 +299,7 @@ pub fn parse(args: &[String]) -> Result<Task> {
                 .ok_or_else(|| err!("bench: {name} needs a value"))
         };
         match name {
-            "-h" | "--help" => return Ok(Task::Help(HELP)),
+            "-h" | "--help" => return Ok(None),
             "--no-build" => a.no_build = true,
             "--nvmf" => a.nvmf = true,
             "--plot" => a.plot = Plot::After,
@@ -380,7 +379,7 @@ pub fn parse(args: &[String]) -> Result<Task> {
             nvmf::MIN_TIME
         ));
     }
-    Ok(Task::Bench(a))
+    Ok(Some(a))
 }
 
 /// The guest's job: every run of every engine, results as JSON in `/out`
@@ -530,7 +529,7 @@ pub fn main(ws: &Workspace, a: &BenchArgs) -> Result<u8> {
     let engine_so = ws.target.join("release/libvfpoll_fio.so");
     if a.engines.contains(&Engine::FioVfpoll) {
         if !a.no_build {
-            crate::test::fio_engine(ws, "release")?;
+            crate::build::fio_engine(ws, "release")?;
         } else if !engine_so.exists() {
             return Err(err!(
                 "{} is missing: drop --no-build (or leave fio-vfpoll out of --engines)",
@@ -659,7 +658,7 @@ fn vfpoll_binary(ws: &Workspace, a: &BenchArgs) -> Result<std::path::PathBuf> {
         return Ok(p);
     }
     if !a.no_build {
-        run(vm::cargo(ws).args(["build", "--release", "-p", "vfpoll"]))?;
+        run(build::cargo(ws).args(["build", "--release", "-p", "vfpoll"]))?;
     }
     Ok(ws.target.join("release/vfpoll"))
 }
@@ -926,7 +925,7 @@ mod tests {
     #[test]
     fn options() {
         let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        let Task::Bench(a) = parse(&args(&[
+        let Some(a) = parse(&args(&[
             "--time=3",
             "--engines",
             "vfpoll,libaio",
@@ -940,12 +939,12 @@ mod tests {
         assert_eq!((a.time, a.no_build, a.repeat), (3, true, 2));
         assert_eq!(a.engines, [Engine::Vfpoll, Engine::Libaio]);
         assert!(parse(&args(&["--time", "0"])).is_err());
-        let Task::Bench(n) = parse(&args(&["--nvmf", "--time", "6"])).unwrap() else {
+        let Some(n) = parse(&args(&["--nvmf", "--time", "6"])).unwrap() else {
             panic!("not bench")
         };
         assert!(n.nvmf && !a.nvmf);
         assert!(parse(&args(&["--nvmf", "--time", "2"])).is_err());
-        let Task::Bench(b) = parse(&args(&["--vfpoll=/x/vfpoll"])).unwrap() else {
+        let Some(b) = parse(&args(&["--vfpoll=/x/vfpoll"])).unwrap() else {
             panic!("not bench")
         };
         assert_eq!(
@@ -953,7 +952,7 @@ mod tests {
             (Some(Path::new("/x/vfpoll")), true)
         );
         assert!(parse(&args(&["--engines", "spdk"])).is_err());
-        let Task::Bench(c) = parse(&args(&["--cases", "4k-randread-qd1,128k-read-qd32"])).unwrap() else {
+        let Some(c) = parse(&args(&["--cases", "4k-randread-qd1,128k-read-qd32"])).unwrap() else {
             panic!("not bench")
         };
         let ids: Vec<&str> = c.cases().iter().map(|c| c.id).collect();
@@ -961,8 +960,7 @@ mod tests {
         assert_eq!(b.cases().len(), 3, "the default cases");
         assert!(b.cases().iter().all(|c| c.default));
         assert!(parse(&args(&["--cases", "4k-randread-qd64"])).is_err());
-        let Task::Bench(d) =
-            parse(&args(&["--cases", "4k-randread-qd16,4k-randread-qd1", "--plot"])).unwrap()
+        let Some(d) = parse(&args(&["--cases", "4k-randread-qd16,4k-randread-qd1", "--plot"])).unwrap()
         else {
             panic!("not bench")
         };
@@ -972,12 +970,12 @@ mod tests {
             (vec!["4k-randread-qd1", "4k-randread-qd16"], Plot::After, Plot::No)
         );
         assert!(parse(&args(&["--nvmf", "--time", "6", "--plot"])).is_err());
-        let Task::Bench(w) = parse(&args(&["--warmup", "0"])).unwrap() else {
+        let Some(w) = parse(&args(&["--warmup", "0"])).unwrap() else {
             panic!("not bench")
         };
         assert_eq!((w.warmup, b.warmup), (0, 1));
         assert!(parse(&args(&["--warmup", "-1"])).is_err());
-        assert!(matches!(parse(&args(&["-h"])).unwrap(), Task::Help(HELP)));
+        assert!(parse(&args(&["-h"])).unwrap().is_none());
     }
 
     #[test]

@@ -1,13 +1,13 @@
 //! The command line: a small hand-written parser (`--flag`, `--opt VALUE`, `--opt=VALUE`, `--`).
 
 use std::ffi::OsString;
-use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::mode::Mode;
 use crate::setup::{iommufd_refused, kernel_by_name, GuestKernel, DEFAULT_KERNEL, KERNELS};
 use crate::setup_qemu::{emulator_by_name, emulators_by_names, Emulator, DEFAULT_EMULATOR, EMULATORS};
 use crate::util::{err, Result};
-use crate::vm::Mode;
+use crate::vm::VmArgs;
 
 const HELP: &str = "\
 vfpoll developer tasks
@@ -180,47 +180,6 @@ pub enum Task {
     },
 }
 
-/// Options of `cargo xtask vm`.
-#[derive(Debug, Clone)]
-pub struct VmArgs {
-    /// Boot without vIOMMU, in vfio no-IOMMU mode.
-    pub mode: Mode,
-    /// Limit for the whole boot.
-    pub timeout: Duration,
-    /// `-m`.
-    pub mem: String,
-    /// `-smp`.
-    pub smp: u32,
-    /// Modules to load before the command; `None`: the default list.
-    pub modules: Option<Vec<String>>,
-    /// 2 MiB pages to reserve.
-    pub hugepages: u32,
-    /// Run dir; `None`: the default for the mode.
-    pub run_dir: Option<PathBuf>,
-    /// Reuse the run dir's images.
-    pub keep_run_dir: bool,
-    /// Skip `cargo build`.
-    pub no_build: bool,
-    /// Print the QEMU command line only.
-    pub print_cmd: bool,
-    /// Show init lines and kernel warnings.
-    pub verbose: bool,
-    /// The command and its arguments.
-    pub command: Vec<OsString>,
-    /// `--hotplug`.
-    pub hotplug: bool,
-    /// `--kernel`.
-    pub kernel: GuestKernel,
-    /// `--qemu`.
-    pub qemu: Emulator,
-    /// `--hugepages-1g`.
-    pub hugepages_1g: u32,
-    /// `--numa`.
-    pub numa_nodes: u32,
-    /// `--big-ns`, in MiB; 0: none.
-    pub big_ns_mib: u64,
-}
-
 /// Options of `cargo xtask test`.
 #[derive(Debug, Clone)]
 pub struct TestArgs {
@@ -298,14 +257,14 @@ pub fn parse(args: Vec<OsString>) -> Result<Task> {
             while let Some(a) = p.next_str()? {
                 rest.push(a);
             }
-            crate::bench::parse(&rest)
+            Ok(crate::bench::parse(&rest)?.map_or(Task::Help(crate::bench::HELP), Task::Bench))
         }
         "fuzz" => {
             let mut rest = Vec::new();
             while let Some(a) = p.next_str()? {
                 rest.push(a);
             }
-            crate::fuzz::parse(&rest)
+            Ok(crate::fuzz::parse(&rest)?.map_or(Task::Help(crate::fuzz::HELP), Task::Fuzz))
         }
         _ => Err(err!("unknown command {cmd:?}; try `cargo xtask --help`")),
     }

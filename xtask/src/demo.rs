@@ -11,9 +11,10 @@ use std::ffi::OsString;
 use std::path::Path;
 use std::time::Duration;
 
-use crate::cli::VmArgs;
+use crate::build;
+use crate::mode::Mode;
 use crate::util::{run, shell_quote, Result};
-use crate::vm::{self, Mode};
+use crate::vm;
 use crate::Workspace;
 
 /// The steps, as shell lines; `{M}` becomes ` --noiommu` in no-IOMMU mode.
@@ -29,9 +30,9 @@ const STEPS: &[&str] = &[
 
 /// Runs the demo in `mode`; returns the guest's exit code.
 pub fn main(ws: &Workspace, mode: Mode, verbose: bool) -> Result<u8> {
-    run(vm::cargo(ws).args(["build", "--release", "-p", "vfpoll"]))?;
+    run(build::cargo(ws).args(["build", "--release", "-p", "vfpoll"]))?;
     let script = script(mode, &ws.target.join("release"));
-    let args = VmArgs {
+    let args = vm::VmArgs {
         mode,
         timeout: Duration::from_secs(600),
         mem: "2G".into(),

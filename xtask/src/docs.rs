@@ -24,8 +24,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::build;
 use crate::util::{err, run, Context, Result};
-use crate::vm;
 use crate::Workspace;
 
 /// The environment variable that makes `vfpoll` parse its command line and stop
@@ -362,7 +362,7 @@ struct Findings {
 
 /// The check: returns a one-line summary, or an error listing every stale line.
 pub fn check(ws: &Workspace) -> Result<String> {
-    run(vm::cargo(ws).args(["build", "-p", "vfpoll", "--bin", "vfpoll"]))?;
+    run(build::cargo(ws).args(["build", "-p", "vfpoll", "--bin", "vfpoll"]))?;
     let vfpoll = ws.target.join("debug/vfpoll");
     let mut f = Findings::default();
     let doctests = crate_roots(&ws.root);
@@ -447,8 +447,8 @@ fn parse_vfpoll(vfpoll: &Path, args: &[String]) -> Result<()> {
 
 /// Builds every C block as a program against the installed libvfpoll (as `examples/c/` are).
 fn compile_c(ws: &Workspace, c_blocks: &[(String, Block)], errors: &mut Vec<String>) -> Result<()> {
-    let prefix = crate::test::install_capi(ws, "debug")?;
-    let pc = crate::test::capi_flags(&prefix)?;
+    let prefix = crate::build::install_capi(ws, "debug")?;
+    let pc = crate::build::capi_flags(&prefix)?;
     let dir = ws.target.join("debug/docs-c");
     fs::create_dir_all(&dir).context(format_args!("creating {}", dir.display()))?;
     for (page, b) in c_blocks {

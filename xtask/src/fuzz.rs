@@ -25,9 +25,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::cli::Task;
+use crate::build;
 use crate::util::{err, mkdir, run, stdout_of, Context, Lock, Result};
-use crate::vm;
 use crate::Workspace;
 
 pub const HELP: &str = "\
@@ -136,8 +135,8 @@ impl FuzzArgs {
     }
 }
 
-/// Parses the arguments after `cargo xtask fuzz`.
-pub fn parse(args: &[String]) -> Result<Task> {
+/// Parses the arguments after `cargo xtask fuzz`; `None`: `--help` asked for [`HELP`].
+pub fn parse(args: &[String]) -> Result<Option<FuzzArgs>> {
     let mut a = FuzzArgs {
         secs: DEFAULT_SECS,
         targets: TARGETS.to_vec(),
@@ -156,7 +155,7 @@ pub fn parse(args: &[String]) -> Result<Task> {
                 .ok_or_else(|| err!("fuzz: {name} needs a value"))
         };
         match name {
-            "-h" | "--help" => return Ok(Task::Help(HELP)),
+            "-h" | "--help" => return Ok(None),
             "--no-selftest" => a.selftest = false,
             "--secs" => {
                 let v = value()?;
@@ -181,7 +180,7 @@ pub fn parse(args: &[String]) -> Result<Task> {
             }
         }
     }
-    Ok(Task::Fuzz(a))
+    Ok(Some(a))
 }
 
 /// `cargo xtask fuzz`.
@@ -260,7 +259,7 @@ fn host_triple() -> Result<String> {
 fn build(ws: &Workspace) -> Result<PathBuf> {
     let triple = host_triple()?;
     let dir = ws.target.join("fuzz");
-    let mut cmd = vm::cargo(ws);
+    let mut cmd = build::cargo(ws);
     cmd.args(["build", "--release"]);
     for p in PACKAGES {
         cmd.args(["--package", p]);
@@ -589,7 +588,7 @@ stack backtrace:
 
     #[test]
     fn options() {
-        let Task::Fuzz(a) = parse(&["--secs=5".into(), "--target".into(), "fabrics".into()]).unwrap() else {
+        let Some(a) = parse(&["--secs=5".into(), "--target".into(), "fabrics".into()]).unwrap() else {
             panic!("not fuzz")
         };
         assert_eq!((a.secs, a.targets[0].name, a.selftest), (5, "fabrics", true));

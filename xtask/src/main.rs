@@ -47,7 +47,7 @@
 //! `iommu`, `iommufd` loaded first, so `/dev/iommu` exists and a device bound to vfio-pci gets
 //! `/dev/vfio/devices/vfioN` (the job does not start without `/dev/iommu`). 6.1 boots Debian's
 //! VFIO modules in `iommu` mode; 6.12 boots one rebuilt set (iommufd, cdev, no-IOMMU: see
-//! `setup_vfio.rs`) in every mode.
+//! `setup/vfio.rs`) in every mode.
 //!
 //! Before the command: `nvme,e1000e,virtio_net,vfio-pci,vfio_iommu_type1` are loaded (`--modules`
 //! overrides), so the devices start on their kernel drivers and NVMe controllers are live;
@@ -84,16 +84,27 @@
 //!
 //! A boot in which QEMU's vIOMMU refused a device DMA fails (see `test.rs`), except that of a
 //! `guest_expect_iommu_fault_*` test, which runs alone in IOMMU mode and must show its fault.
+//!
+//! # Modules, bottom to top
+//!
+//! Each imports only from the rows above it: `util`, `json`, `cpio`, `qmp`, `python`, `mode`
+//! (the guest's DMA mode); `apt`; `setup` (kernels, busybox, VFIO modules: `setup/vfio.rs`) and
+//! `setup_qemu`; `build` (cargo builds, libvfpoll, the fio engine); `vm` (one boot, its
+//! options [`vm::VmArgs`]); `fuzz`, `bench` (`bench/nvmf.rs`, `bench/plot.rs`), `demo`; `cli` (the
+//! command line, [`cli::Task`]); `docs` (checks the commands the docs quote through `cli`);
+//! `test` (runs them all); `main`.
 #![forbid(unsafe_code)]
 
 mod apt;
 mod bench;
+mod build;
 mod cli;
 mod cpio;
 mod demo;
 mod docs;
 mod fuzz;
 mod json;
+mod mode;
 mod python;
 mod qmp;
 mod setup;
@@ -149,7 +160,7 @@ fn main() -> ExitCode {
         cli::Task::Bench(args) => bench::main(&ws, &args),
         cli::Task::Fuzz(args) => fuzz::main(&ws, &args),
         cli::Task::FioEngine { release } => {
-            let so = test::fio_engine(&ws, if release { "release" } else { "debug" })?;
+            let so = build::fio_engine(&ws, if release { "release" } else { "debug" })?;
             let _ = writeln!(std::io::stdout(), "{}", so.display());
             Ok(0)
         }

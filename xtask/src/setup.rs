@@ -16,7 +16,7 @@
 //! `.ko.xz` (unpacked to plain `.ko` here, so busybox's depmod and modprobe and the module swaps
 //! work as with 6.1), and it is built with `CONFIG_VFIO_NOIOMMU` and `CONFIG_IOMMUFD` unset (so
 //! without `CONFIG_VFIO_DEVICE_CDEV` either). Its VFIO modules are therefore rebuilt as a set
-//! with all three ([`vfio`], `setup_vfio.rs`: `iommufd.ko`, `vfio.ko`, `vfio_iommu_type1.ko`,
+//! with all three ([`vfio`], `setup/vfio.rs`: `iommufd.ko`, `vfio.ko`, `vfio_iommu_type1.ko`,
 //! `vfio-pci-core.ko`, `vfio-pci.ko`), into a module tree of their own (`kroot-vfio`) and one
 //! initramfs (`initramfs-all.cpio`) that every mode boots, test-bed mode `iommufd` included
 //! ([`GuestKernel::iommufd`]).
@@ -33,7 +33,6 @@ use crate::util::{
 };
 use crate::Workspace;
 
-#[path = "setup_vfio.rs"]
 mod vfio;
 
 /// Debian packages the test bed needs on the host. `gcc`, `make`, `bc`, `xz-utils` and the
@@ -195,8 +194,8 @@ pub struct Assets {
 impl Assets {
     /// The initramfs and `lib/modules` tree a boot in `mode` uses; an error for mode `iommufd`
     /// on a kernel without iommufd.
-    pub fn boot_files(&self, mode: crate::vm::Mode) -> Result<(&Path, &Path)> {
-        use crate::vm::Mode;
+    pub fn boot_files(&self, mode: crate::mode::Mode) -> Result<(&Path, &Path)> {
+        use crate::mode::Mode;
         match mode {
             Mode::Iommu => Ok((&self.initramfs_iommu, &self.lib_modules_iommu)),
             Mode::NoIommu => Ok((&self.initramfs_noiommu, &self.lib_modules_noiommu)),

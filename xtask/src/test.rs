@@ -18,13 +18,15 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::build::{self, capi_flags, fio_engine, install_capi};
 use crate::cli::TestArgs;
 use crate::fuzz;
 use crate::json;
+use crate::mode::Mode;
 use crate::setup::{self, Assets};
 use crate::setup_qemu::{self, Qemu};
 use crate::util::{err, random_u64, run, secs, stdout_of, Context, Result};
-use crate::vm::{self, Boot, Mode, Outcome, DEFAULT_MODULES, EXIT_NO_CODE, EXIT_TIMEOUT};
+use crate::vm::{self, Boot, Outcome, DEFAULT_MODULES, EXIT_NO_CODE, EXIT_TIMEOUT};
 use crate::Workspace;
 
 /// The crate whose integration tests run in the guest.
@@ -150,32 +152,6 @@ pub fn main(ws: &Workspace, a: &TestArgs) -> Result<u8> {
     Ok(r.summary())
 }
 
-/// Builds libvfpoll for `profile` (`debug` or `release`) and installs it into
-/// `target/<profile>/capi` with `capi/install.sh`; returns that prefix.
-pub fn install_capi(ws: &Workspace, profile: &str) -> Result<PathBuf> {
-    let mut build = vm::cargo(ws);
-    build.args(["build", "-p", "vfpoll-capi"]);
-    if profile == "release" {
-        build.arg("--release");
-    }
-    run(&mut build)?;
-    let prefix = ws.target.join(profile).join("capi");
-    run(Command::new("sh")
-        .arg(ws.root.join("capi/install.sh"))
-        .arg(&prefix)
-        .arg(profile))?;
-    Ok(prefix)
-}
-
-/// `pkg-config --cflags --libs vfpoll` of the libvfpoll installed under `prefix`.
-pub fn capi_flags(prefix: &Path) -> Result<String> {
-    stdout_of(
-        Command::new("pkg-config")
-            .args(["--cflags", "--libs", "vfpoll"])
-            .env("PKG_CONFIG_PATH", prefix.join("lib/pkgconfig")),
-    )
-}
-
 /// Builds libvfpoll (`cargo build -p vfpoll-capi`), installs it into `target/debug/capi` with
 /// `capi/install.sh`, and compiles each `examples/c/*.c` with the system C compiler (`-Wall
 /// -Wextra -Werror`) through the installed pkg-config file into `target/debug/vfpoll-c-<name>`
@@ -209,30 +185,13 @@ fn c_examples(ws: &Workspace) -> Result<String> {
     Ok(format!("{} examples, plain and ASan/UBSan", sources.len()))
 }
 
-/// Builds vfpoll's fio engine (`fio-engine/`, GPL-2.0) for `profile` (`debug` or `release`):
-/// libvfpoll built and installed into `target/<profile>/capi`, fio's source fetched and
-/// configured ([`setup::fio_source`]), then `make -C fio-engine` against both into
-/// `target/<profile>/libvfpoll_fio.so`, which it returns.
-pub fn fio_engine(ws: &Workspace, profile: &str) -> Result<PathBuf> {
-    let prefix = install_capi(ws, profile)?;
-    let dir = ws.target.join(profile);
-    let fio_src = setup::fio_source(ws)?;
-    run(Command::new("make")
-        .arg("-C")
-        .arg(ws.root.join("fio-engine"))
-        .arg(format!("FIO_SRC={}", fio_src.display()))
-        .arg(format!("OUT={}", dir.display()))
-        .env("PKG_CONFIG_PATH", prefix.join("lib/pkgconfig")))?;
-    Ok(dir.join("libvfpoll_fio.so"))
-}
-
 /// Part c: the guest boots and the host checks, on each kernel of `kernels` and emulator of
 /// `qemus` (the default kernel on the host's QEMU runs every binary, another kernel
 /// [`OTHER_KERNEL_BINS`] on the host's QEMU, another emulator [`OTHER_QEMU_BINS`] on the
 /// default kernel).
 fn test_bed(ws: &Workspace, a: &TestArgs, kernels: &[Assets], qemus: &[Qemu], r: &mut Report) {
     let Some(()) = r.step("cargo build --bins", || {
-        vm::build_bins(ws).map(|()| ((), String::new()))
+        build::build_bins(ws).map(|()| ((), String::new()))
     }) else {
         return;
     };
@@ -567,7 +526,7 @@ struct TestBin {
 
 /// Builds the integration tests of [`TEST_PACKAGE`] and returns their executables.
 fn test_binaries(ws: &Workspace) -> Result<Vec<TestBin>> {
-    let mut cmd = vm::cargo(ws);
+    let mut cmd = build::cargo(ws);
     cmd.args(["test", "-p", TEST_PACKAGE, "--no-run", "--message-format=json"])
         .stderr(Stdio::inherit());
     let text = stdout_of(&mut cmd)?;
@@ -668,7 +627,7 @@ impl Report {
     /// [`Report::cargo`] with extra environment variables.
     fn cargo_env(&mut self, ws: &Workspace, name: &str, args: &[&str], env: &[(&str, &str)]) {
         self.step(name, || {
-            let status = vm::cargo(ws).args(args).envs(env.iter().copied()).status()?;
+            let status = build::cargo(ws).args(args).envs(env.iter().copied()).status()?;
             if status.success() {
                 Ok(((), String::new()))
             } else {

@@ -23,9 +23,10 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::cli::VmArgs;
-use crate::setup::{self, module_name, Assets};
-use crate::util::{err, mkdir, run, secs, shell_quote_bytes, write, Context, Lock, Result};
+use crate::mode::Mode;
+use crate::setup::{self, module_name, Assets, GuestKernel};
+use crate::setup_qemu::Emulator;
+use crate::util::{err, mkdir, secs, shell_quote_bytes, write, Context, Lock, Result};
 use crate::Workspace;
 
 /// Modules loaded before the command unless `--modules` says otherwise: every test device
@@ -47,41 +48,45 @@ pub const IOMMU_FAULTS_FILE: &str = "iommu-faults.txt";
 /// Host variables passed into the guest as they are (besides every `VFPOLL_*`).
 const PASS_ENV: &[&str] = &["RUST_LOG", "RUST_BACKTRACE"];
 
-/// How DMA is translated in the guest.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    /// Emulated VT-d (`intel-iommu`), type1 VFIO containers.
-    Iommu,
-    /// No vIOMMU; vfio's unsafe no-IOMMU mode (bus address = guest-physical address).
-    NoIommu,
-    /// Emulated VT-d as [`Mode::Iommu`], with `/dev/iommu` (`iommufd` loaded) and VFIO device
-    /// cdevs (`/dev/vfio/devices/vfioN` for each device bound to vfio-pci); only on a guest
-    /// kernel with the rebuilt VFIO set ([`setup::GuestKernel::iommufd`]: 6.12).
-    Iommufd,
-}
-
-impl Mode {
-    /// `iommu`, `noiommu` or `iommufd`: the value of `VFPOLL_TESTBED` and the default run
-    /// dir's name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Mode::Iommu => "iommu",
-            Mode::NoIommu => "noiommu",
-            Mode::Iommufd => "iommufd",
-        }
-    }
-
-    /// The mode `name` names ([`Mode::name`]).
-    pub fn from_name(name: &str) -> Option<Mode> {
-        [Mode::Iommu, Mode::NoIommu, Mode::Iommufd]
-            .into_iter()
-            .find(|m| m.name() == name)
-    }
-
-    /// Whether the guest has the emulated VT-d (and QEMU may report vIOMMU faults).
-    pub fn viommu(self) -> bool {
-        matches!(self, Mode::Iommu | Mode::Iommufd)
-    }
+/// Options of `cargo xtask vm`.
+#[derive(Debug, Clone)]
+pub struct VmArgs {
+    /// Boot without vIOMMU, in vfio no-IOMMU mode.
+    pub mode: Mode,
+    /// Limit for the whole boot.
+    pub timeout: Duration,
+    /// `-m`.
+    pub mem: String,
+    /// `-smp`.
+    pub smp: u32,
+    /// Modules to load before the command; `None`: the default list.
+    pub modules: Option<Vec<String>>,
+    /// 2 MiB pages to reserve.
+    pub hugepages: u32,
+    /// Run dir; `None`: the default for the mode.
+    pub run_dir: Option<PathBuf>,
+    /// Reuse the run dir's images.
+    pub keep_run_dir: bool,
+    /// Skip `cargo build`.
+    pub no_build: bool,
+    /// Print the QEMU command line only.
+    pub print_cmd: bool,
+    /// Show init lines and kernel warnings.
+    pub verbose: bool,
+    /// The command and its arguments.
+    pub command: Vec<OsString>,
+    /// `--hotplug`.
+    pub hotplug: bool,
+    /// `--kernel`.
+    pub kernel: GuestKernel,
+    /// `--qemu`.
+    pub qemu: Emulator,
+    /// `--hugepages-1g`.
+    pub hugepages_1g: u32,
+    /// `--numa`.
+    pub numa_nodes: u32,
+    /// `--big-ns`, in MiB; 0: none.
+    pub big_ns_mib: u64,
 }
 
 /// One boot, fully described.
@@ -223,7 +228,7 @@ pub fn main(ws: &Workspace, a: &VmArgs) -> Result<u8> {
     let mut boot = boot;
     boot.machine.qemu = crate::setup_qemu::ensure(ws, a.qemu)?;
     if !a.no_build {
-        build_bins(ws)?;
+        crate::build::build_bins(ws)?;
     }
     // Boots may run side by side (each is one TCG process): an explicit run dir is waited
     // for, the default one is replaced by `<mode>-2`, `<mode>-3`, ... while it is busy.
@@ -258,18 +263,6 @@ pub fn lock_run_dir(dir: &Path) -> Result<Lock> {
 /// `target/testbed/run/<name>`.
 pub fn default_run_dir(ws: &Workspace, name: &str) -> PathBuf {
     ws.testbed().join("run").join(name)
-}
-
-/// `cargo build --workspace --bins`, so that the guest runs the current binaries.
-pub fn build_bins(ws: &Workspace) -> Result<()> {
-    run(cargo(ws).args(["build", "--workspace", "--bins"]))
-}
-
-/// The cargo that runs us (or `cargo`), in the workspace root.
-pub fn cargo(ws: &Workspace) -> Command {
-    let mut c = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-    c.current_dir(&ws.root);
-    c
 }
 
 /// Prepares the run dir, boots, streams the console and returns the outcome. `_lock` is the

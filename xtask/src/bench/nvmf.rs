@@ -36,9 +36,10 @@ use std::time::Duration;
 
 use super::{cpu_model, describe_binary, load_json, loadavg, median, num, vfpoll_binary, BenchArgs};
 use crate::json::Value;
+use crate::mode::Mode;
 use crate::setup;
 use crate::util::{err, Result};
-use crate::vm::{self, Boot, Mode, DEFAULT_MODULES};
+use crate::vm::{self, Boot, DEFAULT_MODULES};
 use crate::Workspace;
 
 /// The backing controller, served by both targets.
