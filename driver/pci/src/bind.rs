@@ -350,15 +350,7 @@ pub fn noiommu(host: &Host) -> NoIommu {
 /// The IOMMU units the kernel registered (`/sys/class/iommu/*`, e.g. `dmar0`); empty when the
 /// IOMMU is off or absent.
 pub fn iommu_units(host: &Host) -> Vec<String> {
-    let mut v: Vec<String> = fs::read_dir(host.sys.join("class/iommu"))
-        .map(|rd| {
-            rd.flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default();
-    v.sort();
-    v
+    inuse::names(&host.sys.join("class/iommu"))
 }
 
 /// The VFIO group node of `group` that exists: `/dev/vfio/<group>` (IOMMU) or

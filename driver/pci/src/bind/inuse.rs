@@ -74,7 +74,8 @@ struct BlockDev {
     dir: PathBuf,
 }
 
-fn names(dir: &Path) -> Vec<String> {
+/// The entries of `dir`, sorted; none where it cannot be read.
+pub(super) fn names(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = fs::read_dir(dir)
         .map(|rd| {
             rd.flatten()
