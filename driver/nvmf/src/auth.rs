@@ -31,7 +31,7 @@ pub use hash::{augmented, HashId, Transcript};
 pub use secret::{Secret, SecretError};
 pub use throttle::{Throttle, MAX_BACKOFF, WARN_EVERY};
 
-use vfpoll_nvme::status::Status;
+use vfpoll_nvme_spec::status::Status;
 
 use crate::fabrics::Sqe;
 

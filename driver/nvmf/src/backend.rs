@@ -9,8 +9,10 @@ use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, RawFd};
 
 use vfpoll_dma::{DmaBuf, DmaPool};
-use vfpoll_nvme::status::{Sct, Status};
-use vfpoll_nvme::{NvmeError, QueuePair};
+use vfpoll_nvme::{NsFormat, NvmeError, QueuePair};
+use vfpoll_nvme_spec::status::{Sct, Status};
+
+use crate::fabrics::{ConfigError, NamespaceInfo};
 
 /// What a backend does for one command.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -124,6 +126,35 @@ fn status_of(e: &NvmeError) -> Status {
         | NvmeError::TooLarge { .. }
         | NvmeError::InvalidOption(_) => Status::INVALID_FIELD,
         _ => internal_error(),
+    }
+}
+
+/// Here rather than in [`crate::fabrics`], which knows NVMe only as definitions: a format is
+/// what the driver reads from a controller's Identify Namespace.
+impl NamespaceInfo {
+    /// A namespace on a backend formatted with `format`: refused when the format has metadata
+    /// (or protection information), which this target does not serve.
+    pub fn from_format(
+        subsystem_nqn: &str,
+        nsid: u32,
+        backend: &str,
+        format: &NsFormat,
+        blocks: u64,
+    ) -> Result<Self, ConfigError> {
+        if format.metadata_size != 0 || format.protection.is_some() {
+            return Err(ConfigError::BadNamespace {
+                subsystem: subsystem_nqn.to_owned(),
+                nsid,
+                why: format!(
+                    "{backend} is formatted with {format}; the target serves plain data formats \
+                     only (no metadata, no protection information): format the namespace with a \
+                     512 or 4096-byte format without metadata"
+                ),
+            });
+        }
+        let ns = NamespaceInfo::new(subsystem_nqn, nsid, backend, format.data_size as u32, blocks);
+        ns.validate(subsystem_nqn, u32::MAX - 1)?;
+        Ok(ns)
     }
 }
 
@@ -320,5 +351,26 @@ impl Backend for MallocBackend {
             done(c);
         }
         n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_with_metadata_are_refused() {
+        let nqn = "nqn.2024-01.io.vfpoll:a";
+        let plain = NamespaceInfo::from_format(nqn, 1, "nvme:x:1", &NsFormat::plain(4096), 100).unwrap();
+        assert_eq!((plain.block_size, plain.block_shift()), (4096, 12));
+        let mut meta = NsFormat::plain(512);
+        meta.metadata_size = 8;
+        meta.extended = true;
+        let e = NamespaceInfo::from_format(nqn, 1, "nvme:x:1", &meta, 100).unwrap_err();
+        assert!(e.to_string().contains("plain data formats only"), "{e}");
+        let odd = NamespaceInfo::from_format(nqn, 1, "nvme:x:1", &NsFormat::plain(8192), 100).unwrap_err();
+        assert!(odd.to_string().contains("8192-byte blocks"), "{odd}");
+        // A namespace from a format is in ANA group 1, as one from `NamespaceInfo::new`.
+        assert_eq!(plain.ana_group, 1);
     }
 }

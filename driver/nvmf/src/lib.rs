@@ -20,6 +20,17 @@
 //!   worker, advances the keep-alive timer) and the worker threads, each polling its own
 //!   connections, backends and buffer pool, with the [`fabrics::Target`] shared behind a mutex
 //!   for Connect and admin commands ([`server::Server::start`]).
+//!
+//! ## Which parts need the NVMe driver
+//!
+//! The protocol layers ([`auth`], [`pdu`], [`fabrics`]) know NVMe only as definitions
+//! (opcodes, status codes, Identify and log page layouts) and take them from
+//! `vfpoll-nvme-spec`, so they are tested and fuzzed without a controller. The driver,
+//! `vfpoll-nvme`, is needed only where a real controller backs a namespace: in [`backend`],
+//! whose [`backend::NvmeBackend`] submits through a worker's own queue pair and turns the
+//! driver's errors into the statuses a host sees, and whose
+//! [`fabrics::NamespaceInfo::from_format`] refuses a format (as the driver reads it from
+//! Identify Namespace) that the target does not serve.
 
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks, missing_docs)]
 

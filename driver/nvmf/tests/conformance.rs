@@ -18,7 +18,7 @@ use std::sync::{Mutex, Once};
 
 use common::*;
 use vfpoll_dma::{DmaContext, PageSize};
-use vfpoll_nvme::status::Sct;
+use vfpoll_nvme_spec::status::Sct;
 use vfpoll_nvmf::backend::{Backend, MallocBackend};
 use vfpoll_nvmf::fabrics::{
     host_label, Cqe, Listener, NamespaceInfo, Subsystem, Target, TargetOptions, DISCOVERY_NQN, NQN_MAX,

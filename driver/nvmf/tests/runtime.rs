@@ -11,8 +11,8 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use common::*;
-use vfpoll_nvme::cmd::admin_op;
-use vfpoll_nvme::status::{Sct, Status};
+use vfpoll_nvme_spec::cmd::admin_op;
+use vfpoll_nvme_spec::status::{Sct, Status};
 use vfpoll_nvmf::backend::{Backend, MallocBackend};
 use vfpoll_nvmf::fabrics::{AnaState, Cqe, Listener, NamespaceInfo, Subsystem};
 use vfpoll_nvmf::pdu::CtrlPdu;

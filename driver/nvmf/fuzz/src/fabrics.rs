@@ -34,8 +34,8 @@
 //!   [`Target::reservation`] with its in-capsule data it answers a Report with exactly the
 //!   bytes asked for and nothing else with data.
 
-use vfpoll_nvme::cmd::io_op;
-use vfpoll_nvme::status::Status;
+use vfpoll_nvme_spec::cmd::io_op;
+use vfpoll_nvme_spec::status::Status;
 use vfpoll_nvmf::fabrics::{
     data_xfer, sqe_from_bytes, sqe_to_bytes, AdminOutcome, Cntlid, ConnInfo, Cqe, DataXfer, IoOp, IoQueue,
     IoRequest, Listener, NamespaceInfo, QueueRef, Sqe, Subsystem, Target, TargetOptions, CONNECT_DATA_BYTES,
@@ -285,7 +285,7 @@ impl Session {
                 }
             }
             AdminOutcome::Held => {
-                assert_eq!(sqe.opcode(), vfpoll_nvme::cmd::admin_op::ASYNC_EVENT_REQUEST);
+                assert_eq!(sqe.opcode(), vfpoll_nvme_spec::cmd::admin_op::ASYNC_EVENT_REQUEST);
             }
         }
     }

@@ -1,7 +1,7 @@
 //! Seed inputs, built by the crate's own PDU builders and fabrics encoders so that they stay
 //! valid as the code changes (a unit test checks that every seed is read to its end).
 
-use vfpoll_nvme::cmd::{admin_op, io_op, Command};
+use vfpoll_nvme_spec::cmd::{admin_op, io_op, Command};
 use vfpoll_nvmf::fabrics::{
     cc, fctype, lid, prop, sqe_to_bytes, Sqe, FABRICS_OPCODE, SGL_IN_CAPSULE, SGL_TRANSPORT,
 };

@@ -5,8 +5,8 @@
 
 use std::sync::atomic::Ordering;
 
-use vfpoll_nvme::cmd::{admin_op, feature};
-use vfpoll_nvme::status::Status;
+use vfpoll_nvme_spec::cmd::{admin_op, feature};
+use vfpoll_nvme_spec::status::Status;
 
 use super::ana::{self, AnaPorts};
 use super::config::{Listener, NamespaceInfo, Subsystem, TargetOptions, DISCOVERY_NQN};
@@ -270,10 +270,10 @@ fn oncs(s: &Subsystem) -> u16 {
     // Bit 5: reservations (`resv`), on every namespace.
     let mut oncs = 1 << 5;
     if s.namespaces.iter().any(|n| n.deallocate) {
-        oncs |= vfpoll_nvme::identify::oncs::DSM;
+        oncs |= vfpoll_nvme_spec::identify::oncs::DSM;
     }
     if !s.namespaces.is_empty() && s.namespaces.iter().all(|n| n.write_zeroes) {
-        oncs |= vfpoll_nvme::identify::oncs::WRITE_ZEROES;
+        oncs |= vfpoll_nvme_spec::identify::oncs::WRITE_ZEROES;
     }
     oncs
 }

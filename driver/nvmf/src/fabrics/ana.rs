@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
-use vfpoll_nvme::status::Status;
+use vfpoll_nvme_spec::status::Status;
 
 use super::config::NamespaceInfo;
 use super::identify::{put32, put64};

@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use vfpoll_nvme::status::{Sct, Status};
+use vfpoll_nvme_spec::status::{Sct, Status};
 
 use super::admin::AdminOutcome;
 use super::controller::Cntlid;

@@ -5,8 +5,6 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
-use vfpoll_nvme::NsFormat;
-
 use super::ana::{valid_group, AnaState, ANAGRPMAX};
 
 /// The well-known NQN of the discovery subsystem (NVMe Base 2.0 §4.5, NVMe Qualified Names).
@@ -258,31 +256,6 @@ impl NamespaceInfo {
             deallocate: false,
             ana_group: 1,
         }
-    }
-
-    /// A namespace on a backend formatted with `format`: refused when the format has metadata
-    /// (or protection information), which this target does not serve.
-    pub fn from_format(
-        subsystem_nqn: &str,
-        nsid: u32,
-        backend: &str,
-        format: &NsFormat,
-        blocks: u64,
-    ) -> Result<Self, ConfigError> {
-        if format.metadata_size != 0 || format.protection.is_some() {
-            return Err(ConfigError::BadNamespace {
-                subsystem: subsystem_nqn.to_owned(),
-                nsid,
-                why: format!(
-                    "{backend} is formatted with {format}; the target serves plain data formats \
-                     only (no metadata, no protection information): format the namespace with a \
-                     512 or 4096-byte format without metadata"
-                ),
-            });
-        }
-        let ns = NamespaceInfo::new(subsystem_nqn, nsid, backend, format.data_size as u32, blocks);
-        ns.validate(subsystem_nqn, u32::MAX - 1)?;
-        Ok(ns)
     }
 
     /// log2 of the block size.
@@ -656,20 +629,6 @@ mod tests {
         assert_eq!(s.len(), 20);
         assert_eq!(s, Subsystem::derived_serial("nqn.2024-01.io.vfpoll:a"));
         assert_ne!(s, Subsystem::derived_serial("nqn.2024-01.io.vfpoll:b"));
-    }
-
-    #[test]
-    fn formats_with_metadata_are_refused() {
-        let nqn = "nqn.2024-01.io.vfpoll:a";
-        let plain = NamespaceInfo::from_format(nqn, 1, "nvme:x:1", &NsFormat::plain(4096), 100).unwrap();
-        assert_eq!((plain.block_size, plain.block_shift()), (4096, 12));
-        let mut meta = NsFormat::plain(512);
-        meta.metadata_size = 8;
-        meta.extended = true;
-        let e = NamespaceInfo::from_format(nqn, 1, "nvme:x:1", &meta, 100).unwrap_err();
-        assert!(e.to_string().contains("plain data formats only"), "{e}");
-        let odd = NamespaceInfo::from_format(nqn, 1, "nvme:x:1", &NsFormat::plain(8192), 100).unwrap_err();
-        assert!(odd.to_string().contains("8192-byte blocks"), "{odd}");
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use vfpoll_nvme::status::Status;
+use vfpoll_nvme_spec::status::Status;
 
 use super::ana::AnaCell;
 use super::config::TargetOptions;

@@ -1,5 +1,5 @@
 //! Identify data the target returns (NVMe Base 2.0 §5.17.2; the reverse of what
-//! `vfpoll_nvme::identify` parses): the controller, a namespace, the active namespace list,
+//! `vfpoll_nvme_spec::identify` parses): the controller, a namespace, the active namespace list,
 //! namespace identification descriptors and the command-set independent namespace structure.
 
 use super::ana::{AnaState, ANAGRPMAX, ANATT_SECONDS};

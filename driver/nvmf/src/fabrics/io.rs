@@ -12,8 +12,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
-use vfpoll_nvme::cmd::io_op;
-use vfpoll_nvme::status::Status;
+use vfpoll_nvme_spec::cmd::io_op;
+use vfpoll_nvme_spec::status::Status;
 
 use super::config::NamespaceInfo;
 use super::controller::CtrlShared;

@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeSet, VecDeque};
 
-use vfpoll_nvme::status::Status;
+use vfpoll_nvme_spec::status::Status;
 
 use super::config::{AdrFam, Listener};
 use super::identify::{put128, put16, put32, put64, put_ascii, put_str};
@@ -330,7 +330,7 @@ pub(crate) fn discovery(genctr: u64, entries: &[DiscoveryEntry<'_>]) -> Vec<u8> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vfpoll_nvme::identify::{ErrorLogEntry, SmartLog};
+    use vfpoll_nvme_spec::identify::{ErrorLogEntry, SmartLog};
 
     #[test]
     fn smart_page_parses_back() {

@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-use vfpoll_nvme::status::{Sct, Status};
+use vfpoll_nvme_spec::status::{Sct, Status};
 
 use super::identify::{put16, put32, put64};
 

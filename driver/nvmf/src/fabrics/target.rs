@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use vfpoll_nvme::status::Status;
+use vfpoll_nvme_spec::status::Status;
 
 use super::ana::{self, AnaPorts, AnaState};
 use super::config::{ConfigError, Listener, NamespaceInfo, Subsystem, TargetOptions, DISCOVERY_NQN};

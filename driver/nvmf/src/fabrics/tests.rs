@@ -8,8 +8,8 @@ mod io;
 mod props;
 mod qos;
 
-use vfpoll_nvme::cmd::{admin_op, Command};
-use vfpoll_nvme::status::Status;
+use vfpoll_nvme_spec::cmd::{admin_op, Command};
+use vfpoll_nvme_spec::status::Status;
 
 use super::*;
 

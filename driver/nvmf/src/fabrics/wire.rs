@@ -2,8 +2,8 @@
 //! bytes, the Fabrics command opcode and types, the status codes a target returns, the NVMe/TCP
 //! SGL descriptors that say where a command's data travels, and the SQ head pointer.
 
-use vfpoll_nvme::cmd::{Command, Completion};
-use vfpoll_nvme::status::{Sct, Status};
+use vfpoll_nvme_spec::cmd::{Command, Completion};
+use vfpoll_nvme_spec::status::{Sct, Status};
 
 /// A submission queue entry (NVMe Base 2.0 Figure 88): vfpoll-nvme's [`Command`], 16 dwords.
 pub type Sqe = Command;
@@ -98,7 +98,7 @@ pub fn is_connect(sqe: &Sqe) -> bool {
     sqe.opcode() == FABRICS_OPCODE && fctype_of(sqe) == fctype::CONNECT
 }
 
-/// The statuses a target returns, beyond those `vfpoll_nvme::Status` names.
+/// The statuses a target returns, beyond those `vfpoll_nvme_spec::status::Status` names.
 pub mod status {
     use super::{Sct, Status};
 

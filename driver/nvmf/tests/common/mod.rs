@@ -8,7 +8,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 use vfpoll_dma::{DmaContext, PageSize};
-use vfpoll_nvme::cmd::{admin_op, Command};
+use vfpoll_nvme_spec::cmd::{admin_op, Command};
 use vfpoll_nvmf::backend::{Backend, MallocBackend};
 use vfpoll_nvmf::fabrics::{
     cqe_to_bytes, ctrl_off, fctype, ns_off, prop, sqe_to_bytes, Cqe, Listener, NamespaceInfo, Sqe, Subsystem,

@@ -6,8 +6,8 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use vfpoll_nvme::cmd::admin_op;
-use vfpoll_nvme::status::Status;
+use vfpoll_nvme_spec::cmd::admin_op;
+use vfpoll_nvme_spec::status::Status;
 
 use super::store::{Record, ResvStore, StoreError};
 use super::{

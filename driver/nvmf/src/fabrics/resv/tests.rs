@@ -7,7 +7,7 @@ use crate::fabrics::tests::{
     SUB,
 };
 use crate::fabrics::{ns_off, Cntlid, IoOp, IoQueue, SubsystemId, Target, SGL_IN_CAPSULE, SGL_TRANSPORT};
-use vfpoll_nvme::cmd::{admin_op, io_op};
+use vfpoll_nvme_spec::cmd::{admin_op, io_op};
 
 const A: HostId = [0xa; 16];
 const B: HostId = [0xb; 16];

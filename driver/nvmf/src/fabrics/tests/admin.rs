@@ -1,6 +1,6 @@
 //! Identify, features, log pages, the discovery controller and asynchronous events.
 
-use vfpoll_nvme::identify::{
+use vfpoll_nvme_spec::identify::{
     csi_of_descriptors, parse_ns_list, ErrorLogEntry, IdentifyController, IdentifyNamespace,
 };
 
@@ -226,7 +226,7 @@ fn log_pages_error_smart_firmware() {
     assert!(t.set_health(sid, 1, h1).unwrap().is_empty());
     assert!(t.set_health(sid, 2, h2).unwrap().is_empty());
     assert!(t.set_health(sid, 3, h2).is_err());
-    let all = vfpoll_nvme::identify::SmartLog::parse(
+    let all = vfpoll_nvme_spec::identify::SmartLog::parse(
         &get_log(&mut t, c, lid::SMART, u32::MAX, 512, 0, true).unwrap(),
     );
     assert_eq!(
@@ -234,8 +234,9 @@ fn log_pages_error_smart_firmware() {
         (320, 15, 90)
     );
     assert_eq!((all.data_units_read, all.error_log_entries), (4, 1));
-    let one =
-        vfpoll_nvme::identify::SmartLog::parse(&get_log(&mut t, c, lid::SMART, 2, 512, 0, true).unwrap());
+    let one = vfpoll_nvme_spec::identify::SmartLog::parse(
+        &get_log(&mut t, c, lid::SMART, 2, 512, 0, true).unwrap(),
+    );
     assert_eq!((one.temperature_k, one.host_reads), (320, 5));
     assert_eq!(
         get_log(&mut t, c, lid::SMART, 3, 512, 0, true),

@@ -305,7 +305,7 @@ fn keep_alive_expiry_and_traffic() {
     assert!(t.tick(s(0)).is_empty(), "the timer starts at the first tick");
     assert!(t.tick(s(14_000)).is_empty());
     // I/O counts (Traffic Based Keep Alive): the timer restarts at the next tick.
-    let mut read = sgl(sqe(vfpoll_nvme::cmd::io_op::READ, 1), SGL_TRANSPORT, 512);
+    let mut read = sgl(sqe(vfpoll_nvme_spec::cmd::io_op::READ, 1), SGL_TRANSPORT, 512);
     read.dw[12] = 0;
     q.decode(&read).unwrap();
     assert!(t.tick(s(14_500)).is_empty());
@@ -361,7 +361,7 @@ fn disconnect_of_the_admin_queue_ends_the_association() {
         vec![QueueRef { cntlid: c, qid: 1 }]
     );
     assert!(t.controllers().is_empty());
-    let read = sgl(sqe(vfpoll_nvme::cmd::io_op::READ, 1), SGL_TRANSPORT, 512);
+    let read = sgl(sqe(vfpoll_nvme_spec::cmd::io_op::READ, 1), SGL_TRANSPORT, 512);
     assert_eq!(
         q1.decode(&read).unwrap_err().status(),
         status::COMMAND_SEQUENCE_ERROR

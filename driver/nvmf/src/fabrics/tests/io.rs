@@ -1,6 +1,6 @@
 //! I/O command decoding.
 
-use vfpoll_nvme::cmd::io_op;
+use vfpoll_nvme_spec::cmd::io_op;
 
 use super::*;
 

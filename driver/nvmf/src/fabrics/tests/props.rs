@@ -2,7 +2,7 @@
 //! (256 cases per property by default; PROPTEST_CASES for longer runs).
 
 use proptest::prelude::*;
-use vfpoll_nvme::cmd::io_op;
+use vfpoll_nvme_spec::cmd::io_op;
 
 use super::*;
 

@@ -24,7 +24,7 @@ fn queue_of(t: &mut Target, host: &str) -> IoQueue {
 
 fn read(nsid: u32, blocks: u32, bs: u32) -> Sqe {
     let mut r = sgl(
-        sqe(vfpoll_nvme::cmd::io_op::READ, nsid),
+        sqe(vfpoll_nvme_spec::cmd::io_op::READ, nsid),
         SGL_TRANSPORT,
         blocks * bs,
     );
