@@ -447,7 +447,6 @@ impl Worker {
                     retry: &mut retry,
                     subsystem_stats: &|id| shared.subsystem_stats(index, id),
                     metrics: &self.metrics,
-                    limits: &self.limits,
                     close: &mut ended,
                 };
                 for c in done.drain(..) {

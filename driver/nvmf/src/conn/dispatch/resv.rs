@@ -1,20 +1,20 @@
 //! A connection's part in reservations: a reservation command runs under the target's lock
-//! (`Target::reservation`) once its data is in its buffer, and commands refused with
-//! Reservation Conflict count in the host's metrics.
+//! (`Target::reservation`) once its data is in its buffer (the caller finishes it with the
+//! status it gets), and commands refused with Reservation Conflict count in the host's
+//! metrics.
 
 use vfpoll_nvme::status::Status;
 
-use super::{lock, Conn, Ctx};
+use super::super::{lock, Conn, Ctx};
 use crate::fabrics::{resv::RESERVATION_CONFLICT, Cqe, DataXfer, Sqe};
 
 impl Conn {
     /// Runs reservation command `cid` (Register, Acquire and Release with their data in the
-    /// command's buffer; a Report's data goes into it) and finishes it.
-    pub(super) fn reservation(&mut self, cx: &mut Ctx<'_>, cid: u16) {
-        let Some(cntlid) = self.queue.as_ref().map(|q| q.queue.cntlid) else {
-            return;
-        };
-        let Some(cmd) = self.cmds.get(&cid) else { return };
+    /// command's buffer; a Report's data goes into it): the status to finish it with, `None`
+    /// when there is no such command.
+    pub(super) fn reservation(&mut self, cx: &mut Ctx<'_>, cid: u16) -> Option<Status> {
+        let cntlid = self.queue.as_ref()?.queue.cntlid;
+        let cmd = self.cmds.get(&cid)?;
         let req = cmd.req;
         let mut data = Vec::new();
         if let (Some(buf), DataXfer::InCapsule { .. } | DataXfer::FromHost { .. }) =
@@ -22,7 +22,7 @@ impl Conn {
         {
             data = vec![0u8; buf.len()];
             if cx.pool.read(buf, 0, &mut data).is_err() {
-                return self.finish(cx, cid, Status::DATA_TRANSFER_ERROR);
+                return Some(Status::DATA_TRANSFER_ERROR);
             }
         }
         let (mut status, out) = lock(cx.target).reservation(cntlid, &req, &data);
@@ -39,7 +39,7 @@ impl Conn {
                 status = Status::DATA_TRANSFER_ERROR;
             }
         }
-        self.finish(cx, cid, status);
+        Some(status)
     }
 
     /// Counts a command the decoder refused with Reservation Conflict in its host's metrics.
@@ -47,12 +47,7 @@ impl Conn {
         if cqe.status() != RESERVATION_CONFLICT {
             return;
         }
-        let Some(sub) = self
-            .queue
-            .as_ref()
-            .and_then(|q| q.io.as_ref())
-            .map(|io| io.subsystem())
-        else {
+        let Some(sub) = self.io_queue().map(|io| io.subsystem()) else {
             return;
         };
         self.io_counters(cx.metrics, sub, sqe.nsid())

@@ -3,9 +3,9 @@
 //! (the admin queue's go through `Target::admin`). Once the queue has authenticated, the
 //! target hands out its decoder.
 
-use super::{lock, Conn, Ctx};
-use crate::fabrics::{self, AdminOutcome, QueueRef, Sqe};
-use crate::pdu;
+use super::super::{lock, Conn, Ctx};
+use super::in_capsule;
+use crate::fabrics::{AdminOutcome, QueueRef, Sqe};
 
 impl Conn {
     /// Runs `sqe` (its in-capsule `data`) through the queue's authentication.
@@ -17,12 +17,8 @@ impl Conn {
         head: u16,
         queue: QueueRef,
     ) {
-        let in_data = match fabrics::data_xfer(sqe, pdu::FABRICS_MAX_ICD) {
-            Ok(x) => x.in_capsule_slice(data).unwrap_or(&[]),
-            Err(_) => &[],
-        };
         let mut target = lock(cx.target);
-        let outcome = target.authenticate(queue, sqe, in_data);
+        let outcome = target.authenticate(queue, sqe, in_capsule(sqe, data));
         let io = target.io_queue(queue);
         drop(target);
         if let Some(q) = self.queue.as_mut().filter(|q| q.io.is_none()) {
@@ -30,7 +26,7 @@ impl Conn {
         }
         if let AdminOutcome::Complete { cqe, data, .. } = outcome {
             if !data.is_empty() {
-                self.c2h_vec(sqe.cid(), &data);
+                self.wire.c2h_bytes(sqe.cid(), &data);
             }
             self.respond(cqe, head, queue.qid);
         }
