@@ -41,7 +41,7 @@ use vfpoll_nvme::status::Status;
 use crate::backend::{Backend, Op};
 use crate::fabrics::{ConnInfo, Cqe, QueueRef, SubsystemId, Target};
 use crate::pdu::{self, TargetLimits};
-use crate::server::{ConnCounters, IoCounters, Stats, WorkerMetrics};
+use crate::server::metrics::{ConnCounters, IoCounters, Stats, WorkerMetrics};
 
 mod dispatch;
 mod framing;

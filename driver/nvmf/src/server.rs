@@ -43,11 +43,11 @@ use crate::fabrics::{
 use crate::pdu::{LimitsError, TargetLimits};
 use crate::sys::{Epoll, Waker};
 
-mod metrics;
+pub(crate) mod metrics;
 mod worker;
 
-pub(crate) use metrics::{ConnCounters, IoCounters, IoKind, WorkerMetrics};
-pub use metrics::{HostStats, IoStats, Metrics, SubsystemMetrics, LATENCY_BUCKETS_US};
+pub(crate) use metrics::{ConnTotals, Stats, WorkerMetrics};
+pub use metrics::{HostStats, IoStats, Metrics, StatsSnapshot, SubsystemMetrics, LATENCY_BUCKETS_US};
 use worker::{ListenerThread, Worker};
 
 /// How often the keep-alive timers advance ([`Target::tick`]; KAS is one second).
@@ -180,109 +180,6 @@ pub enum ServerError {
         /// What the hook said.
         reason: String,
     },
-}
-
-/// Counters of one worker's connections (of the whole target, or of one subsystem), written
-/// by that worker only; [`Server::stats`] sums the workers'.
-#[derive(Debug, Default)]
-pub(crate) struct Stats {
-    accepted: AtomicU64,
-    active: AtomicU64,
-    commands: AtomicU64,
-    io_commands: AtomicU64,
-    read_bytes: AtomicU64,
-    written_bytes: AtomicU64,
-    protocol_errors: AtomicU64,
-    io_errors: AtomicU64,
-}
-
-/// Adds `n` to a counter only one thread writes: a relaxed load and store, no locked
-/// instruction (each worker has its own [`Stats`]; readers sum them).
-#[inline]
-fn bump(a: &AtomicU64, n: u64) {
-    a.store(a.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
-}
-
-impl Stats {
-    pub(crate) fn add_io_error(&self) {
-        bump(&self.io_errors, 1);
-    }
-
-    pub(crate) fn connected(&self) {
-        bump(&self.active, 1);
-        bump(&self.accepted, 1);
-    }
-
-    pub(crate) fn disconnected(&self) {
-        self.active.store(
-            self.active.load(Ordering::Relaxed).wrapping_sub(1),
-            Ordering::Relaxed,
-        );
-    }
-
-    /// Adds these counters to `s`.
-    fn add_to(&self, s: &mut StatsSnapshot) {
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        s.accepted += get(&self.accepted);
-        s.active = s.active.wrapping_add(get(&self.active));
-        s.commands += get(&self.commands);
-        s.io_commands += get(&self.io_commands);
-        s.read_bytes += get(&self.read_bytes);
-        s.written_bytes += get(&self.written_bytes);
-        s.protocol_errors += get(&self.protocol_errors);
-        s.io_errors += get(&self.io_errors);
-    }
-
-    pub(crate) fn add_command(&self) {
-        bump(&self.commands, 1);
-    }
-
-    pub(crate) fn add_io_command(&self) {
-        bump(&self.io_commands, 1);
-    }
-
-    pub(crate) fn add_read(&self, n: u64) {
-        bump(&self.read_bytes, n);
-    }
-
-    pub(crate) fn add_written(&self, n: u64) {
-        bump(&self.written_bytes, n);
-    }
-
-    pub(crate) fn add_protocol_error(&self) {
-        bump(&self.protocol_errors, 1);
-    }
-}
-
-/// Connections of the whole target: counted by the listener thread when it hands one to a
-/// worker, and by the worker when it ends (per connection, not per command).
-#[derive(Debug, Default)]
-pub(crate) struct ConnTotals {
-    pub accepted: AtomicU64,
-    pub active: AtomicU64,
-}
-
-/// The counters at one moment: of the whole target ([`Server::stats`]), or of one subsystem
-/// ([`Server::subsystem_stats`], where connections are those bound to the subsystem by their
-/// Connect, and commands those on them).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct StatsSnapshot {
-    /// Connections accepted (of a subsystem: queues connected).
-    pub accepted: u64,
-    /// Connections open now.
-    pub active: u64,
-    /// Command capsules received.
-    pub commands: u64,
-    /// Of those, commands on I/O queues.
-    pub io_commands: u64,
-    /// Bytes sent to hosts as read data (I/O reads).
-    pub read_bytes: u64,
-    /// Bytes received from hosts after R2T.
-    pub written_bytes: u64,
-    /// Connections ended by a protocol error.
-    pub protocol_errors: u64,
-    /// I/O commands completed with an error status.
-    pub io_errors: u64,
 }
 
 /// What a worker is told.

@@ -24,7 +24,7 @@ use crate::fabrics::{
     CONNECT_DATA_BYTES,
 };
 use crate::pdu::{self, CapsuleCmd};
-use crate::server::{IoCounters, IoKind, Stats, WorkerMetrics};
+use crate::server::metrics::{IoCounters, IoKind, Stats, WorkerMetrics};
 
 mod auth;
 mod resv;

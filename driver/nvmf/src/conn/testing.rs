@@ -12,7 +12,7 @@ use vfpoll_dma::{DmaContext, DmaPool, PageSize};
 use super::Conn;
 use crate::fabrics::ConnInfo;
 use crate::pdu::{parse_c2h_header, ConnParams, CtrlPdu, Progress, TargetLimits};
-use crate::server::Stats;
+use crate::server::metrics::Stats;
 
 /// A connected pair: the target's end (non-blocking) and the host's (blocking, with a
 /// timeout so that a missing PDU fails the test instead of hanging it).

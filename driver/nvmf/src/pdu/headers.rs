@@ -119,7 +119,7 @@ impl CtrlPdu {
     }
 }
 
-/// ICReq fields (§3.6.2.2), as received: [`negotiate`](super::negotiate) judges them.
+/// ICReq fields (§3.6.2.2), as received: [`negotiate`](super::negotiate()) judges them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct IcReq {
     /// PDU Format Version (0).

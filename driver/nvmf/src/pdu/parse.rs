@@ -52,11 +52,7 @@ fn check_common(ch: &Common, conn: &ConnParams, from_host: bool) -> Result<Check
         ));
     };
     if pdu.from_host() != from_host {
-        return Err(Error::field(
-            field::TYPE,
-            Reason::WrongDirection(pdu),
-            COMMON_HEADER_LEN,
-        ));
+        return Err(wrong_direction(pdu));
     }
     // Quote the whole header when HLEN is right for the type, else only the common header.
     let quote = if ch.hlen == pdu.hlen() {
@@ -303,10 +299,7 @@ pub fn parse_header(buf: &[u8], conn: &ConnParams) -> Result<Progress<Header<Hos
             digests: Digests::from_dgst(buf[field::ICREQ_DGST]),
             maxr2t: le32(buf, field::ICREQ_MAXR2T),
         }),
-        PduType::H2cTermReq => HostPdu::H2cTermReq(TermReq {
-            fes: le16(buf, field::TERM_FES),
-            fei: le32(buf, field::TERM_FEI),
-        }),
+        PduType::H2cTermReq => HostPdu::H2cTermReq(term_req(buf)),
         PduType::CapsuleCmd => {
             let mut sqe = [0u8; 64];
             sqe.copy_from_slice(&buf[field::CMD_SQE..field::CMD_SQE + 64]);
@@ -340,13 +333,7 @@ pub fn parse_header(buf: &[u8], conn: &ConnParams) -> Result<Progress<Header<Hos
             })
         }
         // check_common admits only the types hosts send.
-        other => {
-            return Err(Error::field(
-                field::TYPE,
-                Reason::WrongDirection(other),
-                COMMON_HEADER_LEN,
-            ))
-        }
+        other => return Err(wrong_direction(other)),
     };
     Ok(Progress::Done(Header {
         pdu,
@@ -369,10 +356,7 @@ pub fn parse_c2h_header(buf: &[u8], conn: &ConnParams) -> Result<Progress<Header
             digests: Digests::from_dgst(buf[field::ICRESP_DGST]),
             maxh2cdata: le32(buf, field::ICRESP_MAXH2CDATA),
         }),
-        PduType::C2hTermReq => CtrlPdu::C2hTermReq(TermReq {
-            fes: le16(buf, field::TERM_FES),
-            fei: le32(buf, field::TERM_FEI),
-        }),
+        PduType::C2hTermReq => CtrlPdu::C2hTermReq(term_req(buf)),
         PduType::CapsuleResp => {
             let mut cqe = [0u8; 16];
             cqe.copy_from_slice(&buf[field::RSP_CQE..field::RSP_CQE + 16]);
@@ -396,18 +380,25 @@ pub fn parse_c2h_header(buf: &[u8], conn: &ConnParams) -> Result<Progress<Header
             r2tl: le32(buf, field::R2T_R2TL),
         }),
         // check_common admits only the types controllers send.
-        other => {
-            return Err(Error::field(
-                field::TYPE,
-                Reason::WrongDirection(other),
-                COMMON_HEADER_LEN,
-            ))
-        }
+        other => return Err(wrong_direction(other)),
     };
     Ok(Progress::Done(Header {
         pdu,
         layout: c.layout,
     }))
+}
+
+/// The fields of a termination request, either way (§3.6.2.4/§3.6.2.5: FES, FEI).
+fn term_req(buf: &[u8]) -> TermReq {
+    TermReq {
+        fes: le16(buf, field::TERM_FES),
+        fei: le32(buf, field::TERM_FEI),
+    }
+}
+
+/// A PDU type the other side sends.
+fn wrong_direction(t: PduType) -> Error {
+    Error::field(field::TYPE, Reason::WrongDirection(t), COMMON_HEADER_LEN)
 }
 
 /// DATAL must be the data PLEN and PDO leave (§3.6.2.8/§3.6.2.9).

@@ -36,9 +36,108 @@ impl Counter {
             .store(self.0.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
     }
 
+    #[inline]
+    pub fn sub(&self, n: u64) {
+        self.0
+            .store(self.0.load(Ordering::Relaxed).wrapping_sub(n), Ordering::Relaxed);
+    }
+
     pub fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
     }
+}
+
+/// Counters of one worker's connections (of the whole target, or of one subsystem), written
+/// by that worker only; [`Server::stats`](super::Server::stats) sums the workers'.
+#[derive(Debug, Default)]
+pub(crate) struct Stats {
+    accepted: Counter,
+    active: Counter,
+    commands: Counter,
+    io_commands: Counter,
+    read_bytes: Counter,
+    written_bytes: Counter,
+    protocol_errors: Counter,
+    io_errors: Counter,
+}
+
+impl Stats {
+    pub(crate) fn connected(&self) {
+        self.active.add(1);
+        self.accepted.add(1);
+    }
+
+    pub(crate) fn disconnected(&self) {
+        self.active.sub(1);
+    }
+
+    pub(crate) fn add_command(&self) {
+        self.commands.add(1);
+    }
+
+    pub(crate) fn add_io_command(&self) {
+        self.io_commands.add(1);
+    }
+
+    pub(crate) fn add_read(&self, n: u64) {
+        self.read_bytes.add(n);
+    }
+
+    pub(crate) fn add_written(&self, n: u64) {
+        self.written_bytes.add(n);
+    }
+
+    pub(crate) fn add_protocol_error(&self) {
+        self.protocol_errors.add(1);
+    }
+
+    pub(crate) fn add_io_error(&self) {
+        self.io_errors.add(1);
+    }
+
+    /// Adds these counters to `s`.
+    pub(super) fn add_to(&self, s: &mut StatsSnapshot) {
+        s.accepted += self.accepted.get();
+        s.active = s.active.wrapping_add(self.active.get());
+        s.commands += self.commands.get();
+        s.io_commands += self.io_commands.get();
+        s.read_bytes += self.read_bytes.get();
+        s.written_bytes += self.written_bytes.get();
+        s.protocol_errors += self.protocol_errors.get();
+        s.io_errors += self.io_errors.get();
+    }
+}
+
+/// Connections of the whole target: counted by the listener thread when it hands one to a
+/// worker, and by the worker when it ends (per connection, not per command; several threads
+/// write them, so these are plain atomics).
+#[derive(Debug, Default)]
+pub(crate) struct ConnTotals {
+    pub accepted: AtomicU64,
+    pub active: AtomicU64,
+}
+
+/// The counters at one moment: of the whole target ([`Server::stats`](super::Server::stats)),
+/// or of one subsystem ([`Server::subsystem_stats`](super::Server::subsystem_stats), where
+/// connections are those bound to the subsystem by their Connect, and commands those on them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StatsSnapshot {
+    /// Connections accepted (of a subsystem: queues connected).
+    pub accepted: u64,
+    /// Connections open now.
+    pub active: u64,
+    /// Command capsules received.
+    pub commands: u64,
+    /// Of those, commands on I/O queues.
+    pub io_commands: u64,
+    /// Bytes sent to hosts as read data (I/O reads).
+    pub read_bytes: u64,
+    /// Bytes received from hosts after R2T.
+    pub written_bytes: u64,
+    /// Connections ended by a protocol error.
+    pub protocol_errors: u64,
+    /// I/O commands completed with an error status.
+    pub io_errors: u64,
 }
 
 /// What kind of I/O command, for its counter.

@@ -15,7 +15,7 @@ use crate::fabrics::{
     FABRICS_OPCODE, SGL_IN_CAPSULE, SGL_TRANSPORT,
 };
 use crate::pdu::CtrlPdu;
-use crate::server::Stats;
+use crate::server::metrics::Stats;
 
 const SUB: &str = "nqn.2024-01.io.vfpoll:dispatch-test";
 const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-555555555555";
@@ -43,17 +43,17 @@ impl Backend for Fake {
 
     fn submit(
         &mut self,
-        _pool: &mut DmaPool,
+        _: &mut DmaPool,
         op: Op,
-        slba: u64,
-        nlb: u32,
-        buf: Option<DmaBuf>,
-        tag: u64,
+        at: u64,
+        n: u32,
+        data: Option<DmaBuf>,
+        t: u64,
     ) -> Result<(), Busy> {
         if self.busy.load(Ordering::Relaxed) {
-            return Err(Busy { buf });
+            return Err(Busy { buf: data });
         }
-        self.subs.lock().unwrap().push((op, slba, nlb, buf, tag));
+        self.subs.lock().unwrap().push((op, at, n, data, t));
         Ok(())
     }
 
