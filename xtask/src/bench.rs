@@ -24,7 +24,7 @@
 use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::build;
@@ -537,44 +537,13 @@ pub fn main(ws: &Workspace, a: &BenchArgs) -> Result<u8> {
             ));
         }
     }
-    let assets = setup::ensure(ws)?;
     let runs = a.cases().len() as u64 * a.engines.len() as u64 * a.repeat as u64;
-    let boot = Boot {
-        mode: Mode::Iommu,
-        timeout: Duration::from_secs(300 + runs * (a.time as u64 + a.warmup as u64 + 30)),
-        mem: "2G".into(),
-        smp: 2,
-        modules: DEFAULT_MODULES.iter().map(|m| m.to_string()).collect(),
-        hugepages: 64,
-        run_dir: run_dir.clone(),
-        keep_run_dir: false,
-        verbose: a.verbose,
-        cwd: ws.root.clone(),
-        env: Vec::new(),
-        command: ["bash", "-c", &job_script(a, &vfpoll, &engine_so)]
-            .iter()
-            .map(OsString::from)
-            .collect(),
-        hotplug: false,
-        machine: vm::Machine::default(),
-    };
-    let load_before = loadavg();
-    let lock = vm::lock_run_dir(&run_dir)?;
-    let out = vm::run_boot(ws, &assets, &boot, &lock)?;
-    let load_after = loadavg();
-    if out.code != 0 {
-        eprintln!(
-            "bench: the guest job exited with {}; the table shows what finished",
-            out.code
-        );
-    }
+    let timeout = Duration::from_secs(300 + runs * (a.time as u64 + a.warmup as u64 + 30));
+    let script = job_script(a, &vfpoll, &engine_so);
+    let g = GuestRun::boot(ws, &run_dir, timeout, a.verbose, &script)?;
+    let (load_before, load_after) = (&g.load.0, &g.load.1);
     let dir = run_dir.join("out");
-    let read = |f: &str| {
-        fs::read_to_string(dir.join(f))
-            .unwrap_or_default()
-            .trim()
-            .to_string()
-    };
+    let read = |f: &str| g.read(f);
     println!(
         "\ncargo xtask bench: NVMe A {BDF} ns 1 (QEMU 7.2 nvme, 64 MiB, 512 B blocks) in the TCG guest \
          (kernel {}, 2 vCPUs, IOMMU), CPU {CPU}, {} s per run after {} s of warm-up, median of {}; \
@@ -609,17 +578,88 @@ pub fn main(ws: &Workspace, a: &BenchArgs) -> Result<u8> {
         );
         draw_plots(&run_dir, a, &title)?;
     }
-    if out.iommu_faults.is_empty() {
-        return Ok(out.code);
+    Ok(g.exit_code())
+}
+
+/// What one bench boot left: the guest job's outcome, where its files are, and the host's
+/// load average (1 min) before and after it.
+struct GuestRun {
+    out: vm::Outcome,
+    run_dir: PathBuf,
+    load: (String, String),
+}
+
+impl GuestRun {
+    /// Boots the bench guest (IOMMU mode, 2 vCPUs, 2 GiB, 64 hugepages) in `run_dir` with
+    /// `bash -c script` as its job, for at most `timeout`. A job that fails is told on stderr
+    /// (the table shows what finished).
+    fn boot(
+        ws: &Workspace,
+        run_dir: &Path,
+        timeout: Duration,
+        verbose: bool,
+        script: &str,
+    ) -> Result<GuestRun> {
+        let assets = setup::ensure(ws)?;
+        let boot = Boot {
+            mode: Mode::Iommu,
+            timeout,
+            mem: "2G".into(),
+            smp: 2,
+            modules: DEFAULT_MODULES.iter().map(|m| m.to_string()).collect(),
+            hugepages: 64,
+            run_dir: run_dir.to_path_buf(),
+            keep_run_dir: false,
+            verbose,
+            cwd: ws.root.clone(),
+            env: Vec::new(),
+            command: ["bash", "-c", script].iter().map(OsString::from).collect(),
+            hotplug: false,
+            machine: vm::Machine::default(),
+        };
+        let load_before = loadavg();
+        let lock = vm::lock_run_dir(run_dir)?;
+        let out = vm::run_boot(ws, &assets, &boot, &lock)?;
+        let load_after = loadavg();
+        if out.code != 0 {
+            eprintln!(
+                "bench: the guest job exited with {}; the table shows what finished",
+                out.code
+            );
+        }
+        Ok(GuestRun {
+            out,
+            run_dir: run_dir.to_path_buf(),
+            load: (load_before, load_after),
+        })
     }
-    // Figures from a run whose device reached unmapped memory are not to be trusted.
-    let file = run_dir.join(vm::IOMMU_FAULTS_FILE);
-    eprintln!("bench: error: {}", vm::fault_report(&out.iommu_faults, &file));
-    Ok(if out.code == 0 {
-        vm::EXIT_IOMMU_FAULT
-    } else {
-        out.code
-    })
+
+    /// The guest job's file `/out/<name>`, trimmed (empty if it wrote none).
+    fn read(&self, name: &str) -> String {
+        fs::read_to_string(self.run_dir.join("out").join(name))
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    }
+
+    /// The command's exit code: the job's, or [`vm::EXIT_IOMMU_FAULT`] for a job that passed
+    /// while QEMU's vIOMMU refused a device DMA (figures from a run whose device reached
+    /// unmapped memory are not to be trusted; stderr says so).
+    fn exit_code(&self) -> u8 {
+        if self.out.iommu_faults.is_empty() {
+            return self.out.code;
+        }
+        let file = self.run_dir.join(vm::IOMMU_FAULTS_FILE);
+        eprintln!(
+            "bench: error: {}",
+            vm::fault_report(&self.out.iommu_faults, &file)
+        );
+        if self.out.code == 0 {
+            vm::EXIT_IOMMU_FAULT
+        } else {
+            self.out.code
+        }
+    }
 }
 
 /// Draws `--plot`'s figures from `run_dir/out` into `run_dir/plots` and names them.

@@ -28,18 +28,15 @@
 //!   takes the guest's busy time minus fio's own: an upper bound on the kernel target's cost,
 //!   which also holds the initiator's work outside fio's context (its kworkers and softirqs).
 
-use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::fs;
 use std::path::Path;
 use std::time::Duration;
 
-use super::{cpu_model, describe_binary, load_json, loadavg, median, num, vfpoll_binary, BenchArgs};
+use super::{cpu_model, describe_binary, load_json, median, num, vfpoll_binary, BenchArgs, GuestRun};
 use crate::json::Value;
-use crate::mode::Mode;
-use crate::setup;
 use crate::util::{err, Result};
-use crate::vm::{self, Boot, DEFAULT_MODULES};
+use crate::vm;
 use crate::Workspace;
 
 /// The backing controller, served by both targets.
@@ -211,45 +208,13 @@ pub fn main(ws: &Workspace, a: &BenchArgs) -> Result<u8> {
             vfpoll.display()
         ));
     }
-    let assets = setup::ensure(ws)?;
     let run_dir = vm::default_run_dir(ws, "bench-nvmf-iommu");
     let runs = CASES.len() as u64 * 2 * a.repeat as u64;
-    let boot = Boot {
-        mode: Mode::Iommu,
-        timeout: Duration::from_secs(300 + runs * (a.time as u64 + 30)),
-        mem: "2G".into(),
-        smp: 2,
-        modules: DEFAULT_MODULES.iter().map(|m| m.to_string()).collect(),
-        hugepages: 64,
-        run_dir: run_dir.clone(),
-        keep_run_dir: false,
-        verbose: a.verbose,
-        cwd: ws.root.clone(),
-        env: Vec::new(),
-        command: ["bash", "-c", &job_script(a, &vfpoll)]
-            .iter()
-            .map(OsString::from)
-            .collect(),
-        hotplug: false,
-        machine: vm::Machine::default(),
-    };
-    let load_before = loadavg();
-    let lock = vm::lock_run_dir(&run_dir)?;
-    let out = vm::run_boot(ws, &assets, &boot, &lock)?;
-    let load_after = loadavg();
-    if out.code != 0 {
-        eprintln!(
-            "bench: the guest job exited with {}; the table shows what finished",
-            out.code
-        );
-    }
+    let timeout = Duration::from_secs(300 + runs * (a.time as u64 + 30));
+    let g = GuestRun::boot(ws, &run_dir, timeout, a.verbose, &job_script(a, &vfpoll))?;
+    let (load_before, load_after) = (&g.load.0, &g.load.1);
     let dir = run_dir.join("out");
-    let read = |f: &str| {
-        fs::read_to_string(dir.join(f))
-            .unwrap_or_default()
-            .trim()
-            .to_string()
-    };
+    let read = |f: &str| g.read(f);
     println!(
         "\ncargo xtask bench --nvmf: NVMe B {BDF} ns 1 (QEMU 7.2 nvme, 64 MiB, 512 B blocks) served \
          over NVMe/TCP on 127.0.0.1 to the guest kernel's initiator, in the TCG guest (kernel {}, \
@@ -267,17 +232,7 @@ pub fn main(ws: &Workspace, a: &BenchArgs) -> Result<u8> {
     );
     let clk_tck = read("clk_tck.txt").parse().unwrap_or(100.0);
     print!("{}", table(&dir, a.repeat, clk_tck));
-    if out.iommu_faults.is_empty() {
-        return Ok(out.code);
-    }
-    // Figures from a run whose device reached unmapped memory are not to be trusted.
-    let file = run_dir.join(vm::IOMMU_FAULTS_FILE);
-    eprintln!("bench: error: {}", vm::fault_report(&out.iommu_faults, &file));
-    Ok(if out.code == 0 {
-        vm::EXIT_IOMMU_FAULT
-    } else {
-        out.code
-    })
+    Ok(g.exit_code())
 }
 
 /// One run through one target.
