@@ -158,6 +158,19 @@ struct Setup {
     model: Option<crate::model::NvmeModel>,
 }
 
+impl Setup {
+    /// A source that drives no device (a file, or the pattern in hugepages).
+    fn without_device(source: Box<dyn BlockSource>, slots: Slots) -> Setup {
+        Setup {
+            source,
+            slots,
+            _ctrl: None,
+            _container: None,
+            model: None,
+        }
+    }
+}
+
 fn slot_geometry(a: &XferArgs) -> anyhow::Result<usize> {
     let ss = usize::try_from(a.slot_size).context("--slot-size is too large")?;
     if a.slots == 0 {
@@ -184,24 +197,12 @@ fn open_source(a: &XferArgs, save: bool) -> anyhow::Result<Setup> {
     if let Some(path) = &a.file {
         let slots = Slots::alloc(&no_device(), a.slots, ss, a.page_size)?;
         let source = FileSource::open(path, save, a.direct)?;
-        return Ok(Setup {
-            source: Box::new(source),
-            slots,
-            _ctrl: None,
-            _container: None,
-            model: None,
-        });
+        return Ok(Setup::without_device(Box::new(source), slots));
     }
     if a.hugepages {
         let mut slots = Slots::alloc(&no_device(), a.slots, ss, a.page_size)?;
         let source = PatternSource::resident(&mut slots, a.seed)?;
-        return Ok(Setup {
-            source: Box::new(source),
-            slots,
-            _ctrl: None,
-            _container: None,
-            model: None,
-        });
+        return Ok(Setup::without_device(Box::new(source), slots));
     }
     if a.model {
         return open_model(a, ss, save);

@@ -14,6 +14,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod bind;
+mod cpu_time;
 mod ctx;
 mod doctor;
 mod format;
@@ -27,13 +28,13 @@ mod nic_common;
 mod nvme_open;
 mod perf;
 mod pktgen;
-mod reset;
 mod responder;
 mod setup;
 mod status;
 mod store;
 mod table;
 mod target;
+mod unbind;
 mod units;
 
 #[cfg(test)]
@@ -93,7 +94,7 @@ enum Cmd {
     /// unless named. Also gives back what `setup --user` gave a user (ownership of the VFIO
     /// nodes, /dev/iommu and the hugetlbfs mount): all of it, or the named devices' nodes.
     #[command(visible_alias = "unbind")]
-    Reset(reset::Args),
+    Reset(unbind::Args),
     /// Show NVMe and NIC devices, IOMMU groups, hugepages, mounts and limits.
     ///
     /// The IOMMU state (IOMMU units, vfio's no-IOMMU switch); the IOMMU backend a run would
@@ -220,7 +221,7 @@ fn main() -> ExitCode {
     let result = match cli.cmd {
         Cmd::Setup(a) => setup::run(&ctx, a),
         Cmd::Bind(a) => bind::run(&ctx, a),
-        Cmd::Reset(a) => reset::run(&ctx, a),
+        Cmd::Reset(a) => unbind::run(&ctx, a),
         Cmd::Status(a) => status::run(&ctx, a),
         Cmd::Doctor(a) => doctor::run(&ctx, a),
         Cmd::Perf(a) => perf::run(&ctx, a),

@@ -19,6 +19,7 @@ use vfpoll_nvme::{CompletionMode, Controller, ControllerOptions, QpairOptions};
 use vfpoll_pci::vfio::Backend;
 use vfpoll_pci::Bdf;
 
+use crate::cpu_time::process_cpu;
 use crate::ctx::Ctx;
 use crate::units::parse_nonzero_bytes as parse_size;
 use crate::units::parse_page_size;
@@ -167,15 +168,6 @@ fn completion_mode(a: &Args) -> anyhow::Result<CompletionMode> {
         &a.completion,
         Duration::from_micros(a.hybrid_spin_us),
     )?)
-}
-
-/// User and system CPU time of the whole process so far (every thread: workers, the control
-/// thread, and the model's controller thread with --model).
-fn process_cpu() -> anyhow::Result<Duration> {
-    use nix::sys::resource::{getrusage, UsageWho};
-    let u = getrusage(UsageWho::RUSAGE_SELF).context("getrusage")?;
-    let d = |t: nix::sys::time::TimeVal| Duration::new(t.tv_sec() as u64, t.tv_usec() as u32 * 1000);
-    Ok(d(u.user_time()) + d(u.system_time()))
 }
 
 fn parse_per_octave(s: &str) -> Result<u32, String> {

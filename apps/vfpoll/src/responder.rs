@@ -16,6 +16,7 @@ use clap::Args as ClapArgs;
 use vfpoll_nic::{free_bulk, CompletionMode, MacAddr};
 use vfpoll_pci::Bdf;
 
+use crate::cpu_time::process_cpu;
 use crate::ctx::Ctx;
 use crate::nic_common::{print_port, NicArgs, Stop};
 
@@ -96,14 +97,6 @@ fn completion_mode(a: &Args) -> anyhow::Result<CompletionMode> {
         &a.completion,
         Duration::from_micros(a.hybrid_spin_us),
     )?)
-}
-
-/// User and system CPU time of the whole process so far.
-fn process_cpu() -> anyhow::Result<Duration> {
-    use nix::sys::resource::{getrusage, UsageWho};
-    let u = getrusage(UsageWho::RUSAGE_SELF).context("getrusage")?;
-    let d = |t: nix::sys::time::TimeVal| Duration::new(t.tv_sec() as u64, t.tv_usec() as u32 * 1000);
-    Ok(d(u.user_time()) + d(u.system_time()))
 }
 
 /// What came in.

@@ -3,28 +3,14 @@
 //! needs: for iommufd, `/dev/iommu` and each device's VFIO cdev, read-write (the type1
 //! container and group nodes are checked in `doctor.rs`).
 
-use vfpoll_pci::bind::VFIO_PCI;
 use vfpoll_pci::vfio::{BackendChoice, IommuMode};
-use vfpoll_pci::{sysfs, Bdf, Host};
+use vfpoll_pci::{sysfs, Host};
 
 use super::types::{finding, rw, Args, Finding, Level};
 
-/// The devices of the run: `--device`, or every device on vfio-pci.
-fn run_devices(host: &Host, a: &Args) -> Vec<Bdf> {
-    if !a.devices.is_empty() {
-        return a.devices.clone();
-    }
-    sysfs::devices(host)
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|d| d.driver.as_deref() == Some(VFIO_PCI))
-        .map(|d| d.bdf)
-        .collect()
-}
-
 /// The backend a run with these options would use, or why the options contradict each other.
 pub fn choice(host: &Host, a: &Args) -> Result<BackendChoice, String> {
-    crate::iommu_backend::choose(host, a.noiommu, a.iommu_backend, &run_devices(host, a))
+    crate::iommu_backend::choose(host, a.noiommu, a.iommu_backend, &a.run_devices(host))
         .map_err(|e| e.to_string())
 }
 
@@ -82,7 +68,7 @@ pub fn check(host: &Host, a: &Args, out: &mut Vec<Finding>) {
             None,
         )
     });
-    for bdf in run_devices(host, a) {
+    for bdf in a.run_devices(host) {
         let check = format!("{bdf} cdev");
         let Some(name) = sysfs::vfio_cdev(host, bdf) else {
             out.push(finding(

@@ -7,7 +7,8 @@ use std::path::Path;
 
 use nix::unistd::{eaccess, AccessFlags};
 use vfpoll_hugepages::{self as hp, Memlock};
-use vfpoll_pci::{Bdf, Host};
+use vfpoll_pci::bind::VFIO_PCI;
+use vfpoll_pci::{sysfs, Bdf, Host};
 
 /// `vfpoll doctor` options.
 #[derive(Debug, Clone, clap::Args)]
@@ -26,6 +27,21 @@ pub struct Args {
     /// Hugepage memory the run needs free, and may pin, in MiB.
     #[arg(long, value_name = "MiB", default_value_t = 64)]
     pub hugepages: u64,
+}
+
+impl Args {
+    /// The devices of the run: `--device`, or every device on vfio-pci.
+    pub fn run_devices(&self, host: &Host) -> Vec<Bdf> {
+        if !self.devices.is_empty() {
+            return self.devices.clone();
+        }
+        sysfs::devices(host)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|d| d.driver.as_deref() == Some(VFIO_PCI))
+            .map(|d| d.bdf)
+            .collect()
+    }
 }
 
 /// How bad a finding is.

@@ -11,7 +11,7 @@
 use std::fs;
 
 use vfpoll_hugepages as hp;
-use vfpoll_pci::bind::{self, VFIO_PCI};
+use vfpoll_pci::bind;
 use vfpoll_pci::sysfs;
 use vfpoll_pci::{Bdf, Host};
 
@@ -81,16 +81,7 @@ pub fn check(host: &Host, a: &Args, who: &Process, out: &mut Vec<Finding>) {
     let may = |p: &std::path::Path, want: u32| {
         user::owner(host, p).is_ok_and(|o| allows(&o, who.euid, &creds.groups, want))
     };
-    let devices: Vec<Bdf> = if a.devices.is_empty() {
-        sysfs::devices(host)
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|d| d.driver.as_deref() == Some(VFIO_PCI))
-            .map(|d| d.bdf)
-            .collect()
-    } else {
-        a.devices.clone()
-    };
+    let devices = a.run_devices(host);
 
     rewrite_fixes(a, who, &name, &setup, out);
     out.push(finding(

@@ -1,6 +1,6 @@
 //! `vfpoll reset|unbind [BDF...|all]`: gives devices back to their kernel drivers and undoes
-//! `vfpoll setup`. It resets no controller; the controller resets under load are
-//! `vfpoll perf --reset-every` (`perf/reset_every.rs`).
+//! `vfpoll setup`. It resets no controller (hence the module's name); the controller resets
+//! under load are `vfpoll perf --reset-every` (`perf/reset_every.rs`).
 
 use std::process::ExitCode;
 
@@ -8,6 +8,7 @@ use anyhow::bail;
 use vfpoll_pci::bind::{recorded, unbind_to_kernel_with};
 use vfpoll_pci::Bdf;
 
+use crate::bind::each_device;
 use crate::ctx::Ctx;
 use crate::setup::user::{undo, Scope};
 
@@ -57,26 +58,10 @@ pub fn run(ctx: &Ctx, args: Args) -> anyhow::Result<ExitCode> {
             "nothing to give back: vfpoll has bound no device (records in {}); name a device to give back one bound by something else",
             ctx.state_dir.join("bound").display()
         );
-        return Ok(if failed == 0 {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::FAILURE
-        });
     }
     let opts = ctx.bind_options(false);
     let mut kernel = ctx.kernel();
-    for bdf in targets {
-        match unbind_to_kernel_with(&ctx.host, kernel.as_mut(), bdf, &opts) {
-            Ok(out) => println!("reset {out}"),
-            Err(e) => {
-                eprintln!("vfpoll: error: {e}");
-                failed += 1;
-            }
-        }
-    }
-    Ok(if failed == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
+    Ok(each_device(targets, "reset", failed, |bdf| {
+        unbind_to_kernel_with(&ctx.host, kernel.as_mut(), bdf, &opts)
+    }))
 }
