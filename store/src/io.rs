@@ -138,6 +138,12 @@ const STEP: usize = 32 << 10;
 const HELP_MIN_BYTES: usize = 1 << 20;
 const HELP_MIN_PIECES: usize = 4;
 
+/// Whether a run of `pieces` pieces and `bytes` bytes that computes crc32c has its copies
+/// done by `copy_threads` copy threads (else the calling thread copies).
+pub(crate) fn copies_help(copy_threads: usize, pieces: usize, bytes: usize) -> bool {
+    copy_threads > 0 && pieces >= HELP_MIN_PIECES && bytes >= HELP_MIN_BYTES
+}
+
 /// A piece's bytes in its job.
 enum Bytes<'a> {
     Src(&'a [u8]),
@@ -325,7 +331,7 @@ impl Io {
         // Copy threads only where a crc32c is computed: plain copies are cheap next to the
         // extra thread's cost on a small machine (measured in the test bed: a crc-off load on
         // 2 vCPUs ran at 0.26 GB/s with a copy thread, 0.73 without).
-        let helpers = if seeds.is_some() && pieces.len() >= HELP_MIN_PIECES && total_bytes >= HELP_MIN_BYTES {
+        let helpers = if seeds.is_some() && copies_help(self.copy_threads, pieces.len(), total_bytes) {
             self.copy_threads.min(pieces.len() - 1)
         } else {
             0

@@ -2,21 +2,48 @@
 //!
 //! A pool keeps its whole slot header table in memory (64 bytes per slot, read in one burst
 //! when the pool is first opened in a process: the index is rebuilt from headers alone, never
-//! from the data). `put_many` writes the blocks and their header pages in one submission burst;
+//! from the data). `put_many` writes the blocks and their header pages in one submission burst
+//! (a batch of 1 MiB or more: the blocks, then the headers; see Locking);
 //! `get_many` reads the hits in one burst and checks each block's crc32c, which binds the data
 //! to its key and generation: a torn, stale or overwritten block fails it and is a miss, never
 //! a hit. A put that finds the pool full evicts the least recently used blocks (a batch of
 //! 1/64 of the pool, at least 8 blocks, at a time, so the next puts find free slots) and deallocates the ones it
 //! does not reuse at once.
+//!
+//! ## Locking
+//!
+//! The index (slots, keys, LRU, the in-memory header table) is behind a mutex held only for
+//! bookkeeping, never across I/O, so gets look up and account while puts of other threads
+//! are on the device. A put runs in three steps:
+//! 1. **reserve** (index lock): take its slots out of the free list or by eviction, and the
+//!    slots of the keys it replaces out of the index; number the blocks (generations);
+//! 2. **write** (no index lock): the blocks, then the header pages. A big batch is written
+//!    first and its crc32c computed by the engine's copy threads as they copy each block
+//!    (`StoreOptions::copy_threads`, as checkpoint saves do), the header pages follow in a
+//!    second burst; a small one computes its crcs on the calling thread and writes blocks and
+//!    headers in one burst. Header pages hold 64 slots, so two puts' copies of one page must
+//!    reach the device in the order they were taken: the puts (and removes) of a pool hold its
+//!    write-order lock from their header snapshot to their publish, and take the snapshot
+//!    under it. Gets never take it;
+//! 3. **publish** (index lock): the keys point at their new slots; slots evicted or replaced
+//!    and not reused are deallocated, and only then freed, so no other put can write a slot
+//!    that is about to be trimmed.
+//!
+//! Reserved slots are neither free, indexed nor in the LRU, so no one else reads, evicts or
+//! reuses them. A get that looked a key up before a put evicted or replaced its slot reads
+//! either the old block whole (the I/O engine runs one burst at a time) or the new one, whose
+//! crc is bound to another key or generation: a miss, never wrong bytes. Two puts of one key
+//! from two threads: the later reservation (higher generation) wins whatever order they
+//! finish in, as it would at the next open.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::error::{Result, StoreError};
 use crate::format::{
-    slot_crc_seed, slot_data_crc, PoolRec, SlotHeader, MAX_BLOCK, MAX_NAME, PAGE, SLOT_HEADER,
+    crc32c_append, slot_crc_seed, slot_data_crc, PoolRec, SlotHeader, MAX_BLOCK, MAX_NAME, PAGE, SLOT_HEADER,
 };
-use crate::io::Job;
+use crate::io::{copies_help, Job};
 use crate::store::{now_ns, Change, Finding, Store};
 
 /// Counters of a pool since it was opened in this process.
@@ -83,29 +110,74 @@ impl PoolState {
         }
     }
 
-    /// Empties `slot` in memory (header zeroed).
+    /// Takes `slot` out of the index and the LRU (header zeroed in memory) without freeing
+    /// it; returns whether it held a block.
+    fn take(&mut self, slot: u64) -> bool {
+        let at = slot as usize * SLOT_HEADER;
+        self.headers[at..at + SLOT_HEADER].fill(0);
+        let Some(s) = self.slots[slot as usize].take() else {
+            return false;
+        };
+        self.lru.remove(&s.tick);
+        if self.index.get(&s.key) == Some(&slot) {
+            self.index.remove(&s.key);
+        }
+        true
+    }
+
+    /// Empties `slot` in memory (header zeroed) and frees it.
     fn clear(&mut self, slot: u64) {
-        if let Some(s) = self.slots[slot as usize].take() {
-            self.lru.remove(&s.tick);
-            if self.index.get(&s.key) == Some(&slot) {
-                self.index.remove(&s.key);
-            }
-            let at = slot as usize * SLOT_HEADER;
-            self.headers[at..at + SLOT_HEADER].fill(0);
+        if self.take(slot) {
             self.free.push(slot);
         }
     }
+
+    /// The header pages (of the pool's table) of `slots`, each once, with their bytes now.
+    fn snapshot(&self, slots: impl Iterator<Item = u64>) -> Vec<(u64, Vec<u8>)> {
+        let mut pages: Vec<u64> = slots.map(|s| s * SLOT_HEADER as u64 / PAGE as u64).collect();
+        pages.sort_unstable();
+        pages.dedup();
+        pages
+            .iter()
+            .map(|&p| {
+                (
+                    p,
+                    self.headers[p as usize * PAGE..(p as usize + 1) * PAGE].to_vec(),
+                )
+            })
+            .collect()
+    }
+}
+
+/// A put's slots between its reservation and its publish.
+struct Reserved {
+    /// The slot and generation of each block.
+    slots: Vec<u64>,
+    gens: Vec<u64>,
+    /// Slots taken out of the index by this put (replaced or evicted) and not reused: their
+    /// zeroed headers are written with the put's, then they are deallocated and freed.
+    spare: Vec<u64>,
+    /// Every slot whose header this put zeroed (`spare` and the ones it reused).
+    taken: Vec<u64>,
 }
 
 /// The state of a pool open in this process, shared by its handles.
 pub(crate) struct PoolShared {
     rec: PoolRec,
+    /// The index; never held across I/O.
     state: Mutex<PoolState>,
+    /// Held by a put or remove from its header snapshot to its publish, so that header pages
+    /// reach the device in the order their copies were taken (module docs, Locking).
+    write_order: Mutex<()>,
 }
 
 impl PoolShared {
     fn lock(&self) -> MutexGuard<'_, PoolState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write_order(&self) -> MutexGuard<'_, ()> {
+        self.write_order.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -304,6 +376,7 @@ impl Store {
                 Arc::new(PoolShared {
                     rec,
                     state: Mutex::new(state),
+                    write_order: Mutex::new(()),
                 })
             })
             .clone();
@@ -402,7 +475,10 @@ impl KvPool {
 
     /// Stores `bufs[i]` (1 to block size bytes) under `keys[i]`, replacing an older block of
     /// the same key, evicting least recently used blocks when the pool is full; all blocks and
-    /// their headers in one submission burst. Not durable until [`KvPool::sync`] (a cache: a
+    /// their headers in one submission burst (a batch of at least 4 blocks and 1 MiB, with
+    /// copy threads: the blocks, their crc32c computed by the copy threads, then the headers).
+    /// Other threads' gets go on meanwhile; puts of one pool reach the device one at a time
+    /// (module docs, Locking). Not durable until [`KvPool::sync`] (a cache: a
     /// put lost to a power cut is a miss afterwards, never wrong bytes).
     pub fn put_many(&self, keys: &[u128], bufs: &[&[u8]]) -> Result<()> {
         let rec = &self.shared.rec;
@@ -435,109 +511,190 @@ impl KvPool {
                 )));
             }
         }
+        let r = self.reserve(keys)?;
+        let _order = self.shared.write_order();
+        let written = self.write_reserved(&r, keys, bufs);
+        self.settle(r, keys, bufs, written)
+    }
+
+    /// Step 1 of a put (module docs, Locking): slots and generations for `keys`, under the
+    /// index lock.
+    fn reserve(&self, keys: &[u128]) -> Result<Reserved> {
+        let rec = &self.shared.rec;
         let mut st = self.shared.lock();
-        // Slots for the new blocks.
-        let mut chosen: Vec<u64> = Vec::with_capacity(keys.len());
-        let mut victims: Vec<u64> = Vec::new();
-        let mut replaced: Vec<u64> = Vec::new();
+        let mut spare: Vec<u64> = Vec::new();
         for k in keys {
             if let Some(&old) = st.index.get(k) {
-                replaced.push(old);
+                st.take(old);
+                spare.push(old);
             }
         }
-        for &old in &replaced {
-            st.clear(old);
-        }
+        let mut taken = spare.clone();
         let batch_evict = (rec.slots / 64).max(8).min(rec.slots);
-        for _ in keys {
-            if st.free.is_empty() {
-                let want = batch_evict.max((keys.len() - chosen.len()) as u64);
-                let mut n = 0;
-                while n < want {
+        let mut slots: Vec<u64> = Vec::with_capacity(keys.len());
+        for i in 0..keys.len() {
+            if spare.is_empty() && st.free.is_empty() {
+                let want = batch_evict.max((keys.len() - i) as u64);
+                for _ in 0..want {
                     let Some((_, v)) = st.lru.pop_first() else { break };
-                    // Put back its tick so `clear` finds it consistent.
-                    if let Some(s) = st.slots[v as usize].as_mut() {
-                        s.tick = 0;
-                    }
-                    st.lru.insert(0, v);
-                    st.clear(v);
+                    st.take(v);
                     st.stats.evictions += 1;
-                    victims.push(v);
-                    n += 1;
+                    spare.push(v);
+                    taken.push(v);
                 }
             }
-            let slot = st
-                .free
-                .pop()
-                .ok_or_else(|| StoreError::Internal("no slot after eviction".into()))?;
-            chosen.push(slot);
+            // Replaced and evicted slots first: reused at once, they need no deallocate.
+            match spare.pop().or_else(|| st.free.pop()) {
+                Some(slot) => slots.push(slot),
+                None => {
+                    st.free.extend(slots.iter().chain(&spare));
+                    return Err(StoreError::Invalid(format!(
+                        "KV pool {:?}: all its {} slots are held by puts in flight; put fewer blocks at a time",
+                        rec.name, rec.slots
+                    )));
+                }
+            }
         }
-        // Headers in memory.
-        let mut pages: Vec<u64> = Vec::new();
-        for ((k, b), &slot) in keys.iter().zip(bufs).zip(&chosen) {
-            let generation = st.next_gen;
-            st.next_gen += 1;
-            let crc = slot_data_crc(*k, generation, b);
-            let h = SlotHeader {
-                pool: rec.id,
-                key: *k,
-                generation,
-                len: b.len() as u32,
-                crc,
-            };
-            let at = slot as usize * SLOT_HEADER;
-            st.headers[at..at + SLOT_HEADER].copy_from_slice(&h.encode());
-            st.slots[slot as usize] = Some(Slot {
-                key: *k,
-                generation,
-                len: b.len() as u32,
-                crc,
-                tick: 0,
-            });
-            st.index.insert(*k, slot);
-            st.touch(slot);
-            pages.push(at as u64 / PAGE as u64);
-        }
-        for &s in victims.iter().chain(&replaced) {
-            pages.push(s * SLOT_HEADER as u64 / PAGE as u64);
-        }
-        pages.sort_unstable();
-        pages.dedup();
-        let page_data: Vec<(u64, Vec<u8>)> = pages
-            .iter()
-            .map(|&p| (p, st.headers[p as usize * PAGE..(p as usize + 1) * PAGE].to_vec()))
-            .collect();
+        let gens: Vec<u64> = (0..keys.len() as u64).map(|i| st.next_gen + i).collect();
+        st.next_gen += keys.len() as u64;
+        Ok(Reserved {
+            slots,
+            gens,
+            spare,
+            taken,
+        })
+    }
+
+    /// Step 2 of a put, under the pool's write-order lock: the blocks and the header pages.
+    /// Returns each block's crc32c, or `None` for a block not written because a newer put of
+    /// its key (a later reservation) published first.
+    fn write_reserved(&self, r: &Reserved, keys: &[u128], bufs: &[&[u8]]) -> Result<Vec<Option<u32>>> {
+        let rec = &self.shared.rec;
         let bp = rec.block_pages();
-        let mut jobs: Vec<Job<'_>> = Vec::with_capacity(keys.len() + page_data.len());
-        for (b, &slot) in bufs.iter().zip(&chosen) {
-            jobs.push(Job::Write {
-                page: rec.data_page + slot * bp,
-                data: b,
-            });
-        }
+        let seeds: Vec<u32> = keys
+            .iter()
+            .zip(&r.gens)
+            .map(|(k, g)| slot_crc_seed(*k, *g))
+            .collect();
+        let data_jobs = |live: &[Option<u32>]| -> Vec<Job<'_>> {
+            bufs.iter()
+                .zip(&r.slots)
+                .zip(live)
+                .filter(|(_, l)| l.is_some())
+                .map(|((b, &slot), _)| Job::Write {
+                    page: rec.data_page + slot * bp,
+                    data: b,
+                })
+                .collect()
+        };
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        // A big batch: blocks first, each crc32c computed by a copy thread as it copies the
+        // block into its I/O buffer; the headers, which carry the crcs, follow.
+        let early = copies_help(self.store.inner.opts.copy_threads, keys.len(), total);
+        let crcs: Vec<u32> = if early {
+            let mut jobs = data_jobs(&vec![Some(0); keys.len()]);
+            self.store.io().run_crc_seeded(&mut jobs, &seeds)?
+        } else {
+            bufs.iter()
+                .zip(&seeds)
+                .map(|(b, &s)| crc32c_append(s, b))
+                .collect()
+        };
+        let mut live: Vec<Option<u32>> = crcs.iter().map(|&c| Some(c)).collect();
+        let page_data = {
+            let mut st = self.shared.lock();
+            let mut more = Vec::new();
+            for (i, k) in keys.iter().enumerate() {
+                let (slot, generation) = (r.slots[i], r.gens[i]);
+                // A put of this key that published since our reservation: the newer wins.
+                if let Some(&o) = st.index.get(k) {
+                    if st.slots[o as usize].is_some_and(|s| s.generation > generation) {
+                        live[i] = None;
+                        continue;
+                    }
+                    st.take(o);
+                    more.push(o);
+                }
+                let h = SlotHeader {
+                    pool: rec.id,
+                    key: *k,
+                    generation,
+                    len: bufs[i].len() as u32,
+                    crc: crcs[i],
+                };
+                let at = slot as usize * SLOT_HEADER;
+                st.headers[at..at + SLOT_HEADER].copy_from_slice(&h.encode());
+            }
+            let pages = st.snapshot(r.slots.iter().chain(&r.taken).chain(&more).copied());
+            // The other put's block is free at once (not deallocated: a rare race); a put that
+            // reuses it snapshots its header page after ours.
+            st.free.extend(&more);
+            pages
+        };
+        let mut jobs = if early { Vec::new() } else { data_jobs(&live) };
         for (p, d) in &page_data {
             jobs.push(Job::Write {
                 page: rec.header_page + p,
                 data: d,
             });
         }
-        let mut io = self.store.io();
-        if let Err(e) = io.run(&mut jobs) {
-            drop(io);
-            // Those slots' contents on disk are unknown: forget them (misses, never hits).
-            for &slot in &chosen {
-                st.clear(slot);
+        self.store.io().run(&mut jobs)?;
+        Ok(live)
+    }
+
+    /// Step 3 of a put: publish the written blocks, free the rest; deallocate the spare slots,
+    /// then free them.
+    fn settle(
+        &self,
+        r: Reserved,
+        keys: &[u128],
+        bufs: &[&[u8]],
+        written: Result<Vec<Option<u32>>>,
+    ) -> Result<()> {
+        let rec = &self.shared.rec;
+        let bp = rec.block_pages();
+        let live = match written {
+            Ok(live) => live,
+            Err(e) => {
+                // Those slots' contents on disk are unknown: forget them (misses, never hits).
+                let mut st = self.shared.lock();
+                for &slot in &r.slots {
+                    st.take(slot);
+                    st.free.push(slot);
+                }
+                st.free.extend(&r.spare);
+                return Err(e);
             }
-            return Err(e);
+        };
+        {
+            let mut st = self.shared.lock();
+            for (i, k) in keys.iter().enumerate() {
+                let slot = r.slots[i];
+                let Some(crc) = live[i] else {
+                    st.free.push(slot);
+                    continue;
+                };
+                st.slots[slot as usize] = Some(Slot {
+                    key: *k,
+                    generation: r.gens[i],
+                    len: bufs[i].len() as u32,
+                    crc,
+                    tick: 0,
+                });
+                st.index.insert(*k, slot);
+                st.touch(slot);
+                st.stats.puts += 1;
+            }
         }
-        st.stats.puts += keys.len() as u64;
-        // Victims not reused at once go back to the device.
-        let reused: HashSet<u64> = chosen.iter().copied().collect();
-        for &v in victims.iter().chain(&replaced) {
-            if !reused.contains(&v) && st.slots[v as usize].is_none() {
+        if !r.spare.is_empty() {
+            let mut io = self.store.io();
+            for &v in &r.spare {
                 io.deallocate(rec.data_page + v * bp, bp);
-                st.stats.deallocated += 1;
             }
+            drop(io);
+            let mut st = self.shared.lock();
+            st.free.extend(&r.spare);
+            st.stats.deallocated += r.spare.len() as u64;
         }
         Ok(())
     }
@@ -614,10 +771,12 @@ impl KvPool {
                         out.push(Some(s.len as usize));
                     } else {
                         st.stats.misses += 1;
-                        st.stats.bad_blocks += 1;
+                        // Unless a put evicted or replaced the block while it was read (then
+                        // it is a plain miss), the block is bad.
                         let same = st.slots[*slot as usize]
                             .is_some_and(|c| c.key == *k && c.generation == s.generation);
                         if same {
+                            st.stats.bad_blocks += 1;
                             log::warn!(
                                 "KV pool {:?}: block of key {k:#x} failed its crc; dropped",
                                 rec.name
@@ -636,21 +795,16 @@ impl KvPool {
     /// are cleared and their blocks deallocated in one burst.
     pub fn remove_many(&self, keys: &[u128]) -> Result<usize> {
         let rec = &self.shared.rec;
-        let mut st = self.shared.lock();
-        let slots: Vec<u64> = keys.iter().filter_map(|k| st.index.get(k).copied()).collect();
-        for &s in &slots {
-            st.clear(s);
-        }
-        let mut pages: Vec<u64> = slots
-            .iter()
-            .map(|s| s * SLOT_HEADER as u64 / PAGE as u64)
-            .collect();
-        pages.sort_unstable();
-        pages.dedup();
-        let page_data: Vec<(u64, Vec<u8>)> = pages
-            .iter()
-            .map(|&p| (p, st.headers[p as usize * PAGE..(p as usize + 1) * PAGE].to_vec()))
-            .collect();
+        let _order = self.shared.write_order();
+        let (slots, page_data) = {
+            let mut st = self.shared.lock();
+            let slots: Vec<u64> = keys.iter().filter_map(|k| st.index.get(k).copied()).collect();
+            for &s in &slots {
+                st.take(s);
+            }
+            let pages = st.snapshot(slots.iter().copied());
+            (slots, pages)
+        };
         let mut jobs: Vec<Job<'_>> = page_data
             .iter()
             .map(|(p, d)| Job::Write {
@@ -658,18 +812,22 @@ impl KvPool {
                 data: d,
             })
             .collect();
-        let mut io = self.store.io();
-        io.run(&mut jobs)?;
-        for &s in &slots {
-            io.deallocate(rec.data_page + s * rec.block_pages(), rec.block_pages());
-            st.stats.deallocated += 1;
+        let written = self.store.io().run(&mut jobs);
+        if written.is_ok() {
+            let mut io = self.store.io();
+            for &s in &slots {
+                io.deallocate(rec.data_page + s * rec.block_pages(), rec.block_pages());
+            }
         }
+        let mut st = self.shared.lock();
+        st.free.extend(&slots);
+        written?;
+        st.stats.deallocated += slots.len() as u64;
         Ok(slots.len())
     }
 
-    /// Makes every put so far durable (flushes the namespaces' write caches).
+    /// Makes every put that has returned durable (flushes the namespaces' write caches).
     pub fn sync(&self) -> Result<()> {
-        let _st = self.shared.lock();
         self.store.io().flush_all()
     }
 }

@@ -71,9 +71,13 @@
 //! like any caller), the reader that runs one window ahead of [`VersionReader::load_device`],
 //! and [`CheckpointTx::commit_async`]'s commit. Commits hold the metadata lock while they write the catalog and the root, so
 //! commits are serialised; readers and KV gets do not wait for a checkpoint's data writes
-//! (only for its commit). A per-thread channel per namespace (SPDK blobstore's model) would
-//! let bursts of several threads overlap; it is the next step if one burst does not saturate
-//! the devices.
+//! (only for its commit). A KV pool's index lock is held only for bookkeeping, never across
+//! I/O: a put reserves its slots, writes without the lock and publishes under it (the `kv`
+//! module docs say how this keeps a torn or stale block from ever being a hit), so gets of
+//! other threads look up and account while it is on the device, and wait only for the engine
+//! between bursts. A per-thread channel per namespace (SPDK blobstore's model) would let
+//! bursts of several threads overlap on the devices; it is the next step if one burst does
+//! not saturate them.
 //!
 //! ## Safety
 //!

@@ -87,10 +87,10 @@ fn check(store: &Store, committed: &Model, alt: Option<&Model>) -> Model {
     model.clone()
 }
 
-fn check_kv(store: &Store, values: &HashMap<u128, Vec<Vec<u8>>>) -> (u64, u64) {
-    let pool = store.pool("kv").unwrap();
+fn check_kv(store: &Store, pool: &str, bs: usize, values: &HashMap<u128, Vec<Vec<u8>>>) -> (u64, u64) {
+    let pool = store.pool(pool).unwrap();
     let keys: Vec<u128> = values.keys().copied().collect();
-    let mut out = vec![vec![0u8; 16384]; keys.len()];
+    let mut out = vec![vec![0u8; bs]; keys.len()];
     let mut bufs: Vec<&mut [u8]> = out.iter_mut().map(|v| v.as_mut_slice()).collect();
     let hits = pool.get_many(&keys, &mut bufs).unwrap();
     let mut n = 0;
@@ -117,26 +117,31 @@ fn cut_all(handles: &[MemHandle], rng: &mut Rng) {
 #[test]
 fn hundreds_of_power_cuts_during_puts_and_commits() {
     let dir = tempfile::tempdir().unwrap();
-    let (store, mut handles) = mem_store(dir.path(), 2, 6 << 20);
+    let (store, mut handles) = mem_store(dir.path(), 2, 8 << 20);
     store.create_pool("kv", 16384, 48).unwrap();
+    // Puts of 1 MiB and more to this one write their blocks first (crcs on the copy threads)
+    // and their headers in a second burst.
+    store.create_pool("big", 128 << 10, 16).unwrap();
     drop(store);
     let mut rng = Rng(0x5eed_1234_abcd_0001);
     let mut committed = Model::default();
     let mut kv_values: HashMap<u128, Vec<Vec<u8>>> = HashMap::new();
+    let mut big_values: HashMap<u128, Vec<Vec<u8>>> = HashMap::new();
     let mut seq = 0u64;
-    let (mut cuts, mut landed, mut torn, mut kv_hits) = (0, 0, 0, 0);
+    let (mut cuts, mut landed, mut torn, mut kv_hits, mut big_hits) = (0, 0, 0, 0, 0);
     let cuts_wanted = if cfg!(debug_assertions) { 300 } else { 1000 };
     while cuts < cuts_wanted {
         let (store, hs) = reopen(dir.path(), &handles);
         handles = hs;
         let store = store.unwrap();
         committed = check(&store, &committed, None);
-        let (h, _) = check_kv(&store, &kv_values);
-        kv_hits += h;
+        kv_hits += check_kv(&store, "kv", 16384, &kv_values).0;
+        kv_hits += check_kv(&store, "big", 128 << 10, &big_values).0;
         // Arm a cut somewhere in the next requests of one member; the others go down with it.
         let victim = rng.below(handles.len() as u64) as usize;
         handles[victim].arm_cut(1 + rng.below(60), rng.next());
         let pool = store.pool("kv").unwrap();
+        let big = store.pool("big").unwrap();
         let mut in_flight: Option<Model> = None;
         loop {
             let op = rng.below(10);
@@ -200,6 +205,24 @@ fn hundreds_of_power_cuts_during_puts_and_commits() {
                     }
                     None => Ok(()),
                 }
+            } else if op < 9 && rng.below(4) == 0 {
+                // A big KV put: 9 to 16 blocks of about 128 KiB.
+                let n = 9 + rng.below(8) as usize;
+                let mut keys = Vec::new();
+                let mut vals = Vec::new();
+                while keys.len() < n {
+                    let k = rng.below(24) as u128;
+                    if keys.contains(&k) {
+                        continue;
+                    }
+                    seq += 1;
+                    let v = bytes(seq, (128 << 10) - rng.below(4096) as usize);
+                    big_values.entry(k).or_default().push(v.clone());
+                    keys.push(k);
+                    vals.push(v);
+                }
+                let refs: Vec<&[u8]> = vals.iter().map(|v| v.as_slice()).collect();
+                big.put_many(&keys, &refs)
             } else if op < 9 {
                 // KV puts (not synced: a cache).
                 let n = 1 + rng.below(6) as usize;
@@ -235,6 +258,7 @@ fn hundreds_of_power_cuts_during_puts_and_commits() {
         cut_all(&handles, &mut rng);
         torn += handles.iter().map(|h| h.last_cut().torn).sum::<u64>();
         drop(pool);
+        drop(big);
         drop(store);
         cuts += 1;
         // Reopen and decide whether an interrupted change landed.
@@ -246,12 +270,14 @@ fn hundreds_of_power_cuts_during_puts_and_commits() {
         if in_flight.is_some() && !matches(&store, &before) {
             landed += 1;
         }
-        let (h, _) = check_kv(&store, &kv_values);
-        kv_hits += h;
+        kv_hits += check_kv(&store, "kv", 16384, &kv_values).0;
+        big_hits += check_kv(&store, "big", 128 << 10, &big_values).0;
     }
     eprintln!(
-        "{cuts} cuts: {landed} interrupted changes landed, {torn} writes torn, {kv_hits} KV hits checked"
+        "{cuts} cuts: {landed} interrupted changes landed, {torn} writes torn, {kv_hits} KV hits and {big_hits} big-block \
+         hits checked"
     );
+    assert!(big_hits > 0, "big KV blocks survived some cuts");
     assert!(torn > 0, "the cuts tore writes");
     assert!(kv_hits > 0, "KV blocks survived some cuts");
 }

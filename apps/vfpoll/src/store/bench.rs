@@ -67,6 +67,11 @@ pub struct BenchArgs {
     /// Copy threads of the store (StoreOptions::copy_threads; default: CPUs less one, 1 to 3).
     #[arg(long)]
     copy_threads: Option<usize>,
+    /// Threads on one pool in the multi-threaded KV phases: all of them getting batches of 32,
+    /// then half putting batches of 32 (replacing keys of their own) while half get; each does
+    /// --kv-batches / 2 batches (0 skips these phases).
+    #[arg(long, default_value_t = 4)]
+    kv_threads: usize,
 }
 
 /// One round's figures.
@@ -83,6 +88,12 @@ struct Round {
     kv_hit_ns: Vec<u64>,
     kv_miss_ns: Vec<u64>,
     kv_batch: Rate,
+    /// `kv_threads` threads getting batches of 32.
+    kv_mt_get: Rate,
+    /// Half the threads getting while half put: the gets, the puts, and each get batch's time.
+    kv_mix_get: Rate,
+    kv_mix_put: Rate,
+    kv_mix_get_ns: Vec<u64>,
 }
 
 /// Bytes moved in a time with the process's CPU time.
@@ -528,6 +539,118 @@ fn store_phase(
         }
         Ok(())
     })?;
+    if a.kv_threads > 0 {
+        kv_threads_phase(a, &pool, &keys, &block, r, rng)?;
+    }
+    Ok(())
+}
+
+/// Several threads on one pool (LMCache or vLLM workers sharing a tier): first all of them
+/// getting batches of 32 keys put before, then half putting batches of 32 (keys of their
+/// own, so the gets keep hitting) while the other half get. Rates are bytes over the phase's
+/// wall time.
+fn kv_threads_phase(
+    a: &BenchArgs,
+    pool: &vfpoll_store::KvPool,
+    keys: &[u128],
+    block: &[u8],
+    r: &mut Round,
+    rng: &mut Rng,
+) -> anyhow::Result<()> {
+    let blk = a.kv_block as usize;
+    let n = a.kv_threads;
+    let per = (a.kv_batches / 2).max(1);
+    let batch_of = |seed: u64| -> Vec<Vec<u128>> {
+        let mut g = Rng::new(seed);
+        (0..per)
+            .map(|_| {
+                (0..32)
+                    .map(|_| keys[(g.next() % keys.len() as u64) as usize])
+                    .collect()
+            })
+            .collect()
+    };
+    // One get thread: its batches, timed one by one; a miss is an error (nothing is evicted).
+    let getter = |seed: u64| -> anyhow::Result<Vec<u64>> {
+        let mut out = vec![0u8; blk * 32];
+        let mut ns = Vec::with_capacity(per as usize);
+        for b in batch_of(seed) {
+            let mut outs: Vec<&mut [u8]> = out.chunks_mut(blk).collect();
+            let t0 = Instant::now();
+            let got = pool.get_many(&b, &mut outs)?;
+            ns.push(t0.elapsed().as_nanos() as u64);
+            if got.iter().any(|g| *g != Some(blk)) {
+                bail!("a KV batch get (several threads) missed a key that was put");
+            }
+        }
+        Ok(ns)
+    };
+    let seeds: Vec<u64> = (0..n).map(|_| rng.next()).collect();
+    (r.kv_mt_get, _) = timed(n as u64 * per * 32 * blk as u64, || {
+        std::thread::scope(|s| {
+            let hs: Vec<_> = seeds.iter().map(|&sd| s.spawn(move || getter(sd))).collect();
+            hs.into_iter().try_for_each(|h| {
+                h.join()
+                    .map_err(|_| anyhow::anyhow!("a get thread panicked"))?
+                    .map(drop)
+            })
+        })
+    })?;
+    // Half put (each its own 32 keys, replaced batch after batch: the pool never fills), half get.
+    let putters = (n / 2).max(1);
+    let getters = n.saturating_sub(putters).max(1);
+    let own: Vec<Vec<u128>> = (0..putters)
+        .map(|_| {
+            (0..32)
+                .map(|_| (rng.next() as u128) << 64 | rng.next() as u128 | 1 << 126)
+                .collect()
+        })
+        .collect();
+    let t0 = Instant::now();
+    let c0 = cpu_now();
+    let get_ns = std::thread::scope(|s| -> anyhow::Result<Vec<u64>> {
+        let ps: Vec<_> = own
+            .iter()
+            .map(|ks| {
+                s.spawn(move || -> anyhow::Result<()> {
+                    let bufs: Vec<&[u8]> = block.chunks(blk).collect();
+                    for _ in 0..per {
+                        pool.put_many(ks, &bufs)?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        let gs: Vec<_> = seeds[..getters]
+            .iter()
+            .map(|&sd| s.spawn(move || getter(sd)))
+            .collect();
+        let mut all = Vec::new();
+        for h in gs {
+            all.extend(h.join().map_err(|_| anyhow::anyhow!("a get thread panicked"))??);
+        }
+        for h in ps {
+            h.join().map_err(|_| anyhow::anyhow!("a put thread panicked"))??;
+        }
+        Ok(all)
+    })?;
+    let secs = t0.elapsed().as_secs_f64();
+    let cpu = cpu_now() - c0;
+    let gb = getters as u64 * per * 32 * blk as u64;
+    let pb = putters as u64 * per * 32 * blk as u64;
+    // CPU time is the phase's, split by bytes.
+    let share = |b: u64| cpu * b as f64 / (gb + pb) as f64;
+    r.kv_mix_get = Rate {
+        bytes: gb,
+        secs,
+        cpu: share(gb),
+    };
+    r.kv_mix_put = Rate {
+        bytes: pb,
+        secs,
+        cpu: share(pb),
+    };
+    r.kv_mix_get_ns = get_ns;
     Ok(())
 }
 
@@ -585,6 +708,11 @@ fn report(a: &BenchArgs, members: &[String], rounds: &[Round]) -> anyhow::Result
         "raw_read_qd32": rate(&|r| r.raw_qd32),
         "kv_get_batch32": rate(&|r| r.kv_batch),
         "kv_put_batch32": rate(&|r| r.kv_put),
+        "kv_threads": a.kv_threads,
+        "kv_threads_get_batch32": rate(&|r| r.kv_mt_get),
+        "kv_mixed_get_batch32": rate(&|r| r.kv_mix_get),
+        "kv_mixed_put_batch32": rate(&|r| r.kv_mix_put),
+        "kv_mixed_get_batch32_latency": lat(&|r| &r.kv_mix_get_ns),
     });
     let g = |k: &str| v[k]["gb_s"].as_f64().unwrap_or(0.0);
     let ratios = json!({
@@ -612,6 +740,13 @@ fn report(a: &BenchArgs, members: &[String], rounds: &[Round]) -> anyhow::Result
         v["copy_threads"],
         rounds.len()
     );
+    if a.kv_threads > 0 {
+        println!(
+            "(the \"x32\" rows: {} threads on one pool, {} batches each)",
+            a.kv_threads,
+            (a.kv_batches / 2).max(1)
+        );
+    }
     println!("{:<34} {:>20} {:>10}", "", "GB/s", "CPU s/GB");
     for (name, k) in [
         ("raw sequential write (+flush)", "raw_seq_write"),
@@ -622,6 +757,9 @@ fn report(a: &BenchArgs, members: &[String], rounds: &[Round]) -> anyhow::Result
         ("raw 64K-block read QD32", "raw_read_qd32"),
         ("KV get, batches of 32 (hits)", "kv_get_batch32"),
         ("KV put, batches of 32", "kv_put_batch32"),
+        ("KV get x32, all threads", "kv_threads_get_batch32"),
+        ("KV get x32, half the threads", "kv_mixed_get_batch32"),
+        ("KV put x32, other half (same time)", "kv_mixed_put_batch32"),
     ] {
         let x = &v[k];
         println!(
@@ -637,6 +775,7 @@ fn report(a: &BenchArgs, members: &[String], rounds: &[Round]) -> anyhow::Result
         ("raw block read QD1", "raw_read_qd1"),
         ("KV get QD1, hit", "kv_get_qd1_hit"),
         ("KV get QD1, miss", "kv_get_qd1_miss"),
+        ("KV get x32 batch, beside puts", "kv_mixed_get_batch32_latency"),
     ] {
         println!(
             "{name:<34} {:>10.1} {:>10.1}",
