@@ -15,70 +15,15 @@ use std::collections::VecDeque;
 
 use crate::nsconfig::ZonedConfig;
 use crate::Status;
-use vfpoll_nvme_spec::zns::state;
 
-/// The state of a zone (ZNS 1.1 §2.1.1, Figure 7), with its Report Zones code (bits 7:4 of the
-/// descriptor's Zone State byte).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ZoneState {
-    /// ZSE: nothing written, no resources held.
-    Empty,
-    /// ZSIO: opened by a write.
-    ImplicitlyOpened,
-    /// ZSEO: opened by Zone Management Send, Open Zone.
-    ExplicitlyOpened,
-    /// ZSC: written or opened, then closed; holds an active resource.
-    Closed,
-    /// ZSRO: writes fail (set by [`crate::NvmeModel::set_zone_state`], as media wear would).
-    ReadOnly,
-    /// ZSF: written to capacity, or finished.
-    Full,
-    /// ZSO: reads and writes fail.
-    Offline,
-}
+/// The state of a zone (ZNS 1.1 §2.1.1): the specification's, with its Report Zones code. The
+/// model never puts a zone in a reserved state.
+pub use vfpoll_nvme_spec::zns::ZoneState;
 
-impl ZoneState {
-    /// The code in a zone descriptor's Zone State field (ZNS 1.1 Figure 37).
-    pub const fn code(self) -> u8 {
-        match self {
-            ZoneState::Empty => state::EMPTY,
-            ZoneState::ImplicitlyOpened => state::IMPLICITLY_OPENED,
-            ZoneState::ExplicitlyOpened => state::EXPLICITLY_OPENED,
-            ZoneState::Closed => state::CLOSED,
-            ZoneState::ReadOnly => state::READ_ONLY,
-            ZoneState::Full => state::FULL,
-            ZoneState::Offline => state::OFFLINE,
-        }
-    }
-
-    /// The state with this code.
-    pub const fn from_code(code: u8) -> Option<ZoneState> {
-        Some(match code {
-            state::EMPTY => ZoneState::Empty,
-            state::IMPLICITLY_OPENED => ZoneState::ImplicitlyOpened,
-            state::EXPLICITLY_OPENED => ZoneState::ExplicitlyOpened,
-            state::CLOSED => ZoneState::Closed,
-            state::READ_ONLY => ZoneState::ReadOnly,
-            state::FULL => ZoneState::Full,
-            state::OFFLINE => ZoneState::Offline,
-            _ => return None,
-        })
-    }
-
-    const fn is_open(self) -> bool {
-        matches!(self, ZoneState::ImplicitlyOpened | ZoneState::ExplicitlyOpened)
-    }
-
-    /// Open or closed: holds an active resource.
-    const fn is_active(self) -> bool {
-        self.is_open() || matches!(self, ZoneState::Closed)
-    }
-
-    /// Whether Report Zones reports the write pointer (ZNS 1.1 §4.3.1.1: not for full,
-    /// read-only and offline zones, whose descriptors carry all ones).
-    const fn wp_valid(self) -> bool {
-        !matches!(self, ZoneState::Full | ZoneState::ReadOnly | ZoneState::Offline)
-    }
+/// Whether Report Zones reports the write pointer (ZNS 1.1 §4.3.1.1: not for full, read-only
+/// and offline zones, whose descriptors carry all ones).
+const fn wp_valid(s: ZoneState) -> bool {
+    !matches!(s, ZoneState::Full | ZoneState::ReadOnly | ZoneState::Offline)
 }
 
 /// A zone as [`crate::NvmeModel::zones`] reports it.
@@ -437,7 +382,7 @@ impl Zones {
             d[1] = z.state.code() << 4;
             d[8..16].copy_from_slice(&self.cfg.zone_capacity.to_le_bytes());
             d[16..24].copy_from_slice(&self.start(i).to_le_bytes());
-            let wp = if z.state.wp_valid() { z.wp } else { u64::MAX };
+            let wp = if wp_valid(z.state) { z.wp } else { u64::MAX };
             d[24..32].copy_from_slice(&wp.to_le_bytes());
             at += DESCRIPTOR;
             reported += 1;

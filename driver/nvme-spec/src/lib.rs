@@ -24,8 +24,8 @@
 
 pub mod cmd;
 pub mod identify;
-#[cfg(test)]
-mod proptest_support;
+#[cfg(any(test, feature = "proptest"))]
+pub mod proptest_support;
 pub mod regs;
 pub mod status;
 pub mod zns;

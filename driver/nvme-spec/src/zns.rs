@@ -101,7 +101,7 @@ pub fn parse_zasl(b: &[u8]) -> u8 {
 }
 
 /// A zone's state (ZNS 1.1 §2.1.1, Figure 37).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ZoneState {
     /// ZSE: empty.
     Empty,
@@ -168,6 +168,30 @@ impl ZoneState {
             state::OFFLINE => ZoneState::Offline,
             r => ZoneState::Reserved(r),
         }
+    }
+
+    /// The ZS field's code (the inverse of [`ZoneState::from_bits`]).
+    pub const fn code(self) -> u8 {
+        match self {
+            ZoneState::Empty => state::EMPTY,
+            ZoneState::ImplicitlyOpened => state::IMPLICITLY_OPENED,
+            ZoneState::ExplicitlyOpened => state::EXPLICITLY_OPENED,
+            ZoneState::Closed => state::CLOSED,
+            ZoneState::ReadOnly => state::READ_ONLY,
+            ZoneState::Full => state::FULL,
+            ZoneState::Offline => state::OFFLINE,
+            ZoneState::Reserved(v) => v,
+        }
+    }
+
+    /// Implicitly or explicitly opened (ZNS 1.1 §2.1.1.3, §2.1.1.4): holds an open resource.
+    pub const fn is_open(self) -> bool {
+        matches!(self, ZoneState::ImplicitlyOpened | ZoneState::ExplicitlyOpened)
+    }
+
+    /// Open or closed (ZNS 1.1 §2.1.1.2): holds an active resource.
+    pub const fn is_active(self) -> bool {
+        self.is_open() || matches!(self, ZoneState::Closed)
     }
 
     /// Whether the zone can be written at its write pointer now (resources permitting).

@@ -2,7 +2,9 @@
 //!
 //! The entries, opcodes and tables are `vfpoll-nvme-spec`'s ([`vfpoll_nvme_spec::cmd`],
 //! re-exported here); this module adds what takes a bus address ([`CommandExt`],
-//! [`SglDescriptor`]) and the hot path's encoding of a Read or Write (`rw_words`).
+//! [`SglDescriptor`]). Every read, write, compare, write zeroes and zone append is encoded by
+//! [`Rw::words`], the spec crate's one encoder of such an entry, tested there against the
+//! specification's byte offsets.
 //!
 //! Commands are built in an ordinary local [`Command`] and copied whole into a submission
 //! queue slot; completions are copied out of the completion queue into a [`Completion`] after
@@ -11,7 +13,7 @@
 use vfpoll_pci::BusAddr;
 
 use vfpoll_nvme_spec::cmd::sgl;
-pub use vfpoll_nvme_spec::cmd::{admin_op, cns, feature, io_op, log_page, Command, Completion, Psdt};
+pub use vfpoll_nvme_spec::cmd::{admin_op, cns, feature, io_op, log_page, Command, Completion, Psdt, Rw};
 pub(crate) use vfpoll_nvme_spec::cmd::{CQE_SIZE, PHASE, SQE_SIZE};
 
 /// The builders of [`Command`] that take bus addresses (typed [`BusAddr`], never a bare
@@ -107,6 +109,13 @@ pub(crate) struct DataPtr {
 }
 
 impl DataPtr {
+    /// The fields of an [`Rw`] this pointer sets: PSDT and the two halves of the data
+    /// pointer.
+    #[inline(always)]
+    pub(crate) const fn rw_fields(self) -> (Psdt, [u64; 2]) {
+        (self.psdt, [self.lo, self.hi])
+    }
+
     /// PRP entries.
     pub(crate) const fn prp(prp1: BusAddr, prp2: BusAddr) -> Self {
         DataPtr {
@@ -125,43 +134,6 @@ impl DataPtr {
             psdt: Psdt::SglBuffer,
         }
     }
-}
-
-/// The fields of a Read, Write or Compare that vary per command.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Rw {
-    pub op: u8,
-    pub nsid: u32,
-    pub cid: u16,
-    pub slba: u64,
-    /// 1..=65536.
-    pub blocks: u32,
-    /// CDW12 bits 31:16: FUA (bit 30) and PRINFO (bits 29:26).
-    pub dw12_flags: u32,
-    /// CDW14: the initial logical block reference tag (PI types 1 and 2).
-    pub ref_tag: u32,
-    pub dp: DataPtr,
-    /// CDW4-5: the metadata pointer (0: none).
-    pub mptr: BusAddr,
-}
-
-/// A Read, Write or Compare as the words of a submission queue entry: what [`Command::rw`]
-/// with `set_cid`, `set_fua`, the data and metadata pointers and CDW12/14 gives, without
-/// building the 16 dwords first (the I/O hot path).
-#[inline]
-pub(crate) fn rw_words(c: Rw) -> [u64; 8] {
-    debug_assert!((1..=65536).contains(&c.blocks));
-    debug_assert!(c.dw12_flags & 0xffff == 0);
-    [
-        c.op as u64 | (c.dp.psdt as u64) << 14 | (c.cid as u64) << 16 | (c.nsid as u64) << 32,
-        0,
-        c.mptr.get(),
-        c.dp.lo,
-        c.dp.hi,
-        c.slba,
-        (c.blocks - 1) as u64 | c.dw12_flags as u64,
-        c.ref_tag as u64,
-    ]
 }
 
 /// An SGL descriptor (NVMe Base 2.0 §4.3.2), 16 bytes, little endian.
@@ -221,7 +193,7 @@ mod tests {
     }
 
     #[test]
-    fn rw_words_match_the_command_builder() {
+    fn the_encoder_matches_the_command_builder() {
         let sgl = SglDescriptor::data_block(BusAddr(0x1234_5678_9000), 8192);
         for (fua, dp, mptr, prinfo, ref_tag) in [
             (
@@ -254,17 +226,20 @@ mod tests {
             c.dw[5] = (mptr >> 32) as u32;
             c.dw[12] |= prinfo << 26;
             c.dw[14] = ref_tag;
-            let w = rw_words(Rw {
-                op: io_op::WRITE,
-                nsid: 7,
+            let (psdt, dptr) = dp.rw_fields();
+            let w = Rw {
+                opcode: io_op::WRITE,
+                psdt,
                 cid: 0xf123,
+                nsid: 7,
+                mptr,
+                dptr,
                 slba: 0xfe_dcba_9876,
                 blocks: 65536,
                 dw12_flags: (fua as u32) << 30 | prinfo << 26,
                 ref_tag,
-                dp,
-                mptr: BusAddr(mptr),
-            });
+            }
+            .words();
             assert_eq!(w, c.to_words(), "{c:?}");
         }
         let mut c = Command::new(io_op::READ, 1);

@@ -526,19 +526,23 @@ pub mod pi {
         };
         let (ds, ms) = (fmt.data_size, fmt.metadata_size);
         let n = blocks as usize;
+        // One block: its data and its metadata, split at the PI.
+        let mut block = |i: usize, d: &[u8], m: &mut [u8]| {
+            let (before, rest) = m.split_at_mut(pi_off);
+            f(
+                i as u64,
+                d,
+                if pi_off == 0 { &[] } else { before },
+                &mut rest[..8],
+            )
+        };
         if fmt.extended {
             if data.len() != n * (ds + ms) {
                 return false;
             }
             for (i, b) in data.chunks_exact_mut(ds + ms).enumerate() {
                 let (d, m) = b.split_at_mut(ds);
-                let (before, rest) = m.split_at_mut(pi_off);
-                if !f(
-                    i as u64,
-                    d,
-                    if pi_off == 0 { &[] } else { before },
-                    &mut rest[..8],
-                ) {
+                if !block(i, d, m) {
                     break;
                 }
             }
@@ -547,18 +551,32 @@ pub mod pi {
                 return false;
             }
             for (i, (d, m)) in data.chunks_exact(ds).zip(meta.chunks_exact_mut(ms)).enumerate() {
-                let (before, rest) = m.split_at_mut(pi_off);
-                if !f(
-                    i as u64,
-                    d,
-                    if pi_off == 0 { &[] } else { before },
-                    &mut rest[..8],
-                ) {
+                if !block(i, d, m) {
                     break;
                 }
             }
         }
         true
+    }
+}
+
+/// A format for tests: LBA format 0 of 1, `ds` data and `ms` metadata bytes per block (in the
+/// block with `extended`), protection information of type `pi` with a 16-bit guard in the
+/// last 8 metadata bytes.
+#[cfg(test)]
+pub(crate) fn test_format(ds: usize, ms: usize, extended: bool, pi: Option<PiType>) -> NsFormat {
+    NsFormat {
+        index: 0,
+        count: 1,
+        data_size: ds,
+        metadata_size: ms,
+        extended,
+        protection: pi.map(|ty| Protection {
+            ty,
+            first: false,
+            format: PiFormat::Guard16,
+            storage_tag_bits: 0,
+        }),
     }
 }
 
@@ -647,22 +665,6 @@ mod tests {
         );
     }
 
-    fn fmt(ds: usize, ms: usize, extended: bool, pi: Option<PiType>) -> NsFormat {
-        NsFormat {
-            index: 0,
-            count: 1,
-            data_size: ds,
-            metadata_size: ms,
-            extended,
-            protection: pi.map(|ty| Protection {
-                ty,
-                first: false,
-                format: PiFormat::Guard16,
-                storage_tag_bits: 0,
-            }),
-        }
-    }
-
     #[test]
     fn access_sizes_each_pointer() {
         let host = PiMode::Host(PiCheck {
@@ -673,36 +675,44 @@ mod tests {
         let a = |f: NsFormat, m: PiMode| Access::new(&f, m).unwrap();
         // Plain, extended, separate.
         assert_eq!(
-            a(fmt(512, 0, false, None), PiMode::Controller).transfer(8),
+            a(test_format(512, 0, false, None), PiMode::Controller).transfer(8),
             (4096, 0)
         );
         assert_eq!(
-            a(fmt(512, 8, true, None), PiMode::Controller).transfer(8),
+            a(test_format(512, 8, true, None), PiMode::Controller).transfer(8),
             (8 * 520, 0)
         );
         assert_eq!(
-            a(fmt(512, 8, false, None), PiMode::Controller).transfer(8),
+            a(test_format(512, 8, false, None), PiMode::Controller).transfer(8),
             (4096, 64)
         );
         // PI alone in the metadata with PRACT: nothing but data moves, either placement.
         for ext in [true, false] {
-            let x = a(fmt(512, 8, ext, Some(PiType::Type1)), PiMode::Controller);
+            let x = a(test_format(512, 8, ext, Some(PiType::Type1)), PiMode::Controller);
             assert_eq!(x.transfer(8), (4096, 0));
             assert_eq!(x.prinfo, prinfo::PRACT | prinfo::GUARD | prinfo::REF_TAG);
             assert!(x.ref_tag);
         }
         // More metadata than PI: it still moves with PRACT.
         assert_eq!(
-            a(fmt(4096, 64, true, Some(PiType::Type1)), PiMode::Controller).transfer(2),
+            a(
+                test_format(4096, 64, true, Some(PiType::Type1)),
+                PiMode::Controller
+            )
+            .transfer(2),
             (2 * 4160, 0)
         );
         assert_eq!(
-            a(fmt(4096, 64, false, Some(PiType::Type1)), PiMode::Controller).transfer(2),
+            a(
+                test_format(4096, 64, false, Some(PiType::Type1)),
+                PiMode::Controller
+            )
+            .transfer(2),
             (8192, 128)
         );
         // Unchecked: PRACT alone, same sizes.
         let x = a(
-            fmt(512, 8, true, Some(PiType::Type1)),
+            test_format(512, 8, true, Some(PiType::Type1)),
             PiMode::ControllerUnchecked,
         );
         assert_eq!(
@@ -710,16 +720,16 @@ mod tests {
             ((4096, 0), prinfo::PRACT, true)
         );
         // Type 3 checks no reference tag.
-        let x = a(fmt(512, 8, true, Some(PiType::Type3)), PiMode::Controller);
+        let x = a(test_format(512, 8, true, Some(PiType::Type3)), PiMode::Controller);
         assert_eq!((x.prinfo, x.ref_tag), (prinfo::PRACT | prinfo::GUARD, false));
         // Host PI: the metadata always moves; the checks asked for.
-        let x = a(fmt(512, 8, false, Some(PiType::Type1)), host);
+        let x = a(test_format(512, 8, false, Some(PiType::Type1)), host);
         assert_eq!(
             (x.transfer(1), x.prinfo, x.ref_tag),
             ((512, 8), prinfo::GUARD | prinfo::REF_TAG, true)
         );
         // 32/64-bit guards are refused.
-        let mut f = fmt(4096, 16, false, Some(PiType::Type1));
+        let mut f = test_format(4096, 16, false, Some(PiType::Type1));
         f.protection.as_mut().unwrap().format = PiFormat::Guard64;
         assert_eq!(
             Access::new(&f, PiMode::Controller),
@@ -784,7 +794,7 @@ mod tests {
             (false, 16, false),
             (true, 16, true),
         ] {
-            let mut f = fmt(512, ms, ext, Some(PiType::Type1));
+            let mut f = test_format(512, ms, ext, Some(PiType::Type1));
             f.protection.as_mut().unwrap().first = first;
             let per = if ext { 512 + ms } else { 512 };
             let mut data: Vec<u8> = (0..4 * per).map(|i| (i * 7) as u8).collect();
@@ -800,7 +810,7 @@ mod tests {
             assert!(!pi::generate(&f, 100, 5, &mut data, &mut meta));
         }
         assert!(!pi::generate(
-            &fmt(512, 8, true, None),
+            &test_format(512, 8, true, None),
             0,
             1,
             &mut [0; 520],
@@ -811,11 +821,11 @@ mod tests {
     /// Property tests: formats from any Identify Namespace data are consistent or refused, the
     /// sizes every pointer is built from follow from them, and host PI round trips and catches
     /// every single flipped bit it covers. 256 cases per property (see
-    /// [`crate::proptest_support`]).
+    /// [`vfpoll_nvme_spec::proptest_support`]).
     mod props {
         use super::*;
-        use crate::proptest_support::{config, page};
         use proptest::prelude::*;
+        use vfpoll_nvme_spec::proptest_support::{config, page};
 
         fn pi_mode() -> impl Strategy<Value = PiMode> {
             prop_oneof![

@@ -62,8 +62,6 @@ pub mod error;
 pub mod format;
 pub use vfpoll_nvme_spec::identify;
 mod namespace;
-#[cfg(test)]
-mod proptest_support;
 pub mod prp;
 mod qmem;
 mod qpair;

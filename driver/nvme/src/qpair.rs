@@ -523,6 +523,9 @@ impl<B: IoBuffer> QueuePair<B> {
         QpairStats {
             commands: self.stats.requests + self.extra_commands,
             completions: self.ring.consumed(),
+            // The SQ doorbell's counts are the ring's (`Ring::ring_sq`), the CQ's this pair's.
+            sq_doorbells: self.ring.sq_rung.mmio,
+            shadow_only: self.stats.shadow_only + self.ring.sq_rung.shadow_only,
             ..self.stats
         }
     }

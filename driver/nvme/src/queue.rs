@@ -22,6 +22,16 @@ pub(crate) enum Rung {
     Stale,
 }
 
+/// What [`Ring::ring_sq`] did, counted.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct SqDoorbells {
+    /// MMIO writes.
+    pub mmio: u64,
+    /// Updates of the shadow doorbell alone (the controller's EventIdx asked for no MMIO
+    /// write).
+    pub shadow_only: u64,
+}
+
 /// Ring state of a queue pair. Hot fields first.
 #[derive(Debug)]
 pub(crate) struct Ring {
@@ -44,6 +54,8 @@ pub(crate) struct Ring {
     /// when the controller's EventIdx asks for it.
     shadow: Option<ShadowSlot>,
     pub qid: u16,
+    /// What the SQ doorbell did.
+    pub sq_rung: SqDoorbells,
 }
 
 impl Ring {
@@ -59,6 +71,7 @@ impl Ring {
             cq_db: window(regs::cq_head_doorbell(qid, stride)),
             shadow: None,
             qid,
+            sq_rung: SqDoorbells::default(),
         }
     }
 
@@ -114,11 +127,15 @@ impl Ring {
         self.unrung -= n;
     }
 
-    /// Announces the commands written since the last call: updates the shadow doorbell and,
-    /// when there is none or the controller asks for it, writes the MMIO doorbell, if `live()`
-    /// still says the controller knows this queue (checked only before an MMIO write: a shadow
-    /// update is host memory, which a controller that does not know the queue never reads).
-    #[inline]
+    /// Announces the commands written since the last call: the one place an SQ tail doorbell
+    /// is rung (NVMe Base 2.0 §3.1.3.x SQyTDBL). With shadow doorbells (Doorbell Buffer Config,
+    /// §5.8) the tail goes to the shadow doorbell, whose update orders it after the entries,
+    /// and that is all unless the controller's EventIdx asks for the MMIO write too; without
+    /// them a write barrier orders the entries before the MMIO write. The MMIO write is made
+    /// only if `live()` still says the controller knows this queue (checked only there: a
+    /// shadow update is host memory, which a controller that does not know the queue never
+    /// reads); otherwise the commands stay unrung.
+    #[inline(always)]
     pub(crate) fn ring_sq(&mut self, tail: u16, live: impl FnOnce() -> bool) -> Rung {
         if self.unrung == 0 {
             return Rung::Nothing;
@@ -126,47 +143,27 @@ impl Ring {
         if let Some(s) = &self.shadow {
             if !s.update(false, tail) {
                 self.unrung = 0;
+                self.sq_rung.shadow_only += 1;
                 return Rung::Shadow;
             }
-        } else {
-            wmb();
         }
-        if !live() {
-            // Not announced: the commands stay unrung.
-            return Rung::Stale;
-        }
-        self.unrung = 0;
-        self.sq_db.write32(0, tail as u32);
-        Rung::Mmio
+        self.ring_sq_mmio(tail, live)
     }
 
-    /// The shadow-doorbell part of [`Ring::ring_sq`], for a caller that has commands to
-    /// announce (`unrung != 0`): publishes `tail` in the shadow doorbell and returns true when
-    /// that is all the controller asked for (its EventIdx). False: there is no shadow doorbell
-    /// or the MMIO doorbell is wanted too; then [`Ring::ring_sq_mmio`] must follow.
-    #[inline(always)]
-    pub(crate) fn ring_sq_shadow(&mut self, tail: u16) -> bool {
-        if let Some(s) = &self.shadow {
-            if !s.update(false, tail) {
-                self.unrung = 0;
-                return true;
-            }
-        }
-        false
-    }
-
-    /// The MMIO part of [`Ring::ring_sq`], after [`Ring::ring_sq_shadow`] returned false.
-    #[inline]
-    pub(crate) fn ring_sq_mmio(&mut self, tail: u16, live: impl FnOnce() -> bool) -> Rung {
+    /// The MMIO write of [`Ring::ring_sq`] (no shadow doorbells, or the controller's EventIdx
+    /// asked for it), with its barrier and `live` check: out of line, so that the shadow-only
+    /// path, the common one with shadow doorbells, loads nothing for it.
+    #[inline(never)]
+    fn ring_sq_mmio(&mut self, tail: u16, live: impl FnOnce() -> bool) -> Rung {
         if self.shadow.is_none() {
             wmb();
         }
         if !live() {
-            // Not announced: the commands stay unrung.
             return Rung::Stale;
         }
         self.unrung = 0;
         self.sq_db.write32(0, tail as u32);
+        self.sq_rung.mmio += 1;
         Rung::Mmio
     }
 

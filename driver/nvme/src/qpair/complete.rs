@@ -3,7 +3,9 @@
 use super::slot::{SLOT_MASK, UNUSED};
 use super::{Done, QueuePair};
 use crate::buffer::IoBuffer;
+use crate::cmd::Completion;
 use crate::error::NvmeError;
+use crate::queue::Rung;
 
 impl<B: IoBuffer> QueuePair<B> {
     /// Rings the submission doorbell, then delivers up to `max` completed requests to `f` and
@@ -21,10 +23,9 @@ impl<B: IoBuffer> QueuePair<B> {
     pub fn poll(&mut self, max: usize, mut f: impl FnMut(Done<B>)) -> usize {
         // No doorbell for a controller that was reset since the queues were created: settle and
         // re-create first.
-        if self.ring.unrung != 0 && self.ring_submissions() == crate::queue::Rung::Stale {
+        if self.ring.unrung != 0 && self.ring_submissions() == Rung::Stale {
             return self.recover(&mut f);
         }
-        let mut delivered = 0;
         // A poll that consumes nothing (an empty one, or `max` 0) ends apart: past this point at
         // least one entry was consumed.
         let first = if max != 0 {
@@ -32,15 +33,43 @@ impl<B: IoBuffer> QueuePair<B> {
         } else {
             None
         };
-        let Some(mut c) = first else {
+        let Some(c) = first else {
             return self.poll_end(0, false, &mut f);
         };
-        // No more requests can complete than are in flight: once the last one is delivered the
-        // loop ends without looking at the next entry (at QD1 that look was a fifth of the
-        // poll; the test is on the count just decremented). An entry for no request (`bogus`:
-        // a duplicate, a stray id) is consumed when it comes before a real one, or by a poll
-        // with nothing in flight, which looks as far as `max`.
+        let (delivered, _, last) = self.reap_from(c, max, true, &mut f);
+        if last {
+            // The last command in flight: no health count (`poll_end`), proof that the
+            // controller works, with nothing left to time out.
+            self.release_cq();
+            return delivered;
+        }
+        self.poll_end(delivered, true, &mut f)
+    }
+
+    /// The one loop that reaps completions, for `poll` and (after a reset, `recover.rs`)
+    /// `reap`: consumes entries from `c` on and delivers each finished request to `f`, until
+    /// `max` are delivered or the next entry is not posted; with `stop_when_idle`, also as
+    /// soon as the last request in flight is delivered. Returns the requests delivered, the
+    /// entries consumed, and whether it stopped for the last request in flight. Rings no
+    /// doorbell.
+    ///
+    /// No more requests can complete than are in flight: `poll` stops once the last one is
+    /// delivered without looking at the next entry (at QD1 that look was a fifth of the poll;
+    /// the test is on the count just decremented). An entry for no request (`bogus`: a
+    /// duplicate, a stray id) is consumed when it comes before a real one, or by a poll with
+    /// nothing in flight, which looks as far as `max`.
+    #[inline(always)]
+    fn reap_from<F: FnMut(Done<B>)>(
+        &mut self,
+        mut c: Completion,
+        max: usize,
+        stop_when_idle: bool,
+        f: &mut F,
+    ) -> (usize, u32, bool) {
+        let mut delivered = 0;
+        let mut consumed = 0u32;
         loop {
+            consumed += 1;
             'entry: {
                 let slot = (c.cid & SLOT_MASK) as usize;
                 let gen = c.cid & !SLOT_MASK;
@@ -58,8 +87,8 @@ impl<B: IoBuffer> QueuePair<B> {
                 let s = if slot == rid {
                     t
                 } else {
-                    // Another part of a split request: its slot is free now; the request's own slot
-                    // (its first part's) stays taken until the whole request completes.
+                    // Another part of a split request: its slot is free now; the request's own
+                    // slot (its first part's) stays taken until the whole request completes.
                     self.free_cids.push(slot as u16);
                     &mut self.slots[rid]
                 };
@@ -79,8 +108,8 @@ impl<B: IoBuffer> QueuePair<B> {
                         let meta = if s.meta.is_some() { s.meta.take() } else { None };
                         self.free_cids.push(rid as u16);
                         self.live -= 1;
-                        // DW0 of the part that completed last (a split request's parts all carry
-                        // the same command, so any part's DW0 would do).
+                        // DW0 of the part that completed last (a split request's parts all
+                        // carry the same command, so any part's DW0 would do).
                         f(Done {
                             tag,
                             result: Ok(c.dw0 as u64 | (c.dw1 as u64) << 32),
@@ -92,13 +121,10 @@ impl<B: IoBuffer> QueuePair<B> {
                         // of `f` here the caller's closure is inlined, a `Done` that can only be
                         // `Ok` never goes through memory (the error variant is large), and
                         // neither does the buffer handed to it.
-                        self.deliver_error(rid, &mut f);
+                        self.deliver_error(rid, f);
                     }
-                    if self.live == 0 {
-                        // The last command in flight: no health count (`poll_end`), proof that the
-                        // controller works, with nothing left to time out.
-                        self.release_cq();
-                        return delivered;
+                    if stop_when_idle && self.live == 0 {
+                        return (delivered, consumed, true);
                     }
                 }
             }
@@ -110,7 +136,7 @@ impl<B: IoBuffer> QueuePair<B> {
                 None => break,
             }
         }
-        self.poll_end(delivered, true, &mut f)
+        (delivered, consumed, false)
     }
 
     /// The end of a poll that did not deliver the last request in flight (`consumed`: whether
@@ -148,73 +174,27 @@ impl<B: IoBuffer> QueuePair<B> {
     }
 
     /// Delivers up to `max` completed requests to `f`; returns them and the completion entries
-    /// consumed. Rings no doorbell. The same as `poll`'s loop (kept apart, so that the hot path
-    /// compiles as it did before `reset` needed this): for settling after a reset.
+    /// consumed. Rings no doorbell. `poll`'s loop, out of line: for settling after a reset.
     #[cold]
     #[inline(never)]
     pub(super) fn reap(&mut self, max: usize, f: &mut impl FnMut(Done<B>)) -> (usize, u32) {
-        let mut delivered = 0;
-        let mut consumed = 0u32;
-        while delivered < max {
-            let Some(c) = self.ring.pop(&mut self.mem) else {
-                break;
-            };
-            consumed += 1;
-            let slot = (c.cid & SLOT_MASK) as usize;
-            let gen = c.cid & !SLOT_MASK;
-            let Some(t) = self
-                .slots
-                .get_mut(slot)
-                .filter(|t| t.owner != UNUSED && t.gen == gen)
-            else {
-                let [dw0, dw1, dw2, dw3] = c.to_dwords();
-                self.bogus(dw0, dw1, dw2, dw3);
-                continue;
-            };
-            let rid = t.owner as usize;
-            t.owner = UNUSED;
-            let s = if slot == rid {
-                t
-            } else {
-                // Another part of a split request: its slot is free now; the request's own slot
-                // (its first part's) stays taken until the whole request completes.
-                self.free_cids.push(slot as u16);
-                &mut self.slots[rid]
-            };
-            let st = c.status();
-            let req = &mut s.req;
-            debug_assert!(req.parts != 0, "slot points at a live request");
-            if !st.is_success() && req.error.is_success() {
-                req.error = st;
+        let first = if max != 0 {
+            self.ring.pop(&mut self.mem)
+        } else {
+            None
+        };
+        match first {
+            Some(c) => {
+                let (delivered, consumed, _) = self.reap_from(c, max, false, f);
+                (delivered, consumed)
             }
-            req.parts -= 1;
-            if req.parts == 0 {
-                delivered += 1;
-                if req.error.is_success() {
-                    let tag = req.tag;
-                    let buf = s.buf.take();
-                    let meta = s.meta.take();
-                    self.free_cids.push(rid as u16);
-                    self.live -= 1;
-                    // DW0 of the part that completed last (a split request's parts all carry
-                    // the same command, so any part's DW0 would do).
-                    f(Done {
-                        tag,
-                        result: Ok(c.dw0 as u64 | (c.dw1 as u64) << 32),
-                        buf,
-                        meta,
-                    });
-                } else {
-                    self.deliver_error(rid, f);
-                }
-            }
+            None => (0, 0),
         }
-        (delivered, consumed)
     }
 
     /// Delivers the request in slot `rid`, whose last command just completed and which failed
-    /// (counted): takes its buffers out of the slot and frees the slot, as the success paths of
-    /// `poll` and `reap` do.
+    /// (counted): takes its buffers out of the slot and frees the slot, as the success path of
+    /// `reap_from` does.
     #[cold]
     #[inline(never)]
     fn deliver_error(&mut self, rid: usize, f: &mut impl FnMut(Done<B>)) {
@@ -242,7 +222,7 @@ impl<B: IoBuffer> QueuePair<B> {
     #[cold]
     #[inline(never)]
     fn bogus(&mut self, dw0: u32, dw1: u32, dw2: u32, dw3: u32) {
-        let c = crate::cmd::Completion::from_dwords([dw0, dw1, dw2, dw3]);
+        let c = Completion::from_dwords([dw0, dw1, dw2, dw3]);
         self.stats.bogus_completions += 1;
         log::error!(
             "queue {}: completion for command id {} which is not in flight: {c:?}",

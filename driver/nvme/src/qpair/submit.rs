@@ -14,12 +14,36 @@ use super::slot::{Op, Request, UNUSED};
 use super::xfer::{self, NsInfo};
 use super::{QueuePair, Rejected};
 use crate::buffer::IoBuffer;
-use crate::cmd::{io_op, rw_words, Command, Rw};
+use crate::cmd::{io_op, Command, DataPtr, Psdt, Rw};
 use crate::ctrlr::PAGE_SIZE;
 use crate::error::{NvmeError, Result};
+use crate::queue::Rung;
 
 /// A refused submission: why, and the buffers back.
 type Refused<B> = (NvmeError, B, Option<B>);
+
+/// The entry of a read, write, compare or zone append (`op`) of `blocks` blocks at `slba` of
+/// `ns`, with command id 0 (`issue` gives it one): the format's PRINFO and, where the format
+/// checks reference tags, the LBA's low 32 bits as the initial one (for a zone append, the
+/// zone's first LBA: ZNS 1.1 §3.4.1, the controller remaps it to the written LBA). The hot
+/// template's path fills the same fields from `HotNs`.
+#[inline(always)]
+pub(super) fn rw_entry(ns: &NsInfo, op: Op, slba: u64, blocks: u64, dp: DataPtr, mptr: BusAddr) -> Rw {
+    let (opcode, fua) = op.io_opcode();
+    let (psdt, dptr) = dp.rw_fields();
+    Rw {
+        opcode,
+        psdt,
+        cid: 0,
+        nsid: ns.nsid,
+        mptr: mptr.get(),
+        dptr,
+        slba,
+        blocks: blocks as u32,
+        dw12_flags: (fua as u32) << 30 | ns.prinfo,
+        ref_tag: if ns.ref_tag { slba as u32 } else { 0 },
+    }
+}
 
 /// The submission fast path's namespace: the few fields of one namespace's view that decide
 /// whether a read or write fits one command with PRP1 alone, precomputed so that each check
@@ -48,7 +72,7 @@ pub(super) struct HotNs {
     /// `(PAGE_SIZE - len) / 4`: the highest dword in a page its buffer may start at.
     room: usize,
     /// CDW12 bits of the format: PRINFO (NVM Command Set 1.0 §3.2.4).
-    dw12_flags: u64,
+    dw12_flags: u32,
     /// CDW14 = the LBA's low 32 bits (the initial reference tag) when all-ones, 0 when 0.
     ref_mask: u64,
 }
@@ -147,17 +171,20 @@ impl<B: IoBuffer> QueuePair<B> {
             let h = self.hot;
             let (opcode, fua) = op.io_opcode();
             self.issue_popped(slot, tag, op, Some(buf), None, false, |cid| {
-                // `rw_words` for a one-page PRP transfer, from the template.
-                [
-                    opcode as u64 | (cid as u64) << 16 | h.nsid << 32,
-                    0,
-                    0,
-                    prp1,
-                    0,
+                // A one-page PRP transfer, from the template.
+                Rw {
+                    opcode,
+                    psdt: Psdt::Prp,
+                    cid,
+                    nsid: h.nsid as u32,
+                    mptr: 0,
+                    dptr: [prp1, 0],
                     slba,
-                    (blocks - 1) | (fua as u64) << 30 | h.dw12_flags,
-                    (slba & h.ref_mask) as u32 as u64,
-                ]
+                    blocks: blocks as u32,
+                    dw12_flags: (fua as u32) << 30 | h.dw12_flags,
+                    ref_tag: (slba & h.ref_mask) as u32,
+                }
+                .words()
             });
             return Ok(());
         }
@@ -251,7 +278,7 @@ impl<B: IoBuffer> QueuePair<B> {
                 len: ns.block_bytes,
                 len_blocks: 1,
                 room: (PAGE_SIZE - ns.block_bytes) / 4,
-                dw12_flags: ns.prinfo as u64,
+                dw12_flags: ns.prinfo,
                 ref_mask: if ns.ref_tag { u32::MAX as u64 } else { 0 },
             }
         } else {
@@ -290,7 +317,6 @@ impl<B: IoBuffer> QueuePair<B> {
             let ns = *ns;
             return Err((self.refusal(&ns, len, None), buf, meta));
         };
-        let (prinfo, ref_tag) = (ns.prinfo, ns.ref_tag);
         match slba.checked_add(blocks) {
             Some(end) if end <= ns.blocks => {}
             _ => {
@@ -312,23 +338,11 @@ impl<B: IoBuffer> QueuePair<B> {
             Ok(dp) => dp,
             Err(e) => return Err((e, buf, meta)),
         };
+        let rw = rw_entry(&self.namespaces[i], op, slba, blocks, dp, BusAddr(0));
         if self.hot.nsid != nsid as u64 {
             self.make_hot(i);
         }
-        let (opcode, fua) = op.io_opcode();
-        self.issue(slot, tag, op, Some(buf), None, |cid| {
-            rw_words(Rw {
-                op: opcode,
-                nsid,
-                cid,
-                slba,
-                blocks: blocks as u32,
-                dw12_flags: (fua as u32) << 30 | prinfo,
-                ref_tag: if ref_tag { slba as u32 } else { 0 },
-                dp,
-                mptr: BusAddr(0),
-            })
-        });
+        self.issue(slot, tag, op, Some(buf), None, |cid| Rw { cid, ..rw }.words());
         Ok(())
     }
 
@@ -379,20 +393,8 @@ impl<B: IoBuffer> QueuePair<B> {
             Ok(p) => p,
             Err(e) => return Err((e, buf, meta)),
         };
-        let (opcode, fua) = op.io_opcode();
-        self.issue(slot, tag, op, Some(buf), meta, |cid| {
-            rw_words(Rw {
-                op: opcode,
-                nsid: ns.nsid,
-                cid,
-                slba,
-                blocks: blocks as u32,
-                dw12_flags: (fua as u32) << 30 | ns.prinfo,
-                ref_tag: if ns.ref_tag { slba as u32 } else { 0 },
-                dp: p.data,
-                mptr: p.mptr,
-            })
-        });
+        let rw = rw_entry(&ns, op, slba, blocks, p.data, p.mptr);
+        self.issue(slot, tag, op, Some(buf), meta, |cid| Rw { cid, ..rw }.words());
         Ok(())
     }
 
@@ -522,6 +524,15 @@ impl<B: IoBuffer> QueuePair<B> {
             .map_or_else(|| "unknown format".into(), |i| self.formats[i].to_string())
     }
 
+    /// The slot the next command takes (the last of `free_cids`, which `issue` pops), or
+    /// [`NvmeError::QueueFull`].
+    pub(super) fn free_slot(&self) -> Result<u16> {
+        match self.free_cids.last() {
+            Some(&slot) => Ok(slot),
+            None => Err(self.full()),
+        }
+    }
+
     #[cold]
     #[inline(never)]
     pub(super) fn full(&self) -> NvmeError {
@@ -574,7 +585,6 @@ impl<B: IoBuffer> QueuePair<B> {
         }
         // The request lives at its first command's slot.
         let rid = *self.free_cids.last().expect("checked above");
-        let (opcode, fua) = op.io_opcode();
         let sgl = self.use_sgl;
         let mut done = 0usize;
         for part in 0..parts {
@@ -610,19 +620,8 @@ impl<B: IoBuffer> QueuePair<B> {
                 }
             };
             let cid = self.claim(slot, rid);
-            let lba = slba + first;
-            let words = rw_words(Rw {
-                op: opcode,
-                nsid: ns.nsid,
-                cid,
-                slba: lba,
-                blocks: nlb as u32,
-                dw12_flags: (fua as u32) << 30 | ns.prinfo,
-                ref_tag: if ns.ref_tag { lba as u32 } else { 0 },
-                dp: p.data,
-                mptr: p.mptr,
-            });
-            self.ring.push(&mut self.mem, &words);
+            let rw = rw_entry(&ns, op, slba + first, nlb, p.data, p.mptr);
+            self.ring.push(&mut self.mem, &Rw { cid, ..rw }.words());
             if !self.saved.is_empty() {
                 self.save_last(slot);
             }
@@ -640,9 +639,7 @@ impl<B: IoBuffer> QueuePair<B> {
 
     pub(super) fn submit_nodata(&mut self, cmd: Command, op: Op, tag: u64) -> Result<()> {
         self.check_usable()?;
-        let Some(&slot) = self.free_cids.last() else {
-            return Err(self.full());
-        };
+        let slot = self.free_slot()?;
         self.issue(slot, tag, op, None, None, |cid| {
             let mut cmd = cmd;
             cmd.set_cid(cid);
@@ -668,28 +665,26 @@ impl<B: IoBuffer> QueuePair<B> {
         buf: Option<B>,
         tag: u64,
     ) -> Result<(), Rejected<Option<B>>> {
-        if let Err(error) = self.check_usable() {
-            return Err(Rejected { error, buf });
-        }
-        let Some(&slot) = self.free_cids.last() else {
-            return Err(Rejected {
-                error: self.full(),
-                buf,
-            });
-        };
-        let mut cmd = cmd;
-        if let Some(b) = &buf {
-            let sgl = self.use_sgl;
-            match xfer::data_ptr(b, 0, b.len(), sgl, &mut self.lists(slot)) {
-                Ok(dp) => crate::cmd::set_data_ptr(&mut cmd, dp),
-                Err(error) => return Err(Rejected { error, buf }),
+        let checked = self.check_usable().and_then(|()| {
+            let slot = self.free_slot()?;
+            let mut cmd = cmd;
+            if let Some(b) = &buf {
+                let sgl = self.use_sgl;
+                let dp = xfer::data_ptr(b, 0, b.len(), sgl, &mut self.lists(slot))?;
+                crate::cmd::set_data_ptr(&mut cmd, dp);
             }
-        }
-        self.issue(slot, tag, Op::Raw, buf, None, |cid| {
-            cmd.set_cid(cid);
-            cmd.to_words()
+            Ok((slot, cmd))
         });
-        Ok(())
+        match checked {
+            Ok((slot, mut cmd)) => {
+                self.issue(slot, tag, Op::Raw, buf, None, |cid| {
+                    cmd.set_cid(cid);
+                    cmd.to_words()
+                });
+                Ok(())
+            }
+            Err(error) => Err(Rejected { error, buf }),
+        }
     }
 
     /// Flush: commits the namespace's volatile write cache to media.
@@ -734,9 +729,7 @@ impl<B: IoBuffer> QueuePair<B> {
             self.check_range(&ns, slba, n as u64)?;
         }
         self.check_usable()?;
-        let Some(&slot) = self.free_cids.last() else {
-            return Err(self.full());
-        };
+        let slot = self.free_slot()?;
         // The range list (16 bytes per range, NVM Command Set 1.0 Figure 39) goes into the list
         // page of the slot this command will get: 256 ranges are exactly one page.
         let off = self.lists_off + slot as usize * self.list_pages * PAGE_SIZE;
@@ -767,30 +760,15 @@ impl<B: IoBuffer> QueuePair<B> {
         }
     }
 
-    /// Rings the submission doorbell, unless the controller was reset since the queues were
-    /// created (checked before an MMIO write only; see `recover.rs`). Only with commands to
-    /// announce (`ring.unrung != 0`).
+    /// Rings the submission doorbell ([`crate::queue::Ring::ring_sq`]), unless the controller
+    /// was reset since the queues were created (checked before an MMIO write only; see
+    /// `recover.rs`).
     #[inline(always)]
-    pub(super) fn ring_submissions(&mut self) -> crate::queue::Rung {
-        let tail = self.mem.sq_tail();
-        if self.ring.ring_sq_shadow(tail) {
-            self.stats.shadow_only += 1;
-            return crate::queue::Rung::Shadow;
-        }
-        self.ring_submissions_mmio(tail)
-    }
-
-    /// The MMIO doorbell of `ring_submissions` (no shadow doorbells, or the controller's
-    /// EventIdx asked for it): out of line, so that the shadow-only path loads nothing for it.
-    #[inline(never)]
-    fn ring_submissions_mmio(&mut self, tail: u16) -> crate::queue::Rung {
-        let (ctrl, epoch) = (&self.ctrl, self.epoch);
-        let r = self.ring.ring_sq_mmio(tail, || {
-            ctrl.reset.epoch.load(std::sync::atomic::Ordering::Acquire) == epoch
-        });
-        if r == crate::queue::Rung::Mmio {
-            self.stats.sq_doorbells += 1;
-        }
-        r
+    pub(super) fn ring_submissions(&mut self) -> Rung {
+        // By reference: nothing is loaded for the check unless an MMIO write is due.
+        let (ctrl, epoch) = (&self.ctrl, &self.epoch);
+        self.ring.ring_sq(self.mem.sq_tail(), move || {
+            ctrl.reset.epoch.load(Ordering::Acquire) == *epoch
+        })
     }
 }

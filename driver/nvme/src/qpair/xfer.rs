@@ -469,19 +469,7 @@ mod tests {
                         if ms == 0 && (extended || pi.is_some()) {
                             continue;
                         }
-                        v.push(NsFormat {
-                            index: 0,
-                            count: 1,
-                            data_size: ds,
-                            metadata_size: ms,
-                            extended,
-                            protection: pi.map(|ty| Protection {
-                                ty,
-                                first: false,
-                                format: PiFormat::Guard16,
-                                storage_tag_bits: 0,
-                            }),
-                        });
+                        v.push(crate::format::test_format(ds, ms, extended, pi));
                     }
                 }
             }
@@ -681,11 +669,11 @@ mod tests {
     /// aligned or not), page layouts, SGL on or off and maximum transfers: the pointers describe
     /// exactly what the controller moves or the command is refused, and split requests are cut
     /// into parts that each fit one command. 256 cases per property (see
-    /// [`crate::proptest_support`]).
+    /// [`vfpoll_nvme_spec::proptest_support`]).
     mod props {
         use super::*;
-        use crate::proptest_support::config;
         use proptest::prelude::*;
+        use vfpoll_nvme_spec::proptest_support::config;
 
         /// Data 512..=4096 bytes (powers of two), metadata 0..=128 (at least the 8 bytes of PI
         /// with PI), extended or separate, PI none or type 1/2/3 (16-bit guard, first or last

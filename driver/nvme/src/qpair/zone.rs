@@ -6,7 +6,7 @@ use super::slot::Op;
 use super::xfer::{self, NsInfo};
 use super::{QueuePair, Rejected};
 use crate::buffer::IoBuffer;
-use crate::cmd::{rw_words, Command, Rw};
+use crate::cmd::{Command, Rw};
 use crate::error::{NvmeError, Result};
 use crate::zns::{op, ZoneAction, ZoneFilter};
 
@@ -24,29 +24,39 @@ impl<B: IoBuffer> QueuePair<B> {
         buf: B,
         tag: u64,
     ) -> Result<(), Rejected<B>> {
-        self.sync_view();
-        if let Err(error) = self.zoned_ns(nsid, slba) {
-            return Err(Rejected { error, buf });
+        match self.report_zones_cmd(nsid, slba, filter, partial, &buf) {
+            Ok((slot, mut cmd)) => {
+                self.issue(slot, tag, Op::ZoneReport, Some(buf), None, |cid| {
+                    cmd.set_cid(cid);
+                    cmd.to_words()
+                });
+                Ok(())
+            }
+            Err(error) => Err(Rejected { error, buf }),
         }
+    }
+
+    /// The checks of `report_zones` and its command, for the free slot it returns.
+    fn report_zones_cmd(
+        &mut self,
+        nsid: u32,
+        slba: u64,
+        filter: ZoneFilter,
+        partial: bool,
+        buf: &B,
+    ) -> Result<(u16, Command)> {
+        self.sync_view();
+        self.zoned_ns(nsid, slba)?;
         let len = buf.len();
         if len < 64 || !len.is_multiple_of(4) || len > self.max_xfer {
-            let error = NvmeError::InvalidOption(format!(
+            return Err(NvmeError::InvalidOption(format!(
                 "a zone report buffer of {len} bytes: it must be a multiple of 4 from 64 to {} bytes",
                 self.max_xfer
-            ));
-            return Err(Rejected { error, buf });
+            )));
         }
-        let Some(&slot) = self.free_cids.last() else {
-            return Err(Rejected {
-                error: self.full(),
-                buf,
-            });
-        };
+        let slot = self.free_slot()?;
         let sgl = self.use_sgl;
-        let dp = match xfer::data_ptr(&buf, 0, len, sgl, &mut self.lists(slot)) {
-            Ok(dp) => dp,
-            Err(error) => return Err(Rejected { error, buf }),
-        };
+        let dp = xfer::data_ptr(buf, 0, len, sgl, &mut self.lists(slot))?;
         let mut cmd = Command::new(op::ZONE_MGMT_RECV, nsid);
         crate::cmd::set_data_ptr(&mut cmd, dp);
         cmd.dw[10] = slba as u32;
@@ -55,11 +65,7 @@ impl<B: IoBuffer> QueuePair<B> {
         cmd.dw[12] = (len / 4 - 1) as u32;
         // ZRA 00h (Report Zones), the filter, Partial Report.
         cmd.dw[13] = (filter as u32) << 8 | (partial as u32) << 16;
-        self.issue(slot, tag, Op::ZoneReport, Some(buf), None, |cid| {
-            cmd.set_cid(cid);
-            cmd.to_words()
-        });
-        Ok(())
+        Ok((slot, cmd))
     }
 
     /// Zone Management Send: `action` on the zone starting at `zslba`, or, with `all`, on every
@@ -91,61 +97,47 @@ impl<B: IoBuffer> QueuePair<B> {
     /// completion's result is the LBA the data landed at. One command: `buf` holds at most the
     /// Zone Append Size Limit (ZASL) and never crosses into the next zone.
     pub fn zone_append(&mut self, nsid: u32, zslba: u64, buf: B, tag: u64) -> Result<(), Rejected<B>> {
+        match self.zone_append_entry(nsid, zslba, &buf) {
+            Ok((slot, rw)) => {
+                self.issue(slot, tag, Op::ZoneAppend, Some(buf), None, |cid| {
+                    Rw { cid, ..rw }.words()
+                });
+                Ok(())
+            }
+            Err(error) => Err(Rejected { error, buf }),
+        }
+    }
+
+    /// The checks of `zone_append` and its entry, for the free slot it returns.
+    fn zone_append_entry(&mut self, nsid: u32, zslba: u64, buf: &B) -> Result<(u16, Rw)> {
         self.sync_view();
-        let ns = match self.zone_start(nsid, zslba) {
-            Ok(ns) => ns,
-            Err(error) => return Err(Rejected { error, buf }),
-        };
+        let ns = self.zone_start(nsid, zslba)?;
         let len = buf.len();
         let Some(blocks) = ns.blocks_of(len).filter(|_| ns.meta_bytes == 0) else {
-            return Err(Rejected {
-                error: self.refusal(&ns, len, None),
-                buf,
-            });
+            return Err(self.refusal(&ns, len, None));
         };
         if len > ns.append_max || blocks > ns.zone_size || blocks > 65536 {
-            let error = NvmeError::TooLarge {
+            return Err(NvmeError::TooLarge {
                 len,
                 mdts: ns.append_max.min(ns.zone_size as usize * ns.block_bytes),
-            };
-            return Err(Rejected { error, buf });
-        }
-        let Some(&slot) = self.free_cids.last() else {
-            return Err(Rejected {
-                error: self.full(),
-                buf,
             });
-        };
+        }
+        let slot = self.free_slot()?;
         let sgl = self.use_sgl;
-        let p = match xfer::describe(
+        let p = xfer::describe(
             ns.block_bytes,
             0,
             blocks,
-            &buf,
+            buf,
             0,
             None,
             sgl,
             &mut self.lists(slot),
-        ) {
-            Ok(p) => p,
-            Err(error) => return Err(Rejected { error, buf }),
-        };
-        self.issue(slot, tag, Op::ZoneAppend, Some(buf), None, |cid| {
-            rw_words(Rw {
-                op: op::ZONE_APPEND,
-                nsid,
-                cid,
-                slba: zslba,
-                blocks: blocks as u32,
-                dw12_flags: ns.prinfo,
-                // Type 1 PI: the reference tag of an append is checked against the zone's
-                // first LBA (ZNS 1.1 §3.4.1; the controller remaps it to the written LBA).
-                ref_tag: if ns.ref_tag { zslba as u32 } else { 0 },
-                dp: p.data,
-                mptr: p.mptr,
-            })
-        });
-        Ok(())
+        )?;
+        // At the zone's first LBA, which is also the reference tag an append is checked
+        // against (type 1 PI).
+        let rw = super::submit::rw_entry(&ns, Op::ZoneAppend, zslba, blocks, p.data, p.mptr);
+        Ok((slot, rw))
     }
 
     /// A zoned namespace this queue pair may use, with `slba` inside it.
