@@ -34,20 +34,35 @@
 //! EUI-64 identifiers; MNAN is 1 to NN and the ANA log page of MNAN namespaces in NANAGRPID
 //! groups fits MDTS (else Linux refuses the controller or turns ANA off).
 //!
+//! Files, bottom up; each imports only from those before it:
+//! - `wire` (SQE, CQE, statuses), `types` (the IDs and records every part names), `bytes`
+//!   (page field writers), `qos` (rate limits);
+//! - `ana`, `config`, `identify`, `logpage`, [`resv`] (reservation rules, the state file),
+//!   `controller` (one controller's registers, features, events), `io` (I/O decoding), `auth`
+//!   (the authentication rules and state);
+//! - `target`: the [`Target`] itself, its state and what it answers about it;
+//! - the parts that act on the whole target, each an `impl Target`: `connect` (Connect, I/O
+//!   queues, keep-alive, teardown), `reconfig` (configuration changes), `admin` (admin
+//!   commands), `auth::target` (authentication), `resv::target` (reservations).
+//!
 //! The target serves plain data formats only (512 to 4096-byte blocks, no metadata, no
 //! protection information).
 
 mod admin;
 mod ana;
 mod auth;
+mod bytes;
 mod config;
+mod connect;
 mod controller;
 mod identify;
 mod io;
 mod logpage;
 mod qos;
+mod reconfig;
 pub mod resv;
 mod target;
+mod types;
 mod wire;
 
 #[cfg(test)]
@@ -60,15 +75,18 @@ pub use config::{
     validate_nqn, AdrFam, ConfigError, Listener, NamespaceIds, NamespaceInfo, Subsystem, TargetOptions,
     DEFAULT_MAX_NSID, DISCOVERY_NQN, NQN_MAX,
 };
-pub use controller::{cc, csts, prop, Cntlid};
+pub use connect::{
+    connect_data_off, connect_ipo, connect_off, host_label, ConnectOutcome, CONNECT_DATA_BYTES,
+};
+pub use controller::{cc, csts, prop};
 pub use identify::{cs_indep_off, ctrl_off, ctrl_val, nidt, ns_off, IDENTIFY_BYTES};
 pub use io::{DsmRange, IoOp, IoQueue, IoRequest};
 pub use logpage::{disc_off, lid, subtype, Health, DISCOVERY_RECORD_BYTES, SMART_BYTES, TREQ, TRTYPE_TCP};
 pub use qos::{Limiter, Limits, RateLimit, BURST};
-pub use target::{
-    connect_data_off, connect_ipo, connect_off, host_label, AerCompletion, ConnInfo, ConnectOutcome,
-    ControllerInfo, QueueRef, SubsystemId, Target, ADMIN_IN_CAPSULE, ADMIN_QUEUE_ENTRIES, CONNECT_DATA_BYTES,
-    DISCOVERY_KATO_MS,
+pub use target::Target;
+pub use types::{
+    AerCompletion, Cntlid, ConnInfo, ControllerInfo, QueueRef, SubsystemId, ADMIN_IN_CAPSULE,
+    ADMIN_QUEUE_ENTRIES, DISCOVERY_KATO_MS,
 };
 pub use wire::{
     check_flags, cqe_to_bytes, data_xfer, direction, fctype, fctype_of, is_connect, sqe_from_bytes,

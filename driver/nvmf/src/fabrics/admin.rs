@@ -10,10 +10,11 @@ use vfpoll_nvme_spec::status::Status;
 
 use super::ana::{self, AnaPorts};
 use super::config::{Listener, NamespaceInfo, Subsystem, TargetOptions, DISCOVERY_NQN};
-use super::controller::{csts, CcChange, Cntlid, Controller, Features, WCE_DEFAULT};
+use super::controller::{csts, CcChange, Controller, Features, WCE_DEFAULT};
 use super::identify::{self, ctrl_val, ControllerPage, IDENTIFY_BYTES};
 use super::logpage::{self, lid, subtype, DiscoveryEntry, Health};
-use super::target::{QueueRef, SubsysState, SubsystemId, Target, DISCOVERY_KATO_MS};
+use super::target::{SubsysState, Target};
+use super::types::{Cntlid, QueueRef, SubsystemId, ADMIN_QUEUE_ENTRIES, DISCOVERY_KATO_MS};
 use super::wire::{check_flags, cqe, expect_to_host, fctype, fctype_of, status, Cqe, Sqe, FABRICS_OPCODE};
 
 /// The Keep Alive opcode (NVMe Base 2.0 Figure 138).
@@ -299,7 +300,7 @@ fn identify(cx: &Cx<'_>, ctrl: &Controller, sqe: &Sqe) -> Result<Reply, Status> 
             model: "vfpoll discovery",
             firmware: &super::config::crate_firmware(),
             mdts: cx.opts.mdts(),
-            maxcmd: super::target::ADMIN_QUEUE_ENTRIES as u16,
+            maxcmd: ADMIN_QUEUE_ENTRIES as u16,
             nn: 0,
             oncs: 0,
             vwc_present: false,
@@ -399,9 +400,11 @@ fn get_log_page(cx: &Cx<'_>, ctrl: &mut Controller, sqe: &Sqe) -> Result<Reply, 
         (lid::FIRMWARE_SLOT, Some(sub)) => logpage::firmware_slot(&sub.cfg.firmware),
         (lid::CHANGED_NS, Some(_)) => ctrl.changed.page(),
         // LSP bit 0: Return Groups Only.
-        (lid::ANA, Some(sub)) => cx
-            .ana
-            .log_page(ctrl.conn.portid, &sub.cfg.namespaces, lsp & 1 != 0),
+        (lid::ANA, Some(sub)) => cx.ana.log_page(
+            ctrl.conn.portid,
+            sub.cfg.namespaces.iter().map(|ns| (ns.nsid, ns.ana_group)),
+            lsp & 1 != 0,
+        ),
         _ => return Err(status::INVALID_LOG_PAGE),
     };
     if offset > page.len() as u64 {

@@ -16,8 +16,7 @@ use std::sync::Arc;
 
 use vfpoll_nvme_spec::status::Status;
 
-use super::config::NamespaceInfo;
-use super::identify::{put32, put64};
+use super::bytes::{put32, put64};
 use super::wire::status;
 
 /// The largest ANA group ID (ANAGRPMAX of Identify Controller), and the number of groups a
@@ -242,16 +241,18 @@ impl AnaPorts {
     }
 
     /// The ANA log page (log 0Ch, NVMe Base 2.0 §5.16.1.13) as port `portid` shows a
-    /// subsystem with `namespaces`: the header (change count, number of descriptors), then
-    /// one descriptor per group holding a namespace, by group ID, each with its NSIDs in
-    /// ascending order. With RGO (Return Groups Only, LSP bit 0) the descriptors carry no
-    /// NSIDs (NNSID 0).
-    pub fn log_page(&self, portid: u16, namespaces: &[NamespaceInfo], rgo: bool) -> Vec<u8> {
+    /// subsystem whose namespaces are `members`, (NSID, ANA group) pairs: the header (change
+    /// count, number of descriptors), then one descriptor per group holding a namespace, by
+    /// group ID, each with its NSIDs in ascending order. With RGO (Return Groups Only, LSP bit
+    /// 0) the descriptors carry no NSIDs (NNSID 0).
+    pub fn log_page(&self, portid: u16, members: impl IntoIterator<Item = (u32, u32)>, rgo: bool) -> Vec<u8> {
         let mut groups: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-        for ns in namespaces {
-            groups.entry(ns.ana_group).or_default().push(ns.nsid);
+        let mut count = 0;
+        for (nsid, group) in members {
+            groups.entry(group).or_default().push(nsid);
+            count += 1;
         }
-        let nsids: usize = if rgo { 0 } else { namespaces.len() };
+        let nsids: usize = if rgo { 0 } else { count };
         let mut b = vec![0u8; ANA_HEADER_BYTES + groups.len() * ANA_DESCRIPTOR_BYTES + 4 * nsids];
         let port = self.ports.get(&portid);
         put64(&mut b, 0, port.map_or(0, |p| p.count));

@@ -233,7 +233,7 @@ pub struct NamespaceInfo {
     /// The backend implements deallocation (Dataset Management with the Deallocate attribute).
     pub deallocate: bool,
     /// The namespace's ANA group (ANAGRPID, NVMe Base 2.0 §8.1.3): 1 to
-    /// [`ANAGRPMAX`](super::ANAGRPMAX); 1 unless set. Each port has a state per group
+    /// [`ANAGRPMAX`]; 1 unless set. Each port has a state per group
     /// ([`Listener::ana`], [`Target::set_ana_state`](super::Target::set_ana_state)).
     pub ana_group: u32,
 }

@@ -13,12 +13,7 @@ use super::ana::AnaCell;
 use super::config::TargetOptions;
 use super::identify::ctrl_val;
 use super::logpage::{lid, ChangedNs, ErrorLog};
-use super::target::{ConnInfo, SubsystemId, ADMIN_QUEUE_ENTRIES};
-
-/// A controller ID (CNTLID), unique on the target (Linux requires it unique per subsystem;
-/// this target allocates from one space for all subsystems, 1 to FFEFh).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Cntlid(pub u16);
+use super::types::{Cntlid, ConnInfo, SubsystemId, ADMIN_QUEUE_ENTRIES};
 
 /// Property offsets (NVMe Base 2.0 §3.1.3; NVMe-oF 1.1 names the subset a fabrics
 /// controller has: no doorbells, no admin queue attributes or bases).

@@ -3,6 +3,7 @@
 //! namespace identification descriptors and the command-set independent namespace structure.
 
 use super::ana::{AnaState, ANAGRPMAX, ANATT_SECONDS};
+use super::bytes::{put128, put16, put32, put64, put_ascii, put_str};
 use super::config::NamespaceInfo;
 
 /// Bytes of every Identify data structure.
@@ -161,38 +162,6 @@ pub(crate) struct ControllerPage<'a> {
     pub ioccsz: u32,
     /// MNAN (`ana::mnan`).
     pub mnan: u32,
-}
-
-pub(crate) fn put16(b: &mut [u8], o: usize, v: u16) {
-    b[o..o + 2].copy_from_slice(&v.to_le_bytes());
-}
-
-pub(crate) fn put32(b: &mut [u8], o: usize, v: u32) {
-    b[o..o + 4].copy_from_slice(&v.to_le_bytes());
-}
-
-pub(crate) fn put64(b: &mut [u8], o: usize, v: u64) {
-    b[o..o + 8].copy_from_slice(&v.to_le_bytes());
-}
-
-pub(crate) fn put128(b: &mut [u8], o: usize, v: u128) {
-    b[o..o + 16].copy_from_slice(&v.to_le_bytes());
-}
-
-/// ASCII, space padded (SN, MN, FR).
-pub(crate) fn put_ascii(b: &mut [u8], o: usize, len: usize, s: &str) {
-    let f = &mut b[o..o + len];
-    f.fill(b' ');
-    let n = s.len().min(len);
-    f[..n].copy_from_slice(&s.as_bytes()[..n]);
-}
-
-/// A string NUL padded (NQNs, TRADDR, TRSVCID): at most `len - 1` bytes so that it ends in NUL.
-pub(crate) fn put_str(b: &mut [u8], o: usize, len: usize, s: &str) {
-    let f = &mut b[o..o + len];
-    f.fill(0);
-    let n = s.len().min(len - 1);
-    f[..n].copy_from_slice(&s.as_bytes()[..n]);
 }
 
 /// Identify Controller (CNS 01h).

@@ -19,7 +19,7 @@ use super::config::NamespaceInfo;
 use super::controller::CtrlShared;
 use super::qos::{Limiter, Limits};
 use super::resv::{self, Access, ResvCommand, SubsysResv};
-use super::target::{QueueRef, SubsystemId};
+use super::types::{QueueRef, SubsystemId};
 use super::wire::{self, check_flags, cqe, data_xfer, status, Cqe, DataXfer, Sqe};
 
 /// A decoded I/O command, ready for a backend.
@@ -475,7 +475,7 @@ pub(crate) fn decode(
         }
         io_op::FLUSH => IoOp::Flush,
         resv::opcode::REGISTER | resv::opcode::REPORT | resv::opcode::ACQUIRE | resv::opcode::RELEASE => {
-            resv::target::decode(sqe, limits.in_capsule, limits.max_transfer)?
+            IoOp::Reservation(resv::decode(sqe, limits.in_capsule, limits.max_transfer)?)
         }
         io_op::WRITE_ZEROES => {
             if !ns.write_zeroes {

@@ -7,8 +7,8 @@ use std::collections::{BTreeSet, VecDeque};
 
 use vfpoll_nvme_spec::status::Status;
 
+use super::bytes::{put128, put16, put32, put64, put_ascii, put_str};
 use super::config::{AdrFam, Listener};
-use super::identify::{put128, put16, put32, put64, put_ascii, put_str};
 
 /// Log page identifiers this target returns (NVMe Base 2.0 Figure 202).
 pub mod lid {
@@ -314,7 +314,7 @@ pub(crate) fn discovery(genctr: u64, entries: &[DiscoveryEntry<'_>]) -> Vec<u8> 
         r[o::TREQ] = TREQ;
         put16(r, o::PORTID, e.listener.portid);
         put16(r, o::CNTLID, 0xffff);
-        put16(r, o::ASQSZ, super::target::ADMIN_QUEUE_ENTRIES as u16);
+        put16(r, o::ASQSZ, super::types::ADMIN_QUEUE_ENTRIES as u16);
         put_str(r, o::TRSVCID, 32, &e.listener.trsvcid);
         put_str(r, o::SUBNQN, 256, e.subnqn);
         let traddr = match e.local_addr {

@@ -10,74 +10,17 @@ use vfpoll_nvme_spec::cmd::admin_op;
 use vfpoll_nvme_spec::status::Status;
 
 use super::store::{Record, ResvStore, StoreError};
+use super::ResvCommand;
 use super::{
     opcode, AcquireAction, Notices, NsResv, RegisterAction, ReleaseAction, ResvType, HOST_ID_INCONSISTENT,
     LOG_PAGE, LOG_PAGE_BYTES,
 };
 use crate::fabrics::admin::AdminOutcome;
-use crate::fabrics::controller::{Cntlid, Event};
+use crate::fabrics::controller::Event;
 use crate::fabrics::io::{IoOp, IoRequest};
-use crate::fabrics::target::{AerCompletion, SubsystemId, Target};
+use crate::fabrics::target::Target;
+use crate::fabrics::types::{AerCompletion, Cntlid, SubsystemId};
 use crate::fabrics::wire::{self, check_flags, cqe, data_xfer, status, DataXfer, Sqe};
-
-/// A reservation command as an I/O queue decoded it ([`IoOp::Reservation`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ResvCommand {
-    /// Register (0Dh), Report (0Eh), Acquire (11h) or Release (15h).
-    pub opcode: u8,
-    /// Command dword 10 (action, IEKEY, RTYPE, CPTPL; Report: NUMD).
-    pub cdw10: u32,
-    /// Command dword 11 (Report: EDS in bit 0).
-    pub cdw11: u32,
-    /// The data: 16 bytes from the host (Register, Acquire), 8 (Release), or the report's
-    /// bytes to the host.
-    pub data: DataXfer,
-}
-
-/// What the target keeps for reservations besides each subsystem's states.
-#[derive(Debug, Default)]
-pub(crate) struct TargetResv {
-    /// Where the states of namespaces with PTPL persist (`None`: PTPL is not supported).
-    store: Option<ResvStore>,
-    /// Completions of held Asynchronous Event Requests that notices completed, for the
-    /// runtime ([`Target::take_reservation_events`]).
-    events: Vec<AerCompletion>,
-}
-
-impl TargetResv {
-    /// Whether reservations may persist through power loss (a state file is set).
-    pub fn ptpl_capable(&self) -> bool {
-        self.store.is_some()
-    }
-}
-
-/// Decodes a reservation command's data transfer (the namespace is checked by the caller):
-/// Register and Acquire carry 16 bytes, Release 8, Report sends (NUMD + 1) dwords, at most
-/// `max_transfer` bytes; another length is Data SGL Length Invalid.
-pub(crate) fn decode(sqe: &Sqe, in_capsule: u32, max_transfer: u32) -> Result<IoOp, Status> {
-    let op = sqe.opcode();
-    let want = match op {
-        opcode::REGISTER | opcode::ACQUIRE => 16,
-        opcode::RELEASE => 8,
-        _ => {
-            let bytes = (sqe.dw[10] as u64 + 1) * 4;
-            if bytes > max_transfer as u64 {
-                return Err(Status::INVALID_FIELD);
-            }
-            bytes as u32
-        }
-    };
-    let data = data_xfer(sqe, in_capsule)?;
-    if data.len() != want {
-        return Err(status::DATA_SGL_LENGTH_INVALID);
-    }
-    Ok(IoOp::Reservation(ResvCommand {
-        opcode: op,
-        cdw10: sqe.dw[10],
-        cdw11: sqe.dw[11],
-        data,
-    }))
-}
 
 impl Target {
     /// Keeps the reservation state of namespaces with Persist Through Power Loss in
