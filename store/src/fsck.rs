@@ -16,7 +16,16 @@ fn finding(object: impl Into<String>, detail: impl Into<String>) -> Finding {
     }
 }
 
-pub(crate) fn run(store: &Store) -> Result<FsckReport> {
+impl Store {
+    /// Runs fsck: re-reads and checks every superblock copy, both roots, the catalog, every
+    /// manifest, every extent's crc32c and every occupied KV slot's data crc; reports what it
+    /// finds and changes nothing. An error means it could not run (I/O), not a finding.
+    pub fn fsck(&self) -> Result<FsckReport> {
+        run(self)
+    }
+}
+
+fn run(store: &Store) -> Result<FsckReport> {
     let mut rep = FsckReport::default();
     let (root, catalog, manifests, pools) = {
         let m = store.meta();

@@ -37,31 +37,16 @@
 //! finish in, as it would at the next open.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use crate::error::{Result, StoreError};
 use crate::format::{
     crc32c_append, slot_crc_seed, slot_data_crc, PoolRec, SlotHeader, MAX_BLOCK, MAX_NAME, PAGE, SLOT_HEADER,
 };
 use crate::io::{copies_help, Job};
+pub use crate::kv_index::KvStats;
+use crate::kv_index::{PoolShared, PoolState, Slot};
 use crate::store::{now_ns, Change, Finding, Store};
-
-/// Counters of a pool since it was opened in this process.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct KvStats {
-    /// Blocks put.
-    pub puts: u64,
-    /// Gets that returned the block.
-    pub hits: u64,
-    /// Gets that found nothing (or a block that failed its crc).
-    pub misses: u64,
-    /// Blocks evicted to make room.
-    pub evictions: u64,
-    /// Blocks that failed their crc on a get (torn or stale after a crash), counted in misses.
-    pub bad_blocks: u64,
-    /// Blocks deallocated (trimmed) after eviction or removal.
-    pub deallocated: u64,
-}
 
 /// A pool's definition and fill.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,77 +63,6 @@ pub struct PoolInfo {
     pub used: Option<u64>,
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Slot {
-    key: u128,
-    generation: u64,
-    len: u32,
-    crc: u32,
-    tick: u64,
-}
-
-struct PoolState {
-    headers: Vec<u8>,
-    slots: Vec<Option<Slot>>,
-    index: HashMap<u128, u64>,
-    free: Vec<u64>,
-    /// tick → slot, oldest first.
-    lru: BTreeMap<u64, u64>,
-    tick: u64,
-    next_gen: u64,
-    stats: KvStats,
-}
-
-impl PoolState {
-    fn touch(&mut self, slot: u64) {
-        self.tick += 1;
-        let t = self.tick;
-        if let Some(s) = self.slots[slot as usize].as_mut() {
-            self.lru.remove(&s.tick);
-            s.tick = t;
-            self.lru.insert(t, slot);
-        }
-    }
-
-    /// Takes `slot` out of the index and the LRU (header zeroed in memory) without freeing
-    /// it; returns whether it held a block.
-    fn take(&mut self, slot: u64) -> bool {
-        let at = slot as usize * SLOT_HEADER;
-        self.headers[at..at + SLOT_HEADER].fill(0);
-        let Some(s) = self.slots[slot as usize].take() else {
-            return false;
-        };
-        self.lru.remove(&s.tick);
-        if self.index.get(&s.key) == Some(&slot) {
-            self.index.remove(&s.key);
-        }
-        true
-    }
-
-    /// Empties `slot` in memory (header zeroed) and frees it.
-    fn clear(&mut self, slot: u64) {
-        if self.take(slot) {
-            self.free.push(slot);
-        }
-    }
-
-    /// The header pages (of the pool's table) of `slots`, each once, with their bytes now.
-    fn snapshot(&self, slots: impl Iterator<Item = u64>) -> Vec<(u64, Vec<u8>)> {
-        let mut pages: Vec<u64> = slots.map(|s| s * SLOT_HEADER as u64 / PAGE as u64).collect();
-        pages.sort_unstable();
-        pages.dedup();
-        pages
-            .iter()
-            .map(|&p| {
-                (
-                    p,
-                    self.headers[p as usize * PAGE..(p as usize + 1) * PAGE].to_vec(),
-                )
-            })
-            .collect()
-    }
-}
-
 /// A put's slots between its reservation and its publish.
 struct Reserved {
     /// The slot and generation of each block.
@@ -159,26 +73,6 @@ struct Reserved {
     spare: Vec<u64>,
     /// Every slot whose header this put zeroed (`spare` and the ones it reused).
     taken: Vec<u64>,
-}
-
-/// The state of a pool open in this process, shared by its handles.
-pub(crate) struct PoolShared {
-    rec: PoolRec,
-    /// The index; never held across I/O.
-    state: Mutex<PoolState>,
-    /// Held by a put or remove from its header snapshot to its publish, so that header pages
-    /// reach the device in the order their copies were taken (module docs, Locking).
-    write_order: Mutex<()>,
-}
-
-impl PoolShared {
-    fn lock(&self) -> MutexGuard<'_, PoolState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn write_order(&self) -> MutexGuard<'_, ()> {
-        self.write_order.lock().unwrap_or_else(|e| e.into_inner())
-    }
 }
 
 /// A handle on a KV pool (`Send + Sync`, cheap to clone); see the module docs.
@@ -372,13 +266,7 @@ impl Store {
         let shared = m
             .pools
             .entry(rec.id)
-            .or_insert_with(|| {
-                Arc::new(PoolShared {
-                    rec,
-                    state: Mutex::new(state),
-                    write_order: Mutex::new(()),
-                })
-            })
+            .or_insert_with(|| Arc::new(PoolShared::new(rec, state)))
             .clone();
         Ok(KvPool {
             store: self.clone(),

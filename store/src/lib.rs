@@ -98,6 +98,7 @@ mod fsck;
 mod gpu;
 mod io;
 mod kv;
+mod kv_index;
 mod lock;
 mod store;
 

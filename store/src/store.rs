@@ -15,7 +15,7 @@ use crate::format::{
     DATA_START, MAX_MEMBERS, PAGE, ROOT_OFFSETS,
 };
 use crate::io::{Geometry, Io, Job};
-use crate::kv::PoolShared;
+use crate::kv_index::PoolShared;
 use crate::lock::{StoreLock, DEFAULT_LOCK_DIR};
 
 /// Options for opening a store (and for the store a format leaves open).
@@ -795,13 +795,6 @@ impl Store {
             m.alloc.free(p, n);
         }
         r.map(|()| took)
-    }
-
-    /// Runs fsck: re-reads and checks every superblock copy, both roots, the catalog, every
-    /// manifest, every extent's crc32c and every occupied KV slot's data crc; reports what it
-    /// finds and changes nothing. An error means it could not run (I/O), not a finding.
-    pub fn fsck(&self) -> Result<FsckReport> {
-        crate::fsck::run(self)
     }
 }
 
