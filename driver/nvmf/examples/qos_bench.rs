@@ -6,18 +6,15 @@
 //!
 //! `cargo run --release -p vfpoll-nvmf --example qos_bench -- [--iops N] [--secs S] [--qd Q]`
 
-#[path = "../tests/common/mod.rs"]
-mod common;
-
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::*;
 use vfpoll_nvmf::fabrics::{Limits, RateLimit};
 use vfpoll_nvmf::pdu::{CtrlPdu, Digests};
+use vfpoll_nvmf::testing::*;
 
 const HOST_B: &str = "nqn.2014-08.org.nvmexpress:uuid:66666666-7777-8888-9999-000000000000";
 

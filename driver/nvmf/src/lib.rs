@@ -41,3 +41,6 @@ pub mod fabrics;
 pub mod pdu;
 pub mod server;
 mod sys;
+#[cfg(feature = "testing")]
+#[doc(hidden)]
+pub mod testing;

@@ -11,12 +11,9 @@
 //! enabled. Every refusal must come with a `warn` log line naming the peer, the field, its
 //! value and the rule.
 
-mod common;
-
 use std::net::SocketAddr;
 use std::sync::{Mutex, Once};
 
-use common::*;
 use vfpoll_dma::{DmaContext, PageSize};
 use vfpoll_nvme_spec::status::Sct;
 use vfpoll_nvmf::backend::{Backend, MallocBackend};
@@ -25,6 +22,7 @@ use vfpoll_nvmf::fabrics::{
 };
 use vfpoll_nvmf::pdu::Digests;
 use vfpoll_nvmf::server::{NamespaceBackend, Server, ServerConfig, WorkerConfig};
+use vfpoll_nvmf::testing::*;
 
 /// A subsystem that lists its hosts.
 const LISTED: &str = "nqn.2024-01.io.vfpoll:listed";

@@ -1,10 +1,8 @@
 //! The operators' counters after real traffic over loopback: per subsystem, namespace and
 //! host, summed over two workers, as Prometheus text.
 
-mod common;
-
-use common::*;
 use vfpoll_nvmf::pdu::Digests;
+use vfpoll_nvmf::testing::*;
 
 #[test]
 fn metrics_count_each_hosts_io_connections_and_refusals() {

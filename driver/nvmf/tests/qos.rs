@@ -3,13 +3,11 @@
 //! and lifting the limit ends the holding back. Counted, not timed: the metrics say which
 //! commands waited for credit.
 
-mod common;
-
 use std::collections::BTreeMap;
 
-use common::*;
 use vfpoll_nvmf::fabrics::{Limits, RateLimit};
 use vfpoll_nvmf::pdu::Digests;
+use vfpoll_nvmf::testing::*;
 
 const HOST2: &str = "nqn.2014-08.org.nvmexpress:uuid:66666666-7777-8888-9999-000000000000";
 

@@ -4,19 +4,17 @@
 //! Requests completed, connections of a removed listener or subsystem closed, I/O to a removed
 //! namespace or through an inaccessible path refused) and the per-subsystem counters.
 
-mod common;
-
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use common::*;
 use vfpoll_nvme_spec::cmd::admin_op;
 use vfpoll_nvme_spec::status::{Sct, Status};
 use vfpoll_nvmf::backend::{Backend, MallocBackend};
 use vfpoll_nvmf::fabrics::{AnaState, Cqe, Listener, NamespaceInfo, Subsystem};
 use vfpoll_nvmf::pdu::CtrlPdu;
 use vfpoll_nvmf::server::Server;
+use vfpoll_nvmf::testing::*;
 
 /// Completion dword 0 of a Namespace Attribute Changed notice: type 2 (notice), information
 /// 00h, log page 04h (NVMe Base 2.0 §5.2, Figure 146).

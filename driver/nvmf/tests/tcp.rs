@@ -4,18 +4,16 @@
 //! Dataset Management, with and without digests; bad PDUs end only their own connection; two
 //! workers sharing connections (and a controller's queues) between them.
 
-mod common;
-
 use std::io::Write;
 use std::net::{Shutdown, SocketAddr};
 use std::time::Duration;
 
-use common::*;
 use vfpoll_dma::{DmaBuf, DmaPool};
 use vfpoll_nvmf::backend::{Backend, Busy, Completion, MallocBackend, Op};
 use vfpoll_nvmf::fabrics::{fctype, prop, FABRICS_OPCODE};
 use vfpoll_nvmf::pdu::{h2c_data_header, ic_req, Digests, Fes, H2cData, IcReq};
 use vfpoll_nvmf::server::Server;
+use vfpoll_nvmf::testing::*;
 
 /// Writes in-capsule and through R2T, reads back, flush, Write Zeroes, DSM, an LBA past the
 /// end, on connections with `digests`.

@@ -1,24 +1,28 @@
-//! The test host the NVMe/TCP tests share: a client built from the PDU module's host-side
-//! builders (ICReq, capsules, H2CData, digests) and a RAM-backed server to talk to.
-
-#![allow(dead_code, unreachable_pub)]
+//! A loopback NVMe/TCP test host, for the crate's integration tests and its `qos_bench`
+//! example (feature `testing`, which only the crate's own dev-dependency turns on): a RAM-backed
+//! [`Server`] on 127.0.0.1 and a client ([`Host`]) built from the PDU module's host-side
+//! builders (ICReq, capsules, H2CData, digests), with Connect and command helpers.
+//!
+//! It lives in the library rather than in `tests/` so that the tests and the example share
+//! one copy without a `#[path]` module. Everything here panics on what a conforming target
+//! would not do: it is a test harness, not an initiator.
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-use vfpoll_dma::{DmaContext, PageSize};
-use vfpoll_nvme_spec::cmd::{admin_op, Command};
-use vfpoll_nvmf::backend::{Backend, MallocBackend};
-use vfpoll_nvmf::fabrics::{
+use crate::backend::{Backend, MallocBackend};
+use crate::fabrics::{
     cqe_to_bytes, ctrl_off, fctype, ns_off, prop, sqe_to_bytes, Cqe, Listener, NamespaceInfo, Sqe, Subsystem,
     Target, TargetOptions, FABRICS_OPCODE, SGL_IN_CAPSULE, SGL_TRANSPORT,
 };
-use vfpoll_nvmf::pdu::{
+use crate::pdu::{
     capsule_cmd_header, h2c_data_header, host_accept_ic_resp, ic_req, parse_c2h_header, ConnParams, CtrlPdu,
     Digests, Fes, H2cData, IcReq, Layout, Progress, TargetLimits, MAX_TX_HEADER_LEN,
 };
-use vfpoll_nvmf::server::{NamespaceBackend, Server, ServerConfig, WorkerConfig};
+use crate::server::{NamespaceBackend, Server, ServerConfig, WorkerConfig};
+use vfpoll_dma::{DmaContext, PageSize};
+use vfpoll_nvme_spec::cmd::{admin_op, Command};
 
 pub const SUB: &str = "nqn.2024-01.io.vfpoll:tcp-test";
 pub const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-555555555555";
@@ -80,7 +84,7 @@ pub fn server_over(backends: Vec<Box<dyn Backend>>) -> Server {
         page_size: PageSize::Base4K,
         buffers: 8,
         maxh2cdata: MAXH2CDATA,
-        spin: vfpoll_nvmf::server::DEFAULT_SPIN,
+        spin: crate::server::DEFAULT_SPIN,
     })
     .unwrap()
 }
