@@ -13,7 +13,7 @@ use crate::cuda::Device;
 use crate::errors::{Failure, Kind};
 use crate::ffi::{host_bytes, host_bytes_mut};
 use crate::save::{stage, Item};
-use crate::store::{lock, Shared};
+use crate::shared::{lock, Shared};
 
 pub(crate) fn kv_stats<'py>(py: Python<'py>, s: &vfpoll_store::KvStats) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);

@@ -30,6 +30,7 @@ pub mod errors;
 mod ffi;
 pub mod kv;
 pub mod save;
+mod shared;
 pub mod store;
 
 use pyo3::prelude::*;

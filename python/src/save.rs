@@ -3,7 +3,7 @@
 //! entry.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pyo3::exceptions::{PyTimeoutError, PyValueError};
@@ -15,7 +15,7 @@ use crate::buffer::{Buffer, Place, Range};
 use crate::cuda::{Device, Staging};
 use crate::errors::{Failure, Kind};
 use crate::ffi::host_bytes;
-use crate::store::{lock, Shared};
+use crate::shared::{lock, SaveState, Shared};
 
 /// `(address, length, place)` and where in the staging memory it goes, for one entry.
 pub(crate) struct Item {
@@ -84,82 +84,6 @@ fn copy_parallel(dst: &mut [u8], src: &[u8]) {
             s.spawn(move || d.copy_from_slice(c));
         }
     });
-}
-
-/// Progress of an async save, shared by its thread and its handle.
-pub(crate) struct SaveState {
-    m: Mutex<Progress>,
-    cv: Condvar,
-}
-
-#[derive(Default)]
-struct Progress {
-    staged: bool,
-    done: Option<Result<u64, Failure>>,
-    /// Seconds from the start to staged and to durable.
-    staged_s: f64,
-    durable_s: f64,
-}
-
-impl SaveState {
-    /// Whether the save has finished (durable or failed).
-    pub(crate) fn is_done(&self) -> bool {
-        lock(&self.m).done.is_some()
-    }
-
-    pub(crate) fn new() -> Arc<SaveState> {
-        Arc::new(SaveState {
-            m: Mutex::new(Progress::default()),
-            cv: Condvar::new(),
-        })
-    }
-
-    pub(crate) fn set_staged(&self, t0: Instant) {
-        let mut p = lock(&self.m);
-        if !p.staged {
-            p.staged = true;
-            p.staged_s = t0.elapsed().as_secs_f64();
-        }
-        self.cv.notify_all();
-    }
-
-    pub(crate) fn finish(&self, r: Result<u64, Failure>, t0: Instant) {
-        let mut p = lock(&self.m);
-        if !p.staged {
-            p.staged = true;
-            p.staged_s = t0.elapsed().as_secs_f64();
-        }
-        p.durable_s = t0.elapsed().as_secs_f64();
-        p.done = Some(r);
-        self.cv.notify_all();
-    }
-
-    /// Waits until `cond` holds or `timeout` passes; whether it holds.
-    fn wait_for(&self, timeout: Option<Duration>, cond: impl Fn(&Progress) -> bool) -> bool {
-        let deadline = timeout.map(|t| Instant::now() + t);
-        let mut p = lock(&self.m);
-        while !cond(&p) {
-            match deadline {
-                None => p = self.cv.wait(p).unwrap_or_else(|e| e.into_inner()),
-                Some(d) => {
-                    let now = Instant::now();
-                    if now >= d {
-                        return false;
-                    }
-                    p = self
-                        .cv
-                        .wait_timeout(p, d - now)
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0;
-                }
-            }
-        }
-        true
-    }
-
-    pub(crate) fn wait_done(&self, timeout: Option<Duration>) -> bool {
-        self.wait_for(timeout, |p| p.done.is_some())
-    }
 }
 
 fn timeout_of(t: Option<f64>) -> PyResult<Option<Duration>> {

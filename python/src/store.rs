@@ -26,98 +26,8 @@ use crate::cuda::{Device, Staging};
 use crate::errors::{py_err, Failure, Kind};
 use crate::ffi::host_bytes_mut;
 use crate::kv::{kv_stats, KvPool};
-use crate::save::{collect_items, run_save, SaveHandle, SaveState, Writer};
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Byte and operation counters of the binding since open.
-#[derive(Default)]
-pub(crate) struct Counters {
-    pub(crate) bytes_written: AtomicU64,
-    pub(crate) bytes_read: AtomicU64,
-    pub(crate) saves: AtomicU64,
-    pub(crate) reads: AtomicU64,
-    pub(crate) gpu_bytes_staged: AtomicU64,
-}
-
-/// What the Python objects of one open store share.
-pub(crate) struct Shared {
-    pub(crate) store: RwLock<Option<Store>>,
-    pub(crate) pools: Mutex<HashMap<String, vfpoll_store::KvPool>>,
-    pub(crate) saves: Mutex<Vec<Arc<SaveState>>>,
-    pub(crate) staging: Mutex<Vec<Staging>>,
-    pub(crate) counters: Counters,
-    pub(crate) specs: Vec<String>,
-    /// Async saves write and commit in the order they were started: a ticket per save, and the
-    /// ticket now served.
-    pub(crate) next_ticket: AtomicU64,
-    pub(crate) serving: Mutex<u64>,
-    pub(crate) turn: Condvar,
-}
-
-/// Staging buffers kept for reuse (their CUDA registration is the expensive part).
-const KEEP_STAGING: usize = 16 + READ_THREADS;
-
-impl Shared {
-    pub(crate) fn store(&self) -> Result<Store, Failure> {
-        self.store
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-            .ok_or_else(|| Failure::new(Kind::Closed, "the store is closed"))
-    }
-
-    pub(crate) fn take_staging(&self, len: usize) -> Result<Staging, Failure> {
-        let mut free = lock(&self.staging);
-        let best = free
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.capacity() >= len)
-            .min_by_key(|(_, s)| s.capacity())
-            .map(|(i, _)| i);
-        match best {
-            Some(i) => Ok(free.swap_remove(i)),
-            None => {
-                drop(free);
-                // Round up, so that slightly larger checkpoints reuse it.
-                Ok(Staging::new(len.max(1).next_multiple_of(2 << 20))?)
-            }
-        }
-    }
-
-    pub(crate) fn give_staging(&self, s: Staging) {
-        let mut free = lock(&self.staging);
-        free.push(s);
-        if free.len() > KEEP_STAGING {
-            free.sort_by_key(|s| std::cmp::Reverse(s.capacity()));
-            free.truncate(KEEP_STAGING);
-        }
-    }
-
-    /// Waits for the turn of save `ticket`.
-    pub(crate) fn wait_turn(&self, ticket: u64) {
-        let mut s = lock(&self.serving);
-        while *s != ticket {
-            s = self.turn.wait(s).unwrap_or_else(|e| e.into_inner());
-        }
-    }
-
-    /// Ends the turn of save `ticket`.
-    pub(crate) fn end_turn(&self, ticket: u64) {
-        let mut s = lock(&self.serving);
-        *s = ticket + 1;
-        self.turn.notify_all();
-    }
-
-    pub(crate) fn wait_saves(&self) {
-        let saves: Vec<_> = lock(&self.saves).drain(..).collect();
-        for s in saves {
-            s.wait_done(None);
-        }
-    }
-}
+use crate::save::{collect_items, run_save, SaveHandle, Writer};
+use crate::shared::{lock, Counters, SaveState, Shared, READ_THREADS};
 
 /// A committed version: `id`, `committed` (Unix ns), `bytes`, `entries`.
 #[pyclass(module = "vfpoll._vfpoll", frozen, get_all)]
@@ -680,9 +590,6 @@ fn read_entries(
         .fetch_add(wanted.len() as u64, Ordering::Relaxed);
     Ok(())
 }
-
-/// Threads that read the entries of one `read_many` at once.
-const READ_THREADS: usize = 4;
 
 /// One thread of [`read_entries`]: reads entries (taking the next index from `next`) until none
 /// is left or another thread failed; returns the bytes it read.
