@@ -24,6 +24,7 @@ Commands:
   fuzz    Fuzz the NVMe/TCP parsers (vfpoll-nvmf) and the store's on-disk parsers with libFuzzer
   fio-engine
           Build vfpoll's fio engine: fetches fio's source, needs no test bed
+  circles List the import circles between the files of each crate (the tests allow none)
   help    Print this help, or the help of a command (`cargo xtask help vm`)
 
 Each command has its own --help.";
@@ -156,6 +157,16 @@ Options:
   -v, --verbose   Show the guest init's lines and kernel warnings
   -h, --help      Print this help";
 
+const CIRCLES_HELP: &str = "\
+List the import circles between the files of each crate
+
+Usage: cargo xtask circles
+
+A module imports another when it names it, or an item in it, through `crate::`, `super::` or
+`self::` (test code and a child's use of its ancestors' own items do not count). A circle is a
+set of files none of which can be read without the others; `cargo test -p xtask` fails on any.
+Exits 1 when there is one.";
+
 /// What the command line asks for.
 #[derive(Debug)]
 pub enum Task {
@@ -173,6 +184,8 @@ pub enum Task {
     Bench(crate::bench::BenchArgs),
     /// `fuzz`.
     Fuzz(crate::fuzz::FuzzArgs),
+    /// `circles`.
+    Circles,
     /// `fio-engine`: the release build or the debug one.
     FioEngine {
         /// `--release`.
@@ -216,6 +229,7 @@ pub fn parse(args: Vec<OsString>) -> Result<Task> {
             Some("bench") => crate::bench::HELP,
             Some("fuzz") => crate::fuzz::HELP,
             Some("fio-engine") => FIO_ENGINE_HELP,
+            Some("circles") => CIRCLES_HELP,
             _ => HELP,
         })),
         "setup" => {
@@ -227,6 +241,11 @@ pub fn parse(args: Vec<OsString>) -> Result<Task> {
             }
             Ok(Task::Setup)
         }
+        "circles" => match p.next_str()? {
+            None => Ok(Task::Circles),
+            Some(a) if a == "-h" || a == "--help" => Ok(Task::Help(CIRCLES_HELP)),
+            Some(a) => Err(err!("circles: unexpected argument {a:?}")),
+        },
         "fio-engine" => {
             let mut release = false;
             while let Some(a) = p.next_str()? {

@@ -109,6 +109,7 @@ mod python;
 mod qmp;
 mod setup;
 mod setup_qemu;
+mod structure;
 mod test;
 mod util;
 mod vm;
@@ -116,6 +117,8 @@ mod vm;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
+
+use crate::util::err;
 
 /// Paths of the cargo workspace this xtask belongs to.
 pub struct Workspace {
@@ -159,6 +162,15 @@ fn main() -> ExitCode {
         cli::Task::Demo(mode, verbose) => demo::main(&ws, mode, verbose),
         cli::Task::Bench(args) => bench::main(&ws, &args),
         cli::Task::Fuzz(args) => fuzz::main(&ws, &args),
+        cli::Task::Circles => {
+            let found = structure::circles(&ws.root).map_err(|e| err!("circles: {e}"))?;
+            let mut out = std::io::stdout().lock();
+            for c in &found {
+                let _ = writeln!(out, "{c}");
+            }
+            let _ = writeln!(out, "{} import circle(s)", found.len());
+            Ok(u8::from(!found.is_empty()))
+        }
         cli::Task::FioEngine { release } => {
             let so = build::fio_engine(&ws, if release { "release" } else { "debug" })?;
             let _ = writeln!(std::io::stdout(), "{}", so.display());
