@@ -99,20 +99,9 @@ pub fn check(
     skip: Option<std::ops::Range<usize>>,
     mut bad: impl FnMut(u64, Found),
 ) -> u64 {
-    let mut want = vec![0u8; lba_size];
-    let mut n = 0;
-    for (i, block) in buf.chunks_exact(lba_size).enumerate() {
-        let l = lba + i as u64;
-        fill_block(&mut want, l, nsid, seed);
-        if let Some(r) = &skip {
-            want[r.clone()].copy_from_slice(&block[r.clone()]);
-        }
-        if block != want.as_slice() {
-            n += 1;
-            bad(l, classify(block, &want, l, nsid, seed));
-        }
-    }
-    n
+    let expect = |want: &mut [u8], l| fill_block(want, l, nsid, seed);
+    let judge = |block: &[u8], want: &[u8], l| classify(block, want, l, nsid, seed);
+    check_blocks(buf, lba_size, lba, skip, expect, judge, &mut bad)
 }
 
 /// Fills `buf`, the separate metadata of blocks from `lba` (`ms` bytes each), with their
@@ -144,17 +133,36 @@ pub fn check_meta(
     skip: Option<std::ops::Range<usize>>,
     mut bad: impl FnMut(u64, Found),
 ) -> u64 {
-    let mut want = vec![0u8; ms];
+    let expect = |want: &mut [u8], l| meta_block(want, l, nsid, seed);
+    let judge = |m: &[u8], want: &[u8], _| Found::Metadata {
+        offset: (0..ms).find(|&k| m[k] != want[k]).unwrap_or(0),
+    };
+    check_blocks(buf, ms, lba, skip, expect, judge, &mut bad)
+}
+
+/// Compares each `size`-byte block of `buf`, from `lba` on, with what `expect` writes for its
+/// LBA, bytes `skip` of each block aside; calls `bad(lba, judge(block, want, lba))` for each
+/// block that differs and returns how many did.
+fn check_blocks(
+    buf: &[u8],
+    size: usize,
+    lba: u64,
+    skip: Option<std::ops::Range<usize>>,
+    expect: impl Fn(&mut [u8], u64),
+    judge: impl Fn(&[u8], &[u8], u64) -> Found,
+    bad: &mut impl FnMut(u64, Found),
+) -> u64 {
+    let mut want = vec![0u8; size];
     let mut n = 0;
-    for (i, m) in buf.chunks_exact(ms).enumerate() {
+    for (i, block) in buf.chunks_exact(size).enumerate() {
         let l = lba + i as u64;
-        meta_block(&mut want, l, nsid, seed);
+        expect(&mut want, l);
         if let Some(r) = &skip {
-            want[r.clone()].copy_from_slice(&m[r.clone()]);
+            want[r.clone()].copy_from_slice(&block[r.clone()]);
         }
-        if let Some(offset) = (0..ms).find(|&k| m[k] != want[k]) {
+        if block != want.as_slice() {
             n += 1;
-            bad(l, Found::Metadata { offset });
+            bad(l, judge(block, &want, l));
         }
     }
     n

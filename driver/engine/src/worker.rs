@@ -67,6 +67,16 @@ pub(crate) struct Counters {
     pub bytes: AtomicU64,
 }
 
+impl Counters {
+    /// Publishes the I/Os and bytes done: the warm-up's (`warm_ios`, `warm_bytes`), and the
+    /// measured window's so far.
+    fn publish(&self, warm_ios: u64, warm_bytes: u64, st: &State) {
+        let (ios, bytes) = (st.read.ios + st.write.ios, st.read.bytes + st.write.bytes);
+        self.ios.store(warm_ios + ios, Ordering::Relaxed);
+        self.bytes.store(warm_bytes + bytes, Ordering::Relaxed);
+    }
+}
+
 /// Everything a worker thread starts with.
 pub(crate) struct Setup {
     pub index: usize,
@@ -249,12 +259,7 @@ fn hot_loop<S: Slots, T: Stamps>(
         }
         round = round.wrapping_add(1);
         if round.is_multiple_of(CONTROL_EVERY) {
-            counters
-                .ios
-                .store(warm_ios + st.read.ios + st.write.ios, Ordering::Relaxed);
-            counters
-                .bytes
-                .store(warm_bytes + st.read.bytes + st.write.bytes, Ordering::Relaxed);
+            counters.publish(warm_ios, warm_bytes, st);
             match control.try_recv() {
                 Err(TryRecvError::Empty) | Ok(Control::Start) => {}
                 Ok(Control::Measure) => {
@@ -271,11 +276,6 @@ fn hot_loop<S: Slots, T: Stamps>(
         }
     }
     let end = st.clock.ticks();
-    counters
-        .ios
-        .store(warm_ios + st.read.ios + st.write.ios, Ordering::Relaxed);
-    counters
-        .bytes
-        .store(warm_bytes + st.read.bytes + st.write.bytes, Ordering::Relaxed);
+    counters.publish(warm_ios, warm_bytes, st);
     Duration::from_nanos(st.clock.ns(end.wrapping_sub(start)))
 }

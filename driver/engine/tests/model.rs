@@ -6,7 +6,7 @@ use std::time::Duration;
 use vfpoll_engine::pattern::Found;
 use vfpoll_engine::{split_evenly, Engine, JobSpec, Limit, Workload};
 use vfpoll_nvme::Controller;
-use vfpoll_nvme_model::{Fault, FaultCheck, FaultKind, NamespaceConfig, NvmeModel, Status};
+use vfpoll_nvme_model::{FaultCheck, NamespaceConfig, NvmeModel};
 
 mod common;
 use common::ns;
@@ -220,11 +220,7 @@ fn verify_writes_then_reads_every_block_once() {
 fn verify_reports_a_lost_write_with_its_lba() {
     let (_no_stray_dma, model, ctrl) = bring_up();
     // The first write fails without touching the medium: its blocks read back as zeroes.
-    model.inject(
-        Fault::new(FaultKind::Status(Status::DATA_TRANSFER_ERROR))
-            .io()
-            .opcode(0x01),
-    );
+    common::fail_next(&model, 0x01);
     let workers = split_evenly(&[None], &[ns(&ctrl, 2, Some(256 << 10))], 4096).unwrap();
     let mut j = job(Workload::Write, 4096, 1, Limit::Ios(1));
     j.verify = true;

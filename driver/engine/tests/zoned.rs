@@ -11,9 +11,7 @@ use vfpoll_engine::{
     split_evenly, Engine, JobSpec, Limit, Namespace, Report, Target, WorkerSpec, Workload, ZoneReport,
 };
 use vfpoll_nvme::Controller;
-use vfpoll_nvme_model::{
-    Fault, FaultCheck, FaultKind, NamespaceConfig, NvmeModel, Status, ZoneInfo, ZoneState, ZonedConfig,
-};
+use vfpoll_nvme_model::{FaultCheck, NamespaceConfig, NvmeModel, ZoneInfo, ZoneState, ZonedConfig};
 
 mod common;
 
@@ -246,11 +244,7 @@ fn a_zoned_and_a_plain_namespace_in_one_verify_at_queue_depth_one() {
 fn a_failed_write_gives_its_zone_up_and_verify_names_the_blocks() {
     let (_no_stray_dma, model, ctrl) = bring_up();
     // The first write (zone 0, LBA 0) fails without touching the medium.
-    model.inject(
-        Fault::new(FaultKind::Status(Status::DATA_TRANSFER_ERROR))
-            .io()
-            .opcode(0x01),
-    );
+    common::fail_next(&model, 0x01);
     let workers = split_evenly(&[None], &[ns(&ctrl, 1)], 16384).unwrap();
     let r = run(job(Workload::Write, 16384, 4, true, 8), workers);
     assert!(!r.passed());
@@ -383,11 +377,7 @@ fn a_failed_zone_command_ends_the_run_and_is_named() {
     let (_no_stray_dma, model, ctrl) = bring_up();
     // 40 KiB I/Os leave 2 blocks of each zone: the first zone written is finished, and that
     // Finish Zone fails.
-    model.inject(
-        Fault::new(FaultKind::Status(Status::DATA_TRANSFER_ERROR))
-            .io()
-            .opcode(0x79),
-    );
+    common::fail_next(&model, 0x79);
     let workers = split_evenly(&[None], &[ns(&ctrl, 1)], 40960).unwrap();
     let r = run(job(Workload::Write, 40960, 4, true, 9), workers);
     assert!(!r.passed());

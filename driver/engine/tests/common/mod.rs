@@ -10,7 +10,9 @@ use std::time::Duration;
 use vfpoll_dma::{DmaContext, FakeMapper, PageSize};
 use vfpoll_engine::{JobSpec, Limit, Namespace, Workload};
 use vfpoll_nvme::{Controller, ControllerOptions};
-use vfpoll_nvme_model::{FaultCheck, FaultLog, ModelConfig, NamespaceConfig, NvmeModel};
+use vfpoll_nvme_model::{
+    Fault, FaultCheck, FaultKind, FaultLog, ModelConfig, NamespaceConfig, NvmeModel, Status,
+};
 
 /// A model with `namespaces`, whose threads spin 200 ms before they sleep (so that a test's
 /// short pauses do not add wake-up latency).
@@ -63,4 +65,14 @@ pub fn job(workload: Workload, limit: Limit) -> JobSpec {
         qpair: Default::default(),
         buffer_page: PageSize::Base4K,
     }
+}
+
+/// Makes the model fail its next I/O command with `opcode` (Data Transfer Error), without
+/// touching the medium.
+pub fn fail_next(model: &NvmeModel, opcode: u8) {
+    model.inject(
+        Fault::new(FaultKind::Status(Status::DATA_TRANSFER_ERROR))
+            .io()
+            .opcode(opcode),
+    );
 }
