@@ -19,7 +19,9 @@
 //! - [`server`]: the listener thread (accepts connections, hands each to the least loaded
 //!   worker, advances the keep-alive timer) and the worker threads, each polling its own
 //!   connections, backends and buffer pool, with the [`fabrics::Target`] shared behind a mutex
-//!   for Connect and admin commands ([`server::Server::start`]).
+//!   for Connect and admin commands ([`server::Server::start`]);
+//! - `testing` (hidden, feature `testing`, which only this crate's tests and examples turn
+//!   on): a loopback NVMe/TCP test host and a RAM-backed server for them.
 //!
 //! ## Which parts need the NVMe driver
 //!

@@ -57,6 +57,13 @@ pub fn server_over(backends: Vec<Box<dyn Backend>>) -> Server {
     ns.write_zeroes = true;
     ns.deallocate = true;
     sub.namespaces.push(ns);
+    serve(vec![sub], backends)
+}
+
+/// A server on 127.0.0.1 (port 1, an ephemeral TCP port) for `subsystems`, with 8 KiB
+/// transfers and [`ICD`] bytes in capsule, and one worker per backend, each serving namespace
+/// 1 of [`SUB`] through its backend.
+pub fn serve(subsystems: Vec<Subsystem>, backends: Vec<Box<dyn Backend>>) -> Server {
     let opts = TargetOptions {
         max_transfer: 8192,
         in_capsule_data: ICD,
@@ -65,7 +72,7 @@ pub fn server_over(backends: Vec<Box<dyn Backend>>) -> Server {
     let target = Target::new(
         opts,
         vec![Listener::tcp(1, "127.0.0.1:0".parse().unwrap())],
-        vec![sub],
+        subsystems,
     )
     .unwrap();
     Server::start(ServerConfig {

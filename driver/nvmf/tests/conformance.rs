@@ -14,14 +14,11 @@
 use std::net::SocketAddr;
 use std::sync::{Mutex, Once};
 
-use vfpoll_dma::{DmaContext, PageSize};
 use vfpoll_nvme_spec::status::Sct;
-use vfpoll_nvmf::backend::{Backend, MallocBackend};
-use vfpoll_nvmf::fabrics::{
-    host_label, Cqe, Listener, NamespaceInfo, Subsystem, Target, TargetOptions, DISCOVERY_NQN, NQN_MAX,
-};
+use vfpoll_nvmf::backend::MallocBackend;
+use vfpoll_nvmf::fabrics::{host_label, Cqe, NamespaceInfo, Subsystem, DISCOVERY_NQN, NQN_MAX};
 use vfpoll_nvmf::pdu::Digests;
-use vfpoll_nvmf::server::{NamespaceBackend, Server, ServerConfig, WorkerConfig};
+use vfpoll_nvmf::server::Server;
 use vfpoll_nvmf::testing::*;
 
 /// A subsystem that lists its hosts.
@@ -86,32 +83,8 @@ fn server() -> Server {
     ));
     let mut listed = Subsystem::new(LISTED);
     listed.allowed_hosts = Some(vec![HOST.to_owned(), max_nqn()]);
-    let opts = TargetOptions {
-        max_transfer: 8192,
-        in_capsule_data: ICD,
-        ..TargetOptions::default()
-    };
-    let target = Target::new(
-        opts,
-        vec![Listener::tcp(1, "127.0.0.1:0".parse().unwrap())],
-        vec![sub, listed],
-    )
-    .unwrap();
     let storage = MallocBackend::storage(BLOCKS as usize * BS);
-    Server::start(ServerConfig {
-        target,
-        workers: vec![WorkerConfig::new(vec![NamespaceBackend {
-            subsystem_nqn: SUB.into(),
-            nsid: 1,
-            backend: Box::new(MallocBackend::new(storage, BS)) as Box<dyn Backend>,
-        }])],
-        dma: DmaContext::for_testing(),
-        page_size: PageSize::Base4K,
-        buffers: 8,
-        maxh2cdata: MAXH2CDATA,
-        spin: vfpoll_nvmf::server::DEFAULT_SPIN,
-    })
-    .unwrap()
+    serve(vec![sub, listed], vec![Box::new(MallocBackend::new(storage, BS))])
 }
 
 /// Connect data as an initiator builds it; `hostnqn` bytes go in as given (no NUL added
@@ -131,6 +104,12 @@ fn connect(addr: SocketAddr, sqe: vfpoll_nvmf::fabrics::Sqe, data: &[u8]) -> (Ho
     let mut h = Host::new(addr, Digests::NONE);
     let (cqe, _) = h.run(sqe, data, &[], false);
     (h, cqe)
+}
+
+/// Sends the Connect of an admin queue (QID 0, CNTLID FFFFh: the target allocates one) with
+/// these Connect data fields on a fresh connection: the host, if connected, and the completion.
+fn connect_admin(addr: SocketAddr, subnqn: &str, hostnqn: &[u8], hostid: [u8; 16]) -> (Host, Cqe) {
+    connect(addr, connect_sqe(0, 31), &data(0xffff, subnqn, hostnqn, hostid))
 }
 
 /// Asserts a refused Connect: DNR set, `sct`/`sc`, and dword 0 (IATTR and IPO) `dw0`.
@@ -176,7 +155,7 @@ fn an_empty_host_nqn_is_accepted_where_any_host_may_connect() {
     let srv = server();
     let addr = srv.local_addrs()[0];
     let hostid = *b"anonymous-host-1";
-    let (mut a, cqe) = connect(addr, connect_sqe(0, 31), &data(0xffff, SUB, b"", hostid));
+    let (mut a, cqe) = connect_admin(addr, SUB, b"", hostid);
     ok(&cqe);
     let cntlid = cqe.dw0 as u16;
     enable(&mut a);
@@ -206,7 +185,7 @@ fn an_empty_host_nqn_is_accepted_where_any_host_may_connect() {
     refused(&cqe, SC_INVALID_PARAMETERS, IPO_CNTLID, "another HOSTID");
 
     // The listing subsystem: Connect Invalid Host, and a warn line that says why.
-    let (_, cqe) = connect(addr, connect_sqe(0, 31), &data(0xffff, LISTED, b"", hostid));
+    let (_, cqe) = connect_admin(addr, LISTED, b"", hostid);
     refused(&cqe, SC_INVALID_HOST, IPO_HOSTNQN, "empty NQN, allow list");
     let lines = refusal_lines("allows only the hosts it lists");
     assert!(
@@ -217,7 +196,7 @@ fn an_empty_host_nqn_is_accepted_where_any_host_may_connect() {
     );
     // No NQN and a zero HOSTID leave the host no identity: refused even where any host may
     // connect (nvmet would accept it; a target that must tell hosts apart cannot).
-    let (_, cqe) = connect(addr, connect_sqe(0, 31), &data(0xffff, SUB, b"", [0; 16]));
+    let (_, cqe) = connect_admin(addr, SUB, b"", [0; 16]);
     refused(&cqe, SC_INVALID_HOST, IPO_HOSTNQN, "empty NQN, zero HOSTID");
     assert!(!refusal_lines("zero HOSTID names no host").is_empty());
     // The refusals are counted for the listing subsystem and SUB.
@@ -245,38 +224,22 @@ fn host_nqns_of_the_maximal_length_connect_and_longer_ones_are_refused() {
     let addr = srv.local_addrs()[0];
     let max = max_nqn();
     for sub in [SUB, LISTED] {
-        let (mut a, cqe) = connect(
-            addr,
-            connect_sqe(0, 31),
-            &data(0xffff, sub, max.as_bytes(), HOSTID),
-        );
+        let (mut a, cqe) = connect_admin(addr, sub, max.as_bytes(), HOSTID);
         ok(&cqe);
         enable(&mut a);
         assert!(srv.with_target(|t| t.controllers().iter().any(|c| c.hostnqn == max)));
     }
     let long = format!("{max}x");
-    let (_, cqe) = connect(
-        addr,
-        connect_sqe(0, 31),
-        &data(0xffff, SUB, long.as_bytes(), HOSTID),
-    );
+    let (_, cqe) = connect_admin(addr, SUB, long.as_bytes(), HOSTID);
     refused(&cqe, SC_INVALID_PARAMETERS, IPO_HOSTNQN, "224 bytes");
     assert!(!refusal_lines("at most 223 bytes").is_empty());
     let unterminated = vec![b'n'; 256];
-    let (_, cqe) = connect(
-        addr,
-        connect_sqe(0, 31),
-        &data(0xffff, SUB, &unterminated, HOSTID),
-    );
+    let (_, cqe) = connect_admin(addr, SUB, &unterminated, HOSTID);
     refused(&cqe, SC_INVALID_PARAMETERS, IPO_HOSTNQN, "no NUL");
     assert!(!refusal_lines("ends with a NUL").is_empty());
     // A host the list does not name: Connect Invalid Host, the NQN in the log.
     let other = "nqn.2024-01.io.vfpoll:not-listed";
-    let (_, cqe) = connect(
-        addr,
-        connect_sqe(0, 31),
-        &data(0xffff, LISTED, other.as_bytes(), HOSTID),
-    );
+    let (_, cqe) = connect_admin(addr, LISTED, other.as_bytes(), HOSTID);
     refused(&cqe, SC_INVALID_HOST, IPO_HOSTNQN, "not listed");
     assert!(!refusal_lines(other).is_empty());
     srv.stop();
@@ -289,11 +252,7 @@ fn host_nqns_of_the_maximal_length_connect_and_longer_ones_are_refused() {
 fn a_zero_host_id_with_a_host_nqn_connects() {
     let srv = server();
     let addr = srv.local_addrs()[0];
-    let (mut a, cqe) = connect(
-        addr,
-        connect_sqe(0, 31),
-        &data(0xffff, SUB, HOST.as_bytes(), [0; 16]),
-    );
+    let (mut a, cqe) = connect_admin(addr, SUB, HOST.as_bytes(), [0; 16]);
     ok(&cqe);
     let cntlid = cqe.dw0 as u16;
     enable(&mut a);
@@ -385,11 +344,7 @@ fn kato_zero_means_no_timer_except_on_discovery() {
 fn cattr_bits() {
     let srv = server();
     let addr = srv.local_addrs()[0];
-    let (mut a, cqe) = connect(
-        addr,
-        connect_sqe(0, 31),
-        &data(0xffff, SUB, HOST.as_bytes(), HOSTID),
-    );
+    let (mut a, cqe) = connect_admin(addr, SUB, HOST.as_bytes(), HOSTID);
     ok(&cqe);
     let cntlid = cqe.dw0 as u16;
     enable(&mut a);
@@ -423,11 +378,7 @@ fn cattr_bits() {
 fn an_io_queue_before_the_controller_is_enabled_is_a_sequence_error() {
     let srv = server();
     let addr = srv.local_addrs()[0];
-    let (mut a, cqe) = connect(
-        addr,
-        connect_sqe(0, 31),
-        &data(0xffff, SUB, HOST.as_bytes(), HOSTID),
-    );
+    let (mut a, cqe) = connect_admin(addr, SUB, HOST.as_bytes(), HOSTID);
     ok(&cqe);
     let cntlid = cqe.dw0 as u16;
     let io = data(cntlid, SUB, HOST.as_bytes(), HOSTID);

@@ -193,16 +193,22 @@ fn closing_the_admin_queue_ends_the_controller() {
     srv.stop();
 }
 
+/// An enabled admin queue whose Connect asked for a keep-alive timeout of `kato_ms`, and an
+/// I/O queue of its controller.
+fn admin_and_io_with_kato(addr: SocketAddr, kato_ms: u32) -> (Host, Host) {
+    let mut a = Host::new(addr, Digests::NONE);
+    let (cqe, _) = a.run(connect_kato(kato_ms), &connect_data(0xffff), &[], false);
+    ok(&cqe);
+    enable(&mut a);
+    let q = io(addr, cqe.dw0 as u16, Digests::NONE);
+    (a, q)
+}
+
 #[test]
 fn an_idle_controller_expires_after_its_keep_alive_timeout() {
     let srv = server();
     let addr = srv.local_addrs()[0];
-    let mut a = Host::new(addr, Digests::NONE);
-    let (cqe, _) = a.run(connect_kato(1000), &connect_data(0xffff), &[], false);
-    ok(&cqe);
-    let cntlid = cqe.dw0 as u16;
-    enable(&mut a);
-    let mut q = io(addr, cntlid, Digests::NONE);
+    let (mut a, mut q) = admin_and_io_with_kato(addr, 1000);
     // Traffic keeps it alive (any command counts)...
     for _ in 0..4 {
         std::thread::sleep(Duration::from_millis(400));
@@ -337,12 +343,7 @@ fn a_controllers_queues_on_two_workers_end_together() {
 fn a_controller_on_two_workers_expires_as_one() {
     let srv = server_with(2);
     let addr = srv.local_addrs()[0];
-    let mut a = Host::new(addr, Digests::NONE);
-    let (cqe, _) = a.run(connect_kato(1000), &connect_data(0xffff), &[], false);
-    ok(&cqe);
-    let cntlid = cqe.dw0 as u16;
-    enable(&mut a);
-    let mut q = io(addr, cntlid, Digests::NONE);
+    let (mut a, mut q) = admin_and_io_with_kato(addr, 1000);
     wait_loads(&srv, &[1, 1]);
     // Traffic on the I/O queue (worker 1) keeps the controller alive for both...
     for _ in 0..4 {

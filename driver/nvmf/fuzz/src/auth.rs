@@ -109,11 +109,10 @@ fn counter() -> impl FnMut(&mut [u8]) {
     }
 }
 
-/// The target's check.
-pub fn check(data: &[u8]) {
-    let Some((&cfg, mut rest)) = data.split_first() else {
-        return;
-    };
+/// The controller's side of one queue's transaction, configured by an input's first byte:
+/// bit 0 allows ffdhe2048 besides the null group, bit 1 makes the authentication
+/// bidirectional (a controller secret).
+fn exchange(cfg: u8) -> Exchange {
     let mut a = HostAuth::new(
         Secret::parse(HOST_KEY).expect("a valid secret"),
         (cfg & 2 != 0).then(|| Secret::parse(CTRL_KEY).expect("a valid secret")),
@@ -123,7 +122,15 @@ pub fn check(data: &[u8]) {
     } else {
         vec![DhGroup::Null]
     };
-    let mut x = Exchange::new(Arc::new(a), HOSTNQN, SUBNQN);
+    Exchange::new(Arc::new(a), HOSTNQN, SUBNQN)
+}
+
+/// The target's check.
+pub fn check(data: &[u8]) {
+    let Some((&cfg, mut rest)) = data.split_first() else {
+        return;
+    };
+    let mut x = exchange(cfg);
     let mut random = counter();
     let mut challenge: Option<(Challenge, DhGroup)> = None;
     // The last Reply's R1 was right for the last Challenge.
@@ -250,16 +257,7 @@ pub fn seeds() -> Vec<Vec<u8>> {
     ] {
         {
             // Replays the controller's side to learn the Challenge the seed's Reply answers.
-            let mut a = HostAuth::new(
-                Secret::parse(HOST_KEY).expect("valid"),
-                (cfg & 2 != 0).then(|| Secret::parse(CTRL_KEY).expect("valid")),
-            );
-            a.groups = if cfg & 1 != 0 {
-                vec![DhGroup::Ffdhe2048, DhGroup::Null]
-            } else {
-                vec![DhGroup::Null]
-            };
-            let mut x = Exchange::new(Arc::new(a), HOSTNQN, SUBNQN);
+            let mut x = exchange(cfg);
             let mut random = counter();
             let mut s = vec![cfg];
             let n = msg::negotiate(1, &[1, 2, 3], &[0, 1, 2, 3, 4, 5]);
@@ -312,18 +310,7 @@ mod tests {
     fn the_seeds_authenticate_with_the_right_secret_only() {
         for (i, s) in seeds().iter().enumerate() {
             check(s);
-            let cfg = s[0];
-            let a = HostAuth::new(
-                Secret::parse(HOST_KEY).unwrap(),
-                (cfg & 2 != 0).then(|| Secret::parse(CTRL_KEY).unwrap()),
-            );
-            let mut a = a;
-            a.groups = if cfg & 1 != 0 {
-                vec![DhGroup::Ffdhe2048, DhGroup::Null]
-            } else {
-                vec![DhGroup::Null]
-            };
-            let mut x = Exchange::new(Arc::new(a), HOSTNQN, SUBNQN);
+            let mut x = exchange(s[0]);
             let mut random = counter();
             let mut rest = &s[1..];
             let mut authenticated = false;

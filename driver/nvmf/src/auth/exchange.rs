@@ -284,13 +284,7 @@ impl Exchange {
                 format!("the host asks for secure channel concatenation (SC_C {:#04x}), which needs TLS, not built", n.sc_c),
             );
         }
-        let Some(hash) = self
-            .auth
-            .hashes
-            .iter()
-            .copied()
-            .find(|h| n.hashes.contains(&h.id()))
-        else {
+        let Some(hash) = preferred(&self.auth.hashes, &n.hashes, HashId::id) else {
             return self.fail(
                 n.t_id,
                 explanation::HASH_UNUSABLE,
@@ -300,13 +294,7 @@ impl Exchange {
                 ),
             );
         };
-        let Some(group) = self
-            .auth
-            .groups
-            .iter()
-            .copied()
-            .find(|g| n.groups.contains(&g.id()))
-        else {
+        let Some(group) = preferred(&self.auth.groups, &n.groups, DhGroup::id) else {
             return self.fail(
                 n.t_id,
                 explanation::DHGROUP_UNUSABLE,
@@ -433,6 +421,11 @@ fn name(m: &HostMessage) -> &'static str {
 /// attacker how many leading bytes it got right).
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The first of `allowed` (in this target's order of preference) whose ID the host offers.
+fn preferred<T: Copy>(allowed: &[T], offered: &[u8], id: fn(T) -> u8) -> Option<T> {
+    allowed.iter().copied().find(|&a| offered.contains(&id(a)))
 }
 
 #[cfg(test)]

@@ -152,13 +152,7 @@ impl Transcript<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn hex(s: &str) -> Vec<u8> {
-        (0..s.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-            .collect()
-    }
+    use crate::auth::tests::hex;
 
     /// RFC 4231 test case 2 (key "Jefe"), for each hash.
     #[test]

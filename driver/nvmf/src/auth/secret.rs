@@ -122,15 +122,9 @@ impl Secret {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::auth::tests::hex;
 
     const NQN: &str = "nqn.2014-08.org.nvmexpress:uuid:f81d4fae-7dec-11d0-a765-00a0c91e6bf6";
-
-    fn hex(s: &str) -> Vec<u8> {
-        (0..s.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-            .collect()
-    }
 
     /// Secrets built as `nvme gen-dhchap-key` builds them (base64 of key || CRC-32 LE), by
     /// Python's base64 and zlib.crc32, and their transformed keys by Python's hmac.

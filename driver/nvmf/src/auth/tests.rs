@@ -26,7 +26,9 @@ const R2: &str = "d2fc402767b9bd8174dc59e40e6a4bf2f9d447c8225dd3b9524dcc6f260118
 const R1_NULL_SHA384: &str =
     "e32fb4a14d7b3f52308b2b4f5d4d927f92d27b3398d4be31624f986e6a27452b64e25104a36080f0c1d6c66c2810be7b";
 
-fn hex(s: &str) -> Vec<u8> {
+/// Bytes from hexadecimal digits: the form the known answers here and in the modules' own
+/// tests are written in.
+pub(super) fn hex(s: &str) -> Vec<u8> {
     (0..s.len())
         .step_by(2)
         .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())

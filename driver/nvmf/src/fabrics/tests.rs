@@ -175,13 +175,23 @@ pub(super) fn get_log(
     offset: u64,
     rae: bool,
 ) -> Result<Vec<u8>, Status> {
+    log_data(t, c, &log_sqe(lid, nsid, len, offset, rae), len)
+}
+
+/// Get Log Page `lid` of `len` bytes from `offset` (RAE: Retain Asynchronous Event).
+pub(super) fn log_sqe(lid: u8, nsid: u32, len: u32, offset: u64, rae: bool) -> Sqe {
     let mut s = sgl(sqe(admin_op::GET_LOG_PAGE, nsid), SGL_TRANSPORT, len);
     let numd = len / 4 - 1;
     s.dw[10] = lid as u32 | (rae as u32) << 15 | (numd & 0xffff) << 16;
     s.dw[11] = numd >> 16;
     s.dw[12] = offset as u32;
     s.dw[13] = (offset >> 32) as u32;
-    let (cqe, data) = complete(t.admin(c, &s, &[]));
+    s
+}
+
+/// Runs Get Log Page `s` of `len` bytes: the page, exactly that long, or the status.
+pub(super) fn log_data(t: &mut Target, c: Cntlid, s: &Sqe, len: u32) -> Result<Vec<u8>, Status> {
+    let (cqe, data) = complete(t.admin(c, s, &[]));
     if cqe.status().is_success() {
         assert_eq!(data.len(), len as usize);
         Ok(data)

@@ -93,17 +93,9 @@ fn parse(b: &[u8]) -> (u64, Vec<Desc>) {
 
 /// Get Log Page 0Ch with LSP `lsp`.
 fn ana_log(t: &mut Target, c: Cntlid, len: u32, offset: u64, lsp: u32, rae: bool) -> Result<Vec<u8>, Status> {
-    let mut s = sgl(sqe(admin_op::GET_LOG_PAGE, u32::MAX), SGL_TRANSPORT, len);
-    s.dw[10] = lid::ANA as u32 | lsp << 8 | (rae as u32) << 15 | (len / 4 - 1) << 16;
-    s.dw[12] = offset as u32;
-    s.dw[13] = (offset >> 32) as u32;
-    let (cqe, data) = complete(t.admin(c, &s, &[]));
-    if cqe.status().is_success() {
-        assert_eq!(data.len(), len as usize);
-        Ok(data)
-    } else {
-        Err(cqe.status())
-    }
+    let mut s = log_sqe(lid::ANA, u32::MAX, len, offset, rae);
+    s.dw[10] |= lsp << 8;
+    log_data(t, c, &s, len)
 }
 
 fn read(q: &mut IoQueue, nsid: u32) -> Result<IoRequest, Status> {
