@@ -4,6 +4,12 @@
 //! [`Controller::new`] runs `disable` → `admin queue` → `configure` → `enable` → `identify` →
 //! `queues`. Dropping the last handle (the controller and every queue pair made from it) shuts
 //! the controller down cleanly (CC.SHN, waits for CSTS.SHST).
+//!
+//! The controller's state ([`Shared`]) is defined here, above the modules whose types it holds
+//! (`namespace`, `cmb`, `vectors`, `admin`), which import nothing from it. What acts on the
+//! whole controller lives in this module's children, which see it as `super`: `reset`
+//! (controller resets and recovery), `removal` (surprise removal), `namespaces` (Format NVM,
+//! re-reading the namespace table, namespace events) and `memory_buffer` (enabling the CMB).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
@@ -23,8 +29,13 @@ use crate::namespace::{read_namespace, zasl_of};
 pub use crate::namespace::{FormatOptions, Namespace};
 use crate::qmem::ShadowPages;
 use crate::regs::{self, off, Cap, Cc, Csts, Shutdown, ShutdownStatus, Version};
-use crate::reset::{FunctionReset, ResetPolicy, ResetState};
 use crate::signal::{Registration, ShutdownKind, ShutdownLimits};
+use reset::{FunctionReset, ResetPolicy, ResetState};
+
+mod memory_buffer;
+mod namespaces;
+pub(crate) mod removal;
+pub(crate) mod reset;
 
 /// The memory page size vfpoll programs into CC.MPS.
 pub const PAGE_SIZE: usize = 4096;
@@ -99,7 +110,7 @@ pub(crate) struct Shared {
     /// The Doorbell Buffer Config pages, when in use.
     pub(crate) shadow: Option<Arc<ShadowPages>>,
     /// Interrupt vectors, once an interrupt-mode queue pair asked for them (`qpair/wait.rs`).
-    pub(crate) vectors: Mutex<Option<Arc<crate::qpair::Vectors>>>,
+    pub(crate) vectors: Mutex<Option<Arc<crate::vectors::Vectors>>>,
     /// Resets: the epoch queue pairs compare, failure, history (`reset.rs`).
     pub(crate) reset: ResetState,
     /// The Asynchronous Event Configuration set at bring-up (re-applied after a reset).
@@ -111,7 +122,7 @@ pub(crate) struct Shared {
     /// This `Shared`, for the recovery thread.
     pub(crate) me: Weak<Shared>,
     /// The device's removal: the watch, the request, the report (`removal.rs`).
-    pub(crate) removal: crate::removal::Removal,
+    pub(crate) removal: removal::Removal,
     pub(crate) device: Option<Device>,
 }
 
@@ -226,7 +237,7 @@ impl Controller {
         device.enable_bus_master()?;
         let bar = crate::regs::map_bar(&device, 0)?;
         let ctrl = Self::bring_up(bar, dma, opts, Some(device))?;
-        crate::removal::start_watch(&ctrl.shared);
+        removal::start_watch(&ctrl.shared);
         Ok(ctrl)
     }
 
@@ -733,7 +744,7 @@ impl Shared {
         if let Some(f) = self.reset.failure() {
             return Err(NvmeError::Failed(f.why.clone()));
         }
-        if !crate::reset::is_up(epoch) {
+        if !reset::is_up(epoch) {
             return Err(NvmeError::Failed(
                 "the controller is down after a failed reset attempt (recovery retries it; Controller::failed() says when it gives up)".into(),
             ));

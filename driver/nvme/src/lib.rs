@@ -67,19 +67,18 @@ mod qmem;
 mod qpair;
 mod queue;
 pub mod regs;
-mod removal;
-mod reset;
 mod signal;
+mod vectors;
 pub use vfpoll_nvme_spec::status;
 pub use vfpoll_nvme_spec::zns;
 
 pub use buffer::{AnyBuf, BusRange, CmbBuf, DeviceBuf, IoBuffer, RegionBuf};
+pub use ctrlr::removal::RemovalReport;
+pub use ctrlr::reset::{ResetPolicy, ResetReport};
 pub use ctrlr::{Controller, ControllerOptions, FormatOptions, Namespace, Registers, PAGE_SIZE};
 pub use error::{NvmeError, Result};
 pub use format::{NsFormat, PiCheck, PiMode};
 pub use qpair::{CompletionMode, Done, QpairOptions, QpairStats, QueuePair, Rejected, MAX_QUEUE_ENTRIES};
-pub use removal::RemovalReport;
-pub use reset::{ResetPolicy, ResetReport};
 pub use signal::{
     shutdown_all, shutdown_on_signals, shutdown_on_signals_then, ShutdownLimits, ShutdownReport,
 };

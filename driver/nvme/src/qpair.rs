@@ -47,7 +47,6 @@ use slot::Slot;
 pub use slot::MAX_QUEUE_ENTRIES;
 pub use wait::CompletionMode;
 use wait::QpIrq;
-pub(crate) use wait::Vectors;
 use xfer::NsInfo;
 
 /// Options of an I/O queue pair.

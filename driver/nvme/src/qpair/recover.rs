@@ -27,8 +27,8 @@ use crate::admin::Taken;
 use crate::buffer::IoBuffer;
 use crate::cmd::{Command, CommandExt as _};
 use crate::cmd::{CQE_SIZE, SQE_SIZE};
+use crate::ctrlr::reset::is_up;
 use crate::error::NvmeError;
-use crate::reset::is_up;
 
 /// Where a queue pair's queues are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

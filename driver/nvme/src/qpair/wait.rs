@@ -58,10 +58,10 @@
 //! flight sleeps after `spin` as before.
 
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vfpoll_pci::vfio::{EventFd, IrqIndex, Irqs};
+use vfpoll_pci::vfio::{EventFd, IrqIndex};
 
 use super::QueuePair;
 use crate::buffer::IoBuffer;
@@ -69,6 +69,7 @@ use crate::clock::{tsc_per_ms, SpinDeadline};
 use crate::ctrlr::{Controller, Shared};
 use crate::error::{NvmeError, Result};
 use crate::regs::off;
+use crate::vectors::Vectors;
 
 /// Looks at the CQ per clock read while hybrid mode spins ([`QueuePair::spin_for`]).
 const SPIN_CHECK: u32 = 64;
@@ -82,59 +83,6 @@ const LATE_SPINS: u32 = 20;
 /// NIC driver): [`CompletionMode::Poll`] creates the CQ with interrupts off, `Irq` and `Hybrid`
 /// make [`QueuePair::wait`] sleep on the CQ's eventfd (`Hybrid` after its spin).
 pub use vfpoll_pci::CompletionMode;
-
-/// The controller's interrupt vectors: one eventfd each, and which are taken.
-#[derive(Debug)]
-pub(crate) struct Vectors {
-    /// Eventfd of each vector (index = vector).
-    fds: Vec<EventFd>,
-    /// Taken vectors; vector 0 (the admin queue's) is always taken.
-    used: Mutex<Vec<bool>>,
-    /// What delivers them, for messages: "MSI-X", "MSI", "supplied".
-    kind: &'static str,
-    /// The VFIO interrupts (disabled when the controller goes; hybrid mode unbinds and binds
-    /// MSI-X vectors through them); `None` when supplied.
-    irqs: Option<Irqs>,
-}
-
-impl Vectors {
-    fn new(fds: Vec<EventFd>, kind: &'static str, irqs: Option<Irqs>) -> Self {
-        let mut used = vec![false; fds.len()];
-        used[0] = true;
-        Vectors {
-            fds,
-            used: Mutex::new(used),
-            kind,
-            irqs,
-        }
-    }
-
-    fn take(&self) -> Result<u16> {
-        let mut u = self.used.lock().unwrap_or_else(|e| e.into_inner());
-        match u.iter().position(|t| !t) {
-            Some(v) => {
-                u[v] = true;
-                Ok(v as u16)
-            }
-            None => Err(NvmeError::InvalidOption(format!(
-                "all {} {} interrupt vectors are in use ({} by interrupt-mode queue pairs, vector 0 by the admin queue): \
-                 drop an interrupt-mode queue pair or create this one with CompletionMode::Poll",
-                u.len(),
-                self.kind,
-                u.len() - 1
-            ))),
-        }
-    }
-
-    fn give_back(&self, v: u16) {
-        let mut u = self.used.lock().unwrap_or_else(|e| e.into_inner());
-        if v != 0 {
-            if let Some(t) = u.get_mut(v as usize) {
-                *t = false;
-            }
-        }
-    }
-}
 
 /// A queue pair's vector, given back when it goes.
 #[derive(Debug)]

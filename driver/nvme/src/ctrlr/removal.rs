@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use vfpoll_pci::vfio::{DeviceEvent, Watch};
 use vfpoll_pci::Bdf;
 
-use crate::ctrlr::{Controller, Shared};
+use super::{Controller, Shared};
 use crate::error::NvmeError;
 
 /// The longest wait for the controller to disable on removal: the kernel is waiting for the

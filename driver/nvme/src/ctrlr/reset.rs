@@ -34,9 +34,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use super::{check_csts, wait_csts, Controller, Shared, PAGE_SIZE};
 use crate::admin::{AdminQueue, DataDir};
 use crate::cmd::{feature, Command, CommandExt as _};
-use crate::ctrlr::{check_csts, wait_csts, Controller, Shared, PAGE_SIZE};
 use crate::error::{NvmeError, Result};
 use crate::regs::{self, off, Cc};
 
