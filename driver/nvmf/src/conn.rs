@@ -36,7 +36,7 @@ use std::net::TcpStream;
 use std::sync::{Arc, Mutex};
 
 use vfpoll_dma::{DmaBuf, DmaPool};
-use vfpoll_nvme::status::Status;
+use vfpoll_nvme_spec::status::Status;
 
 use crate::backend::{Backend, Op};
 use crate::fabrics::{ConnInfo, Cqe, QueueRef, SubsystemId, Target};

@@ -14,7 +14,7 @@
 
 use std::time::Instant;
 
-use vfpoll_nvme::status::{Sct, Status};
+use vfpoll_nvme_spec::status::{Sct, Status};
 
 use super::transfer::{Cmd, Started};
 use super::{lock, tag, Conn, Ctx, Submission};

@@ -109,7 +109,7 @@ impl Backend for Gone {
     ) -> Result<(), crate::backend::Busy> {
         self.done.push_back(Completion {
             tag,
-            status: vfpoll_nvme::status::Status::INVALID_NAMESPACE,
+            status: vfpoll_nvme_spec::status::Status::INVALID_NAMESPACE,
             buf,
         });
         Ok(())

@@ -3,7 +3,7 @@
 //! status it gets), and commands refused with Reservation Conflict count in the host's
 //! metrics.
 
-use vfpoll_nvme::status::Status;
+use vfpoll_nvme_spec::status::Status;
 
 use super::super::{lock, Conn, Ctx};
 use crate::fabrics::{resv::RESERVATION_CONFLICT, Cqe, DataXfer, Sqe};
