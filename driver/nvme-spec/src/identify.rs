@@ -3,15 +3,8 @@
 
 use core::fmt;
 
-fn le16(b: &[u8], o: usize) -> u16 {
-    u16::from_le_bytes([b[o], b[o + 1]])
-}
-fn le32(b: &[u8], o: usize) -> u32 {
-    u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"))
-}
-fn le64(b: &[u8], o: usize) -> u64 {
-    u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"))
-}
+use crate::bytes::{le16, le32, le64};
+
 fn ascii(b: &[u8]) -> String {
     String::from_utf8_lossy(b)
         .trim_end_matches([' ', '\0'])

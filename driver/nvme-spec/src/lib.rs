@@ -22,6 +22,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+mod bytes;
 pub mod cmd;
 pub mod identify;
 #[cfg(any(test, feature = "proptest"))]

@@ -9,6 +9,8 @@
 
 use core::fmt;
 
+use crate::bytes::{le16, le32, le64};
+
 /// The Zoned Namespace command set identifier (CSI).
 pub const CSI_ZONED: u8 = 0x02;
 /// The NVM command set identifier.
@@ -17,16 +19,6 @@ pub const CSI_NVM: u8 = 0x00;
 /// Zoned I/O opcodes (ZNS 1.1 Figure 17), from the one opcode table ([`crate::cmd::io_op`]).
 pub mod op {
     pub use crate::cmd::io_op::{ZONE_APPEND, ZONE_MGMT_RECV, ZONE_MGMT_SEND};
-}
-
-fn le16(b: &[u8], o: usize) -> u16 {
-    u16::from_le_bytes([b[o], b[o + 1]])
-}
-fn le32(b: &[u8], o: usize) -> u32 {
-    u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"))
-}
-fn le64(b: &[u8], o: usize) -> u64 {
-    u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"))
 }
 
 /// The zoned command set's Identify Namespace (CNS 05h, CSI 02h; ZNS 1.1 Figure 49).

@@ -56,6 +56,19 @@ impl Fx {
         self.qp.qid()
     }
 
+    /// Makes the model answer I/O commands of `opcode` on this queue pair with `kind`.
+    fn inject(&self, kind: FaultKind, opcode: u8) {
+        self.rig
+            .model
+            .inject(Fault::new(kind).on_sq(self.qid()).opcode(opcode));
+    }
+
+    /// Submits a read of `blocks` blocks at `slba` of namespace 1 into a fresh read target.
+    fn read(&mut self, slba: u64, blocks: usize, tag: u64) {
+        let buf = self.empty_buf(blocks);
+        self.qp.read(1, slba, buf, tag).map_err(|r| r.error).unwrap();
+    }
+
     /// A buffer of `blocks` blocks holding a fresh pattern.
     fn data_buf(&self, seed: u64, blocks: usize) -> (RegionBuf, Vec<u8>) {
         let d = pattern(seed, blocks * 512);
@@ -196,20 +209,10 @@ fn late_completion_within_the_timeout_is_success() {
     // Long enough that read 2, submitted after it, completes first even if this thread stalls
     // between the two submissions; short enough to stay well inside the timeout.
     let delay = T / 2;
-    fx.rig.model.inject(
-        Fault::new(FaultKind::Delay(delay))
-            .on_sq(fx.qid())
-            .opcode(io::READ),
-    );
+    fx.inject(FaultKind::Delay(delay), io::READ);
     let start = Instant::now();
-    fx.qp
-        .read(1, 64, fx.empty_buf(16), 1)
-        .map_err(|r| r.error)
-        .unwrap();
-    fx.qp
-        .read(1, 512, fx.empty_buf(4), 2)
-        .map_err(|r| r.error)
-        .unwrap();
+    fx.read(64, 16, 1);
+    fx.read(512, 4, 2);
     let done = wait_for(&mut fx.qp, 2, HANG);
     assert_eq!(
         done.iter().map(|d| d.tag).collect::<Vec<_>>(),
@@ -235,22 +238,12 @@ fn late_completion_within_the_timeout_is_success() {
 #[test]
 fn late_completion_beyond_the_timeout_is_aborted() {
     let mut fx = Fx::new(16);
-    fx.rig.model.inject(
-        Fault::new(FaultKind::Delay(Duration::from_secs(30)))
-            .on_sq(fx.qid())
-            .opcode(io::READ),
-    );
+    fx.inject(FaultKind::Delay(Duration::from_secs(30)), io::READ);
     let start = Instant::now();
-    fx.qp
-        .read(1, 100, fx.empty_buf(8), 1)
-        .map_err(|r| r.error)
-        .unwrap();
+    fx.read(100, 8, 1);
     let (b, d) = fx.data_buf(7, 8);
     fx.qp.write(1, 200, b, 2).map_err(|r| r.error).unwrap();
-    fx.qp
-        .read(1, 300, fx.empty_buf(8), 3)
-        .map_err(|r| r.error)
-        .unwrap();
+    fx.read(300, 8, 3);
     let mut done = wait_for(&mut fx.qp, 3, HANG);
     done.sort_by_key(|d| d.tag);
     fx.shadow.write(200, &d);
@@ -367,11 +360,7 @@ fn controller_fatal_resets_and_hands_every_request_back() {
         .result
         .expect("write before the fault");
     fx.shadow.write(50, &d);
-    fx.rig.model.inject(
-        Fault::new(FaultKind::ControllerFatal)
-            .on_sq(fx.qid())
-            .opcode(io::WRITE),
-    );
+    fx.inject(FaultKind::ControllerFatal, io::WRITE);
     let (b, wd) = fx.data_buf(12, 8);
     let r1 = region_buf(&fx.rig.ctrl, 0, &[0xee; 4096]);
     let start = Instant::now();
@@ -528,10 +517,7 @@ fn duplicate_completion_is_delivered_once() {
     fx.rig
         .model
         .inject(Fault::new(FaultKind::Duplicate).on_sq(fx.qid()).opcode(io::READ));
-    fx.qp
-        .read(1, 128, fx.empty_buf(8), 1)
-        .map_err(|r| r.error)
-        .unwrap();
+    fx.read(128, 8, 1);
     let (b, d) = fx.data_buf(13, 8);
     fx.qp.write(1, 136, b, 2).map_err(|r| r.error).unwrap();
     let mut done = wait_for(&mut fx.qp, 2, HANG);
@@ -555,10 +541,7 @@ fn duplicate_completion_left_in_the_queue_does_not_complete_the_next_command() {
         .model
         .inject(Fault::new(FaultKind::Duplicate).on_sq(fx.qid()).opcode(io::READ));
     let posted = fx.rig.model.stats().completions_posted;
-    fx.qp
-        .read(1, 128, fx.empty_buf(8), 1)
-        .map_err(|r| r.error)
-        .unwrap();
+    fx.read(128, 8, 1);
     // Take exactly one completion: the duplicate stays behind in the CQ.
     let mut first = Vec::new();
     let start = Instant::now();
@@ -572,16 +555,9 @@ fn duplicate_completion_left_in_the_queue_does_not_complete_the_next_command() {
         std::thread::yield_now();
     }
     let delay = T / 2; // late, but within the timeout
-    fx.rig.model.inject(
-        Fault::new(FaultKind::Delay(delay))
-            .on_sq(fx.qid())
-            .opcode(io::READ),
-    );
+    fx.inject(FaultKind::Delay(delay), io::READ);
     let submitted = Instant::now();
-    fx.qp
-        .read(1, 256, fx.empty_buf(8), 2)
-        .map_err(|r| r.error)
-        .unwrap();
+    fx.read(256, 8, 2);
     let d = wait_for(&mut fx.qp, 1, HANG).pop().unwrap();
     let took = submitted.elapsed();
     assert_eq!(d.tag, 2);
@@ -605,10 +581,7 @@ fn a_lost_command_times_out_while_others_complete() {
     let (b, _) = fx.data_buf(14, 8);
     fx.qp.write(1, 500, b, 1000).map_err(|r| r.error).unwrap();
     for i in 0..4 {
-        fx.qp
-            .read(1, i * 8, fx.empty_buf(8), i)
-            .map_err(|r| r.error)
-            .unwrap();
+        fx.read(i * 8, 8, i);
     }
     let start = Instant::now();
     let mut lost = None;

@@ -73,6 +73,16 @@ fn take_for_read(pool: &mut DmaPool, len: usize) -> DmaBuf {
     b
 }
 
+/// Writes `data` to `slba` of `nsid` through `qp` and waits for the write to succeed.
+fn write_ok(qp: &mut QueuePair<DmaBuf>, pool: &mut DmaPool, nsid: u32, slba: u64, data: &[u8]) {
+    let b = take(pool, data.len());
+    pool.write(&b, 0, data).unwrap();
+    qp.write(nsid, slba, b, 0).map_err(|r| r.error).unwrap();
+    let d = wait(qp);
+    d.result.unwrap();
+    pool.free(d.buf.unwrap());
+}
+
 fn bytes(n: usize, salt: u8) -> Vec<u8> {
     (0..n).map(|i| (i as u8).wrapping_mul(31) ^ salt).collect()
 }
@@ -85,12 +95,7 @@ fn extended_and_separate_metadata_land_in_the_model_as_described() {
     let mut qp = ctrl.create_qpair::<DmaBuf>(&QpairOptions::default()).unwrap();
     // Extended: 7 blocks of 520 bytes in one buffer.
     let ext = bytes(7 * 520, 1);
-    let b = take(&mut pool, ext.len());
-    pool.write(&b, 0, &ext).unwrap();
-    qp.write(1, 100, b, 0).map_err(|r| r.error).unwrap();
-    let d = wait(&mut qp);
-    d.result.unwrap();
-    pool.free(d.buf.unwrap());
+    write_ok(&mut qp, &mut pool, 1, 100, &ext);
     let data = model.read_ns(1, 100, 7).unwrap();
     let meta = model.read_ns_meta(1, 100, 7).unwrap();
     for i in 0..7 {
@@ -143,12 +148,7 @@ fn extended_and_separate_metadata_land_in_the_model_as_described() {
         })
         .unwrap();
     let ext = bytes(7 * 520, 4);
-    let b = take(&mut pool, ext.len());
-    pool.write(&b, 0, &ext).unwrap();
-    small.write(1, 500, b, 0).map_err(|r| r.error).unwrap();
-    let d = wait(&mut small);
-    d.result.unwrap();
-    pool.free(d.buf.unwrap());
+    write_ok(&mut small, &mut pool, 1, 500, &ext);
     assert_eq!(small.stats().commands, 1, "3640 bytes fit one 4 KiB command");
     assert_eq!(model.read_ns(1, 500, 1).unwrap(), ext[..512]);
     assert_eq!(pool.available(), pool.capacity());
@@ -162,12 +162,7 @@ fn protection_information_by_the_controller_and_by_the_host() {
     let mut qp = ctrl.create_qpair::<DmaBuf>(&QpairOptions::default()).unwrap();
     // PRACT, PI alone in the metadata: buffers hold data only; the model stores the PI.
     let dd = bytes(4 * 512, 6);
-    let b = take(&mut pool, dd.len());
-    pool.write(&b, 0, &dd).unwrap();
-    qp.write(3, 40, b, 0).map_err(|r| r.error).unwrap();
-    let d = wait(&mut qp);
-    d.result.unwrap();
-    pool.free(d.buf.unwrap());
+    write_ok(&mut qp, &mut pool, 3, 40, &dd);
     let fmt3 = ctrl.namespace(3).unwrap().format.unwrap();
     let mut stored = Vec::new();
     let (data, meta) = (
