@@ -94,7 +94,9 @@ impl UringDevice {
                 }
             } else if let Err(e) = &meta {
                 return Err(DeviceError::Open(format!(
-                    "{}: {e} (a new file needs a size: format creates it)",
+                    "{}: {e} (`vfpoll store format` and `store bench` create a file given its size: \
+                     file:{}?size=4G)",
+                    path.display(),
                     path.display()
                 )));
             }

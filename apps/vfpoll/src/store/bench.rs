@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use vfpoll_store::device::{Device, IoBuf, IoDone, IoOp};
 use vfpoll_store::{FormatOptions, ReadOptions, Store};
 
-use super::open::{open_devices, parse_specs};
+use super::open::{open_devices, parse_specs, OpenHow};
 use super::{Common, Progress};
 use crate::units::parse_bytes;
 
@@ -175,7 +175,11 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
         bail!("--kv-block and --chunk-size are multiples of 4K");
     }
     let specs = parse_specs(&a.c.specs)?;
-    let how = a.c.how();
+    // Like format, the bench may create a `file:` namespace of the size its spec gives.
+    let how = OpenHow {
+        create: true,
+        ..a.c.how()
+    };
     let progress = Progress::new();
     let mut rng = Rng::new(a.seed);
     // The checkpoint's data (not timed) and the buffer it is loaded into.
@@ -724,6 +728,17 @@ fn report(a: &BenchArgs, members: &[String], rounds: &[Round]) -> anyhow::Result
         "kv_batch32_vs_raw_qd32": g("kv_get_batch32") / g("raw_read_qd32"),
     });
     let mut v = v;
+    if a.kv_threads == 0 {
+        // Not run: null in the JSON, no row in the table.
+        for k in [
+            "kv_threads_get_batch32",
+            "kv_mixed_get_batch32",
+            "kv_mixed_put_batch32",
+            "kv_mixed_get_batch32_latency",
+        ] {
+            v[k] = Value::Null;
+        }
+    }
     v["ratios"] = ratios.clone();
     if a.c.json {
         println!("{}", serde_json::to_string_pretty(&v)?);
@@ -762,6 +777,9 @@ fn report(a: &BenchArgs, members: &[String], rounds: &[Round]) -> anyhow::Result
         ("KV put x32, other half (same time)", "kv_mixed_put_batch32"),
     ] {
         let x = &v[k];
+        if x.is_null() {
+            continue; // a phase not run (the thread rows with --kv-threads 0)
+        }
         println!(
             "{name:<34} {:>7.3} ({:.3}-{:.3}) {:>10.3}",
             x["gb_s"].as_f64().unwrap_or(0.0),
@@ -777,6 +795,9 @@ fn report(a: &BenchArgs, members: &[String], rounds: &[Round]) -> anyhow::Result
         ("KV get QD1, miss", "kv_get_qd1_miss"),
         ("KV get x32 batch, beside puts", "kv_mixed_get_batch32_latency"),
     ] {
+        if v[k].is_null() {
+            continue;
+        }
         println!(
             "{name:<34} {:>10.1} {:>10.1}",
             v[k]["p50_us"].as_f64().unwrap_or(0.0),
