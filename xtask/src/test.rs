@@ -5,7 +5,7 @@
 //! and mode; `#[ignore]` functions named `host_check_*` then run on the host against the boot's
 //! run dir (`VFPOLL_RUN_DIR`): the NVMe image files and `gpubar.shm` are the oracle.
 //!
-//! A boot in which QEMU's vIOMMU refused a device DMA ([`vm::is_iommu_fault`]) fails, whatever
+//! A boot in which QEMU's vIOMMU refused a device DMA ([`vm::console::is_iommu_fault`]) fails, whatever
 //! the tests said: the driver let a device reach memory it never mapped. The one exception
 //! proves that this check works: a test named `guest_expect_iommu_fault_*` runs alone in a boot
 //! of its own (IOMMU mode only), writes to `/out/expect-iommu-fault` the text its fault line
@@ -52,7 +52,7 @@ const HOTPLUG_BINS: &[&str] = &["recovery_removal"];
 /// the default kernel, in rows of their own: the NVMe suites, whose device model changed most
 /// (with p2p's DMA to a CMB and a peer BAR through the vIOMMU, and recovery_reset's controller
 /// resets), and the harness's self-test, whose expected-fault boot proves that the vIOMMU fault
-/// check every other row relies on ([`vm::is_iommu_fault`]) reads that emulator's messages.
+/// check every other row relies on ([`vm::console::is_iommu_fault`]) reads that emulator's messages.
 /// Each is a short boot (12-50 s).
 const OTHER_QEMU_BINS: &[&str] = &["nvme", "formats", "p2p", "recovery_reset", "xtask_selftest"];
 /// Test binaries whose boots get 1 GiB hugepages and two NUMA nodes ([`vm::Machine`]).
