@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use drv::*;
 use vfpoll_dma::{DmaBuf, PageSize};
-use vfpoll_nvme::{NvmeError, QueuePair, RegionBuf, Sct};
+use vfpoll_nvme::{Done, NvmeError, QueuePair, RegionBuf, Sct};
 use vfpoll_nvme_model::{admin_opcode as adm, io_opcode as io, Fault, FaultKind, Status};
 
 /// Queue pair timeout in these tests.
@@ -90,10 +90,29 @@ impl Fx {
         self.shadow.check(&self.rig.model);
     }
 
+    /// Nothing leaked (`check_clean`), and a write and a read on the fixture's queue pair still
+    /// work and agree with the namespace.
+    fn check_clean_and_usable(&mut self) {
+        self.check_clean();
+        usable(&mut self.qp, &mut self.shadow, &self.rig);
+    }
+
     /// A write and a read on a fresh queue pair still work and agree with the namespace.
     fn check_usable(&mut self) {
         let mut qp = self.rig.ctrl.create_qpair::<RegionBuf>(&qopts(8, T)).unwrap();
         usable(&mut qp, &mut self.shadow, &self.rig);
+    }
+}
+
+/// Every request of `done` came back with the reset's error.
+fn assert_all_reset(done: &[Done<RegionBuf>]) {
+    for d in done {
+        assert!(
+            matches!(d.result, Err(NvmeError::Reset { .. })),
+            "tag {}: {:?}",
+            d.tag,
+            d.result
+        );
     }
 }
 
@@ -263,16 +282,13 @@ fn late_completion_beyond_the_timeout_is_aborted() {
     assert!(took >= T && took < T + PROMPT, "aborted after {took:?}");
     assert_eq!(fx.qp.stats().aborts, 1);
     assert_eq!(fx.rig.model.stats().admin_commands(adm::ABORT), 1);
-    fx.check_clean();
-    usable(&mut fx.qp, &mut fx.shadow, &fx.rig);
+    fx.check_clean_and_usable();
 }
 
 #[test]
 fn dropped_completion_is_aborted_and_reported() {
     let mut fx = Fx::new(16);
-    fx.rig
-        .model
-        .inject(Fault::new(FaultKind::Drop).on_sq(fx.qid()).opcode(io::WRITE));
+    fx.inject(FaultKind::Drop, io::WRITE);
     let (b, d) = fx.data_buf(8, 16);
     fx.qp.write(1, 1000, b, 1).map_err(|r| r.error).unwrap();
     fx.qp.read(1, 0, fx.empty_buf(8), 2).map_err(|r| r.error).unwrap();
@@ -287,8 +303,7 @@ fn dropped_completion_is_aborted_and_reported() {
     // The model executes a command whose completion it drops: the blocks were written, though
     // the host was told the write failed (as a real controller may).
     fx.shadow.write(1000, &d);
-    fx.check_clean();
-    usable(&mut fx.qp, &mut fx.shadow, &fx.rig);
+    fx.check_clean_and_usable();
 }
 
 #[test]
@@ -371,14 +386,7 @@ fn controller_fatal_resets_and_hands_every_request_back() {
     let took = start.elapsed();
     assert!(took < PROMPT, "CFS to the reset's errors: {took:?}");
     done.sort_by_key(|d| d.tag);
-    for d in &done {
-        assert!(
-            matches!(d.result, Err(NvmeError::Reset { .. })),
-            "tag {}: {:?}",
-            d.tag,
-            d.result
-        );
-    }
+    assert_all_reset(&done);
     // Nothing after the fatal command ran: the read buffers come back untouched.
     assert_eq!(
         contents(done[0].buf.as_ref().unwrap()),
@@ -479,14 +487,7 @@ fn wrong_phase_completion_is_not_consumed() {
         // Both time out, their aborts change nothing (the CQ is stalled), and the reset one
         // timeout later hands them back.
         let done = wait_for(&mut qp, 2, HANG);
-        for d in &done {
-            assert!(
-                matches!(d.result, Err(NvmeError::Reset { .. })),
-                "tag {}: {:?}",
-                d.tag,
-                d.result
-            );
-        }
+        assert_all_reset(&done);
         assert_eq!(
             qp.stats().completions,
             warm,
@@ -514,9 +515,7 @@ fn wrong_phase_completion_is_not_consumed() {
 #[test]
 fn duplicate_completion_is_delivered_once() {
     let mut fx = Fx::new(16);
-    fx.rig
-        .model
-        .inject(Fault::new(FaultKind::Duplicate).on_sq(fx.qid()).opcode(io::READ));
+    fx.inject(FaultKind::Duplicate, io::READ);
     fx.read(128, 8, 1);
     let (b, d) = fx.data_buf(13, 8);
     fx.qp.write(1, 136, b, 2).map_err(|r| r.error).unwrap();
@@ -528,8 +527,7 @@ fn duplicate_completion_is_delivered_once() {
     expect_quiet(&mut fx.qp, Duration::from_millis(50));
     let st = fx.qp.stats();
     assert_eq!((st.bogus_completions, st.completions, st.requests), (1, 3, 2));
-    fx.check_clean();
-    usable(&mut fx.qp, &mut fx.shadow, &fx.rig);
+    fx.check_clean_and_usable();
 }
 
 /// A duplicate still in the completion queue when its command id is handed out again must not
@@ -537,9 +535,7 @@ fn duplicate_completion_is_delivered_once() {
 #[test]
 fn duplicate_completion_left_in_the_queue_does_not_complete_the_next_command() {
     let mut fx = Fx::new(16);
-    fx.rig
-        .model
-        .inject(Fault::new(FaultKind::Duplicate).on_sq(fx.qid()).opcode(io::READ));
+    fx.inject(FaultKind::Duplicate, io::READ);
     let posted = fx.rig.model.stats().completions_posted;
     fx.read(128, 8, 1);
     // Take exactly one completion: the duplicate stays behind in the CQ.
@@ -575,9 +571,7 @@ fn duplicate_completion_left_in_the_queue_does_not_complete_the_next_command() {
 #[test]
 fn a_lost_command_times_out_while_others_complete() {
     let mut fx = Fx::new(32);
-    fx.rig
-        .model
-        .inject(Fault::new(FaultKind::Drop).on_sq(fx.qid()).opcode(io::WRITE));
+    fx.inject(FaultKind::Drop, io::WRITE);
     let (b, _) = fx.data_buf(14, 8);
     fx.qp.write(1, 500, b, 1000).map_err(|r| r.error).unwrap();
     for i in 0..4 {

@@ -50,6 +50,14 @@ fn bring_up() -> (drv::Rig, DmaContext) {
     (rig, dma)
 }
 
+/// `bring_up`, a pool of `buffers` 4 KiB buffers and a queue pair with the default options.
+fn bring_up_qp(buffers: usize) -> (drv::Rig, DmaPool, QueuePair<DmaBuf>) {
+    let (rig, dma) = bring_up();
+    let pool = dma.pool(4096, buffers, PageSize::Base4K).unwrap();
+    let qp = rig.ctrl.create_qpair::<DmaBuf>(&QpairOptions::default()).unwrap();
+    (rig, pool, qp)
+}
+
 fn wait(qp: &mut QueuePair<DmaBuf>) -> Done<DmaBuf> {
     let mut out = None;
     let start = Instant::now();
@@ -83,16 +91,35 @@ fn write_ok(qp: &mut QueuePair<DmaBuf>, pool: &mut DmaPool, nsid: u32, slba: u64
     pool.free(d.buf.unwrap());
 }
 
+/// Writes `data` and its separate metadata `meta` to `slba` of `nsid` and waits for success.
+fn write_md_ok(
+    qp: &mut QueuePair<DmaBuf>,
+    pool: &mut DmaPool,
+    nsid: u32,
+    slba: u64,
+    data: &[u8],
+    meta: &[u8],
+) {
+    let (b, m) = (take(pool, data.len()), take(pool, meta.len()));
+    pool.write(&b, 0, data).unwrap();
+    pool.write(&m, 0, meta).unwrap();
+    qp.write_with_metadata(nsid, slba, b, m, 0)
+        .map_err(|r| r.error)
+        .unwrap();
+    let d = wait(qp);
+    d.result.unwrap();
+    pool.free(d.buf.unwrap());
+    pool.free(d.meta.unwrap());
+}
+
 fn bytes(n: usize, salt: u8) -> Vec<u8> {
     (0..n).map(|i| (i as u8).wrapping_mul(31) ^ salt).collect()
 }
 
 #[test]
 fn extended_and_separate_metadata_land_in_the_model_as_described() {
-    let (rig, dma) = bring_up();
+    let (rig, mut pool, mut qp) = bring_up_qp(8);
     let (model, ctrl) = (&rig.model, &rig.ctrl);
-    let mut pool = dma.pool(4096, 8, PageSize::Base4K).unwrap();
-    let mut qp = ctrl.create_qpair::<DmaBuf>(&QpairOptions::default()).unwrap();
     // Extended: 7 blocks of 520 bytes in one buffer.
     let ext = bytes(7 * 520, 1);
     write_ok(&mut qp, &mut pool, 1, 100, &ext);
@@ -112,16 +139,7 @@ fn extended_and_separate_metadata_land_in_the_model_as_described() {
     }
     // Separate: data and metadata buffers; read back through both.
     let (dd, mm) = (bytes(8 * 512, 2), bytes(64, 3));
-    let (b, m) = (take(&mut pool, dd.len()), take(&mut pool, mm.len()));
-    pool.write(&b, 0, &dd).unwrap();
-    pool.write(&m, 0, &mm).unwrap();
-    qp.write_with_metadata(2, 8, b, m, 0)
-        .map_err(|r| r.error)
-        .unwrap();
-    let d = wait(&mut qp);
-    d.result.unwrap();
-    pool.free(d.buf.unwrap());
-    pool.free(d.meta.unwrap());
+    write_md_ok(&mut qp, &mut pool, 2, 8, &dd, &mm);
     assert_eq!(model.read_ns(2, 8, 8).unwrap(), dd);
     assert_eq!(model.read_ns_meta(2, 8, 8).unwrap(), mm);
     let (b, m) = (
@@ -156,10 +174,8 @@ fn extended_and_separate_metadata_land_in_the_model_as_described() {
 
 #[test]
 fn protection_information_by_the_controller_and_by_the_host() {
-    let (rig, dma) = bring_up();
+    let (rig, mut pool, mut qp) = bring_up_qp(8);
     let (model, ctrl) = (&rig.model, &rig.ctrl);
-    let mut pool = dma.pool(4096, 8, PageSize::Base4K).unwrap();
-    let mut qp = ctrl.create_qpair::<DmaBuf>(&QpairOptions::default()).unwrap();
     // PRACT, PI alone in the metadata: buffers hold data only; the model stores the PI.
     let dd = bytes(4 * 512, 6);
     write_ok(&mut qp, &mut pool, 3, 40, &dd);
@@ -181,16 +197,7 @@ fn protection_information_by_the_controller_and_by_the_host() {
     // PRACT with 64 bytes of metadata: it moves, the first 8 bytes are the controller's.
     let fmt4 = ctrl.namespace(4).unwrap().format.unwrap();
     let (dd, mm) = (bytes(4096, 7), bytes(64, 8));
-    let (b, m) = (take(&mut pool, 4096), take(&mut pool, 64));
-    pool.write(&b, 0, &dd).unwrap();
-    pool.write(&m, 0, &mm).unwrap();
-    qp.write_with_metadata(4, 9, b, m, 0)
-        .map_err(|r| r.error)
-        .unwrap();
-    let d = wait(&mut qp);
-    d.result.unwrap();
-    pool.free(d.buf.unwrap());
-    pool.free(d.meta.unwrap());
+    write_md_ok(&mut qp, &mut pool, 4, 9, &dd, &mm);
     let mut sm = model.read_ns_meta(4, 9, 1).unwrap();
     assert_eq!(sm[8..], mm[8..], "the host's metadata after the PI");
     assert_eq!(pi::verify(&fmt4, 9, 1, &mut dd.clone(), &mut sm), Ok(()));
@@ -225,10 +232,8 @@ fn protection_information_by_the_controller_and_by_the_host() {
 
 #[test]
 fn unusable_combinations_are_refused_before_submission() {
-    let (rig, dma) = bring_up();
-    let (model, ctrl) = (&rig.model, &rig.ctrl);
-    let mut pool = dma.pool(4096, 4, PageSize::Base4K).unwrap();
-    let mut qp = ctrl.create_qpair::<DmaBuf>(&QpairOptions::default()).unwrap();
+    let (rig, mut pool, mut qp) = bring_up_qp(4);
+    let model = &rig.model;
     let before = model.stats().io_commands(0x01) + model.stats().io_commands(0x02);
     // No metadata buffer for a separate-metadata namespace.
     let r = qp.write(2, 0, take(&mut pool, 512), 0).unwrap_err();
@@ -346,10 +351,8 @@ fn zoned_namespace_report_actions_and_append() {
 
 #[test]
 fn a_live_queue_pair_follows_a_namespace_change_announced_by_an_event() {
-    let (rig, dma) = bring_up();
+    let (rig, mut pool, mut qp) = bring_up_qp(4);
     let (model, ctrl) = (&rig.model, &rig.ctrl);
-    let mut pool = dma.pool(4096, 4, PageSize::Base4K).unwrap();
-    let mut qp = ctrl.create_qpair::<DmaBuf>(&QpairOptions::default()).unwrap();
     let b = take(&mut pool, 512);
     qp.write(6, 0, b, 0).map_err(|r| r.error).unwrap();
     let d = wait(&mut qp);
