@@ -94,14 +94,7 @@ enum Step {
     /// Negotiated: the Challenge is next.
     Challenge { t_id: u16, hash: HashId, group: DhGroup },
     /// Challenge sent: waiting for the Reply.
-    Reply {
-        t_id: u16,
-        hash: HashId,
-        group: DhGroup,
-        c1: Vec<u8>,
-        s1: u32,
-        keys: Option<KeyPair>,
-    },
+    Reply(Challenged),
     /// Reply accepted: Success1 is next (with R2 when asked).
     Success1 {
         t_id: u16,
@@ -115,6 +108,18 @@ enum Step {
     Failure1 { t_id: u16, explanation: u8 },
     /// Over (authenticated or failed and told); only a new AUTH_Negotiate goes on.
     Done,
+}
+
+/// What a Challenge sent, for checking the Reply: the transaction, the negotiated hash and
+/// group, C1, S1 (SEQNUM) and the controller's DH key pair (none with the null group).
+#[derive(Debug)]
+struct Challenged {
+    t_id: u16,
+    hash: HashId,
+    group: DhGroup,
+    c1: Vec<u8>,
+    s1: u32,
+    keys: Option<KeyPair>,
 }
 
 /// One queue's authentication transaction.
@@ -141,7 +146,7 @@ impl Exchange {
     pub fn awaits_send(&self) -> bool {
         matches!(
             self.step,
-            Step::Negotiate | Step::Reply { .. } | Step::Success2 { .. } | Step::Done
+            Step::Negotiate | Step::Reply(_) | Step::Success2 { .. } | Step::Done
         )
     }
 
@@ -161,17 +166,7 @@ impl Exchange {
         }
         let step = std::mem::replace(&mut self.step, Step::Done);
         match (step, m) {
-            (
-                Step::Reply {
-                    t_id,
-                    hash,
-                    group,
-                    c1,
-                    s1,
-                    keys,
-                },
-                HostMessage::Reply(r),
-            ) if r.t_id == t_id => self.reply(t_id, hash, group, &c1, s1, keys.as_ref(), r),
+            (Step::Reply(ch), HostMessage::Reply(r)) if r.t_id == ch.t_id => self.reply(ch, r),
             (Step::Success2 { t_id, hash, group }, HostMessage::Success2 { t_id: t }) if t == t_id => {
                 Some(Event::Authenticated {
                     hash,
@@ -218,14 +213,14 @@ impl Exchange {
                     group,
                     keys.as_ref().map_or(&[], |k| k.public()),
                 );
-                self.step = Step::Reply {
+                self.step = Step::Reply(Challenged {
                     t_id,
                     hash,
                     group,
                     c1,
                     s1,
                     keys,
-                };
+                });
                 Ok((m, None))
             }
             Step::Success1 {
@@ -312,17 +307,9 @@ impl Exchange {
         None
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn reply(
-        &mut self,
-        t_id: u16,
-        hash: HashId,
-        group: DhGroup,
-        c1: &[u8],
-        s1: u32,
-        keys: Option<&KeyPair>,
-        r: msg::Reply,
-    ) -> Option<Event> {
+    fn reply(&mut self, ch: Challenged, r: msg::Reply) -> Option<Event> {
+        let (t_id, hash, group, s1) = (ch.t_id, ch.hash, ch.group, ch.s1);
+        let (c1, keys) = (&ch.c1[..], ch.keys.as_ref());
         if r.response.len() != hash.len() {
             return self.fail(
                 t_id,
@@ -400,7 +387,7 @@ impl Exchange {
 fn step_t_id(s: &Step) -> Option<u16> {
     match s {
         Step::Challenge { t_id, .. }
-        | Step::Reply { t_id, .. }
+        | Step::Reply(Challenged { t_id, .. })
         | Step::Success1 { t_id, .. }
         | Step::Success2 { t_id, .. }
         | Step::Failure1 { t_id, .. } => Some(*t_id),
