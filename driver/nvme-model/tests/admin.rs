@@ -274,41 +274,24 @@ fn create_and_delete_queues_with_their_errors() {
         ..Default::default()
     });
     let mem = h.mem.alloc(8 * PAGE).get();
-    assert_eq!(
-        create_cq(&mut h, 0, 4, mem, 1),
-        Status::INVALID_QID,
-        "QID 0 is the admin queue"
-    );
-    assert_eq!(
-        create_cq(&mut h, 5, 4, mem, 1),
-        Status::INVALID_QID,
-        "over the queue count"
-    );
-    assert_eq!(
-        create_cq(&mut h, 1, 513, mem, 1),
-        Status::INVALID_QUEUE_SIZE,
-        "over MQES"
-    );
-    assert_eq!(
-        create_cq(&mut h, 1, 1, mem, 1),
-        Status::INVALID_QUEUE_SIZE,
-        "a 1-entry queue"
-    );
-    assert_eq!(
-        create_cq(&mut h, 1, 4, mem, 0),
-        Status::INVALID_FIELD,
-        "PC = 0 while CAP.CQR = 1"
-    );
-    assert_eq!(
-        create_cq(&mut h, 1, 4, mem + 16, 1),
-        Status::INVALID_FIELD,
-        "not page aligned"
-    );
-    assert_eq!(
-        create_cq(&mut h, 1, 512, mem + 7 * PAGE as u64, 1),
-        Status::DATA_TRANSFER_ERROR,
-        "runs off the mapping"
-    );
+    for (qid, entries, base, flags, want, why) in [
+        (0, 4, mem, 1, Status::INVALID_QID, "QID 0 is the admin queue"),
+        (5, 4, mem, 1, Status::INVALID_QID, "over the queue count"),
+        (1, 513, mem, 1, Status::INVALID_QUEUE_SIZE, "over MQES"),
+        (1, 1, mem, 1, Status::INVALID_QUEUE_SIZE, "a 1-entry queue"),
+        (1, 4, mem, 0, Status::INVALID_FIELD, "PC = 0 while CAP.CQR = 1"),
+        (1, 4, mem + 16, 1, Status::INVALID_FIELD, "not page aligned"),
+        (
+            1,
+            512,
+            mem + 7 * PAGE as u64,
+            1,
+            Status::DATA_TRANSFER_ERROR,
+            "runs off the mapping",
+        ),
+    ] {
+        assert_eq!(create_cq(&mut h, qid, entries, base, flags), want, "{why}");
+    }
     h.expect_dma_faults(&[mem + 8 * PAGE as u64]);
     assert_eq!(create_cq(&mut h, 1, 4, mem, 1), Status::SUCCESS);
     assert_eq!(

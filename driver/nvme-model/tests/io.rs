@@ -453,26 +453,18 @@ fn queues_are_served_round_robin() {
         )
         .ok();
     }
-    h.qps[1] = Some(Qp {
-        qid: 1,
-        sq: sq1,
-        cq,
-        size: 64,
-        cq_size: 64,
-        tail: 0,
-        head: 0,
-        phase: true,
-    });
-    h.qps[2] = Some(Qp {
-        qid: 2,
-        sq: sq2,
-        cq,
-        size: 64,
-        cq_size: 64,
-        tail: 0,
-        head: 0,
-        phase: true,
-    });
+    for (qid, sq) in [(1, sq1), (2, sq2)] {
+        h.qps[qid as usize] = Some(Qp {
+            qid,
+            sq,
+            cq,
+            size: 64,
+            cq_size: 64,
+            tail: 0,
+            head: 0,
+            phase: true,
+        });
+    }
     for _ in 0..63 {
         h.push(1, Sqe::new(io::FLUSH).nsid(1));
     }
