@@ -437,15 +437,20 @@ fn abort_of_a_completed_command_is_not_done() {
     assert_eq!(a.dw0 & 1, 1, "command not aborted");
 }
 
-#[test]
-fn async_event_requests_are_held_up_to_the_limit() {
-    let mut h = Host::started(ModelConfig::default());
+/// Submits four Asynchronous Event Requests (the model's limit) and returns the status of a
+/// fifth.
+fn fifth_aer(h: &mut Host) -> Status {
     for _ in 0..4 {
         h.submit(0, Sqe::new(adm::ASYNC_EVENT_REQUEST));
     }
-    let c = h.admin(Sqe::new(adm::ASYNC_EVENT_REQUEST));
+    h.admin(Sqe::new(adm::ASYNC_EVENT_REQUEST)).status
+}
+
+#[test]
+fn async_event_requests_are_held_up_to_the_limit() {
+    let mut h = Host::started(ModelConfig::default());
     assert_eq!(
-        c.status,
+        fifth_aer(&mut h),
         Status::AER_LIMIT_EXCEEDED,
         "the fifth; the four before are outstanding"
     );
@@ -846,12 +851,8 @@ fn reset_forgets_requests_and_events() {
     );
     h.admin(Sqe::new(adm::SET_FEATURES).cdw(10, 0x0b).cdw(11, 1 << 8))
         .ok();
-    for _ in 0..4 {
-        h.submit(0, Sqe::new(adm::ASYNC_EVENT_REQUEST));
-    }
-    let c = h.admin(Sqe::new(adm::ASYNC_EVENT_REQUEST));
     assert_eq!(
-        c.status,
+        fifth_aer(&mut h),
         Status::AER_LIMIT_EXCEEDED,
         "four outstanding again, after the reset"
     );
