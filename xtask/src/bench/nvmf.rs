@@ -33,7 +33,8 @@ use std::fs;
 use std::path::Path;
 use std::time::Duration;
 
-use super::{cpu_model, describe_binary, load_json, median, num, vfpoll_binary, BenchArgs, GuestRun};
+use super::results::{load_json, median, num};
+use super::{cpu_model, describe_binary, vfpoll_binary, BenchArgs, GuestRun};
 use crate::json::Value;
 use crate::util::{err, Result};
 use crate::vm;

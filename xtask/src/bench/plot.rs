@@ -16,7 +16,8 @@ use std::path::{Path, PathBuf};
 
 use plotters::prelude::*;
 
-use super::{load_json, median, Case, Engine};
+use super::results::{load_json, median};
+use super::{Case, Engine};
 use crate::json::Value;
 use crate::util::{err, Result};
 

@@ -1,3 +1,4 @@
+use super::results::{fio_result, median, vfpoll_result, Result3};
 use super::*;
 
 #[test]
