@@ -38,8 +38,7 @@ mod unbind;
 mod units;
 
 #[cfg(test)]
-#[path = "../tests/fake/mod.rs"]
-mod fake;
+use vfpoll_pci::testing as fake;
 
 use ctx::Ctx;
 

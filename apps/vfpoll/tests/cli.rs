@@ -1,10 +1,8 @@
 //! The `vfpoll` binary on fake machines (hidden `--root`): what it prints and its exit codes.
 
-mod fake;
-
 use std::process::{Command, Output};
 
-use fake::{guest, Fake};
+use vfpoll_pci::testing::{guest, Fake};
 
 fn vfpoll(f: &Fake, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_vfpoll"))

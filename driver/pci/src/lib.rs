@@ -20,6 +20,9 @@
 //! All `unsafe` code of this crate lives in [`vfio`] (ioctls, mmap), [`mmio`] (volatile access)
 //! and [`fault`] (mapping replacement, the SIGBUS handler).
 //! Nothing here prints: errors are returned, diagnostics go through `log`.
+//!
+//! With the feature `testing` (hidden; only test builds turn it on), `testing` builds fake
+//! machines, sysfs/procfs/dev trees in a temporary folder, for the tests of `vfpoll`.
 
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks, missing_docs)]
 
@@ -30,6 +33,9 @@ pub mod completion;
 pub mod fault;
 pub mod mmio;
 pub mod sysfs;
+#[cfg(feature = "testing")]
+#[doc(hidden)]
+pub mod testing;
 pub mod vfio;
 
 pub use addr::{BusAddr, Iova, PhysAddr};

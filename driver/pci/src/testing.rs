@@ -1,17 +1,22 @@
 //! Fake machines (sysfs, procfs and devtmpfs trees in a temporary folder) for the tests of
-//! `vfpoll`: the unit tests include this file as `crate::fake`, the CLI tests as `fake`.
-
-#![allow(dead_code)]
+//! `vfpoll` (its unit tests and its CLI tests, through the hidden `--root`). Built only with the
+//! feature `testing`, which only test builds turn on; the helpers panic on any error.
 
 use std::fs;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
-use vfpoll_pci::Host;
+use crate::sysfs::Host;
 
 /// A fake machine.
 pub struct Fake {
     dir: tempfile::TempDir,
+}
+
+impl Default for Fake {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl Fake {
