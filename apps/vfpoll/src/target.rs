@@ -437,8 +437,8 @@ mod tests {
         args: super::Args,
     }
 
-    const EXAMPLE: &str = include_str!("../../../../docs/target-example.toml");
-    const DOCS: &str = include_str!("../../../../docs/target.md");
+    const EXAMPLE: &str = include_str!("../../../docs/target-example.toml");
+    const DOCS: &str = include_str!("../../../docs/target.md");
 
     /// Every key of the file is in `--help`, in docs/target.md's table and in the example
     /// (as a key, or as a comment for the reserved ones), and the example loads.
