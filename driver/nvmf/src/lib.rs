@@ -14,8 +14,9 @@
 //!   own queue pair, or RAM), driven without blocking;
 //! - `sys` (private, the crate's only `unsafe` code): socket I/O straight from and into DMA
 //!   buffers;
-//! - `conn` (private): one connection's state machine (ICReq, Connect, capsules, R2T/H2CData,
-//!   C2HData, CapsuleResp, termination requests);
+//! - `conn` (private): one connection, in three layers that each call only those below:
+//!   framing (PDUs in and out, digests, the ICReq), dispatch (Connect, admin, authentication,
+//!   I/O decoding, completions) and transfer (buffers, R2T/H2CData, C2HData);
 //! - [`server`]: the listener thread (accepts connections, hands each to the least loaded
 //!   worker, advances the keep-alive timer) and the worker threads, each polling its own
 //!   connections, backends and buffer pool, with the [`fabrics::Target`] shared behind a mutex
