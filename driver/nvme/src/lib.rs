@@ -16,6 +16,14 @@
 //!   metadata pointer is sized from the namespace's format in one place (`qpair/xfer.rs`), so
 //!   the controller never moves more bytes than a buffer holds.
 //!
+//! Inside the crate, modules import only downward (`cargo xtask circles` checks it): what acts
+//! on the whole controller (reset, removal, namespace re-reads, the controller memory buffer)
+//! lives in children of the private `ctrlr`, below [`Controller`]'s users. A read, write,
+//! compare, write-zeroes or zone-append entry is built in one place
+//! (`vfpoll_nvme_spec::cmd::Rw::words`), an SQ doorbell is rung by one function (the queue's
+//! `ring_sq`: shadow-doorbell check, barrier, MMIO write), and completions are reaped by one
+//! loop, for [`QueuePair::poll`] and its variants alike.
+//!
 //! Nothing safe can make a controller DMA to memory the driver did not describe: raw
 //! passthrough ([`Controller::admin_raw`], [`QueuePair::submit_raw`]) is `unsafe`, a buffer
 //! type vouches for its bus addresses by implementing the `unsafe` trait [`IoBuffer`], and
