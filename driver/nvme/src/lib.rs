@@ -18,7 +18,7 @@
 //!
 //! Inside the crate, modules import only downward (`cargo xtask circles` checks it): what acts
 //! on the whole controller (reset, removal, namespace re-reads, the controller memory buffer)
-//! lives in children of the private `ctrlr`, below [`Controller`]'s users. A read, write,
+//! lives in children of the private `ctrlr` module. A read, write,
 //! compare, write-zeroes or zone-append entry is built in one place
 //! (`vfpoll_nvme_spec::cmd::Rw::words`), an SQ doorbell is rung by one function (the queue's
 //! `ring_sq`: shadow-doorbell check, barrier, MMIO write), and completions are reaped by one
