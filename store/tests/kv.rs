@@ -13,6 +13,21 @@ fn get(pool: &vfpoll_store::KvPool, keys: &[u128], bs: usize) -> (Vec<Option<usi
     (hits, out)
 }
 
+/// The blocks of `keys` that `pool` holds, with their bytes.
+fn held(pool: &vfpoll_store::KvPool, keys: &[u128], bs: usize) -> Vec<(u128, Vec<u8>)> {
+    let (hits, out) = get(pool, keys, bs);
+    keys.iter()
+        .zip(hits)
+        .zip(out)
+        .filter_map(|((k, h), mut o)| {
+            h.map(|n| {
+                o.truncate(n);
+                (*k, o)
+            })
+        })
+        .collect()
+}
+
 #[test]
 fn put_get_replace_evict_remove_and_restart() {
     let dir = tempfile::tempdir().unwrap();
@@ -253,15 +268,9 @@ fn several_writers_and_readers_then_a_restart_agree() {
         assert_eq!(st.bad_blocks, 0, "{st:?}");
         assert!(st.evictions > 0, "{st:?}");
         let all: Vec<u128> = (0..96).collect();
-        let (hits, out) = get(&pool, &all, bs);
-        let held: Vec<(u128, Vec<u8>)> = all
-            .iter()
-            .zip(&hits)
-            .zip(&out)
-            .filter_map(|((k, h), o)| h.map(|n| (*k, o[..n].to_vec())))
-            .collect();
-        assert_eq!(held.len() as u64, pool.len());
-        for (k, v) in &held {
+        let before = held(&pool, &all, bs);
+        assert_eq!(before.len() as u64, pool.len());
+        for (k, v) in &before {
             check(*k, v);
         }
         pool.sync().unwrap();
@@ -270,19 +279,13 @@ fn several_writers_and_readers_then_a_restart_agree() {
         let (store, _) = reopen(dir.path(), &handles);
         let store = store.unwrap();
         let pool = store.pool("kv").unwrap();
-        let (hits, out) = get(&pool, &all, bs);
-        let again: Vec<(u128, Vec<u8>)> = all
-            .iter()
-            .zip(&hits)
-            .zip(&out)
-            .filter_map(|((k, h), o)| h.map(|n| (*k, o[..n].to_vec())))
-            .collect();
+        let again = held(&pool, &all, bs);
         assert_eq!(
             again.len(),
-            held.len(),
+            before.len(),
             "block size {bs}: the restart found another set of keys"
         );
-        assert!(again == held, "block size {bs}: the restart found other bytes");
+        assert!(again == before, "block size {bs}: the restart found other bytes");
         assert!(store.fsck().unwrap().is_clean());
     }
 }
