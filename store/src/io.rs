@@ -88,6 +88,9 @@ pub(crate) struct Io {
     /// Threads that copy and checksum beside the calling thread in a large batch (0: the
     /// calling thread does it all).
     pub copy_threads: usize,
+    /// How long a small batch or a single request polls before it sleeps
+    /// ([`StoreOptions::poll_spin`](crate::StoreOptions::poll_spin)).
+    pub poll_spin: Duration,
 }
 
 impl Io {
@@ -118,6 +121,7 @@ impl Io {
             geo,
             timeout,
             copy_threads: 0,
+            poll_spin: Duration::ZERO,
         })
     }
 
@@ -390,6 +394,13 @@ impl Io {
     ) -> Result<(), StoreError> {
         let nm = self.members.len();
         let total = pieces.len();
+        // A small batch polls for its completions (its latency is the device's); a large
+        // one sleeps while every device is busy (its devices stay busy meanwhile).
+        let spin = if pieces.iter().map(|p| p.len).sum::<usize>() < HELP_MIN_BYTES {
+            self.poll_spin
+        } else {
+            Duration::ZERO
+        };
         let mut pend: Vec<VecDeque<usize>> = vec![VecDeque::new(); nm];
         for (i, p) in pieces.iter().enumerate() {
             pend[p.member].push_back(i);
@@ -606,6 +617,7 @@ impl Io {
                         local.push_back(w);
                     }
                 }
+                (Some(_), _) if at_helpers == 0 && last.elapsed() < spin => std::hint::spin_loop(),
                 (Some(mb), _) if at_helpers == 0 => mb.dev.wait(Duration::from_millis(1)),
                 // Copy threads are busy and so are the devices: let the copy threads (and,
                 // on a loaded machine, whatever else runs) have the CPU rather than spin.
@@ -671,7 +683,9 @@ impl Io {
                     outstanding: 1,
                 });
             }
-            self.members[m].dev.wait(Duration::from_millis(1));
+            if start.elapsed() >= self.poll_spin {
+                self.members[m].dev.wait(Duration::from_millis(1));
+            }
             std::hint::spin_loop();
         }
     }

@@ -285,12 +285,16 @@ impl Device for UringDevice {
             }
         }
         let mut n = 0;
-        let describe = self.describe();
+        // A polling loop calls this often: nothing is allocated unless something completed.
         let cqes: Vec<(u64, i32)> = self
             .ring
             .completion()
             .map(|c| (c.user_data(), c.result()))
             .collect();
+        if cqes.is_empty() {
+            return 0;
+        }
+        let describe = self.describe();
         for (slot, res) in cqes {
             let slot = slot as usize;
             let Some((tag, op)) = self.inflight.get_mut(slot).and_then(Option::take) else {

@@ -67,6 +67,10 @@ pub struct BenchArgs {
     /// Copy threads of the store (StoreOptions::copy_threads; default: CPUs less one, 1 to 3).
     #[arg(long)]
     copy_threads: Option<usize>,
+    /// Microseconds a small batch polls before it sleeps (StoreOptions::poll_spin; default
+    /// 200; 0 sleeps at once).
+    #[arg(long)]
+    poll_spin_us: Option<u64>,
     /// Threads on one pool in the multi-threaded KV phases: all of them getting batches of 32,
     /// then half putting batches of 32 (replacing keys of their own) while half get; each does
     /// --kv-batches / 2 batches (0 skips these phases).
@@ -461,6 +465,9 @@ fn store_phase(
     if let Some(n) = a.copy_threads {
         opts.store.copy_threads = n;
     }
+    if let Some(us) = a.poll_spin_us {
+        opts.store.poll_spin = Duration::from_micros(us);
+    }
     let store = Store::format_devices(devs, &opts)?;
     let names: Vec<String> = (0..a.entries).map(|i| format!("layers.{i}.weight")).collect();
     let total = src.len() as u64;
@@ -701,6 +708,7 @@ fn report(a: &BenchArgs, members: &[String], rounds: &[Round]) -> anyhow::Result
         "raw_depth": a.raw_depth,
         "kv_block": a.kv_block,
         "copy_threads": a.copy_threads.unwrap_or_else(|| vfpoll_store::StoreOptions::default().copy_threads),
+        "poll_spin_us": a.poll_spin_us.unwrap_or_else(|| vfpoll_store::StoreOptions::default().poll_spin.as_micros() as u64),
         "raw_seq_write": rate(&|r| r.raw_write),
         "raw_seq_read": rate(&|r| r.raw_read),
         "checkpoint_save": rate(&|r| r.save),
@@ -745,7 +753,7 @@ fn report(a: &BenchArgs, members: &[String], rounds: &[Round]) -> anyhow::Result
         return Ok(ExitCode::SUCCESS);
     }
     println!(
-        "vfpoll store bench: {} over {} namespace(s) ({}), {} entries, {} chunks, {} copy thread(s), {} round(s), \
+        "vfpoll store bench: {} over {} namespace(s) ({}), {} entries, {} chunks, {} copy thread(s), {} µs poll, {} round(s), \
          medians (min-max)",
         super::human(a.size),
         members.len(),
@@ -753,6 +761,7 @@ fn report(a: &BenchArgs, members: &[String], rounds: &[Round]) -> anyhow::Result
         a.entries,
         super::human(a.chunk_size),
         v["copy_threads"],
+        v["poll_spin_us"],
         rounds.len()
     );
     if a.kv_threads > 0 {
