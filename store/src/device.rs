@@ -56,6 +56,9 @@ pub enum DeviceError {
     /// DMA memory.
     #[error("DMA memory: {0}")]
     Dma(#[from] DmaError),
+    /// The backend opens no second I/O channel on its namespace ([`Device::open_channel`]).
+    #[error("{0}: this backend opens no second I/O channel")]
+    NoChannel(String),
 }
 
 /// A buffer a device can read into and write from: a piece of DMA memory of a fixed capacity,
@@ -242,7 +245,9 @@ pub struct IoDone {
     pub buf: Option<IoBuf>,
 }
 
-/// One namespace. Driven by one thread at a time: submit, then poll.
+/// One namespace, through one I/O channel (a ring, a queue pair). Driven by one thread at a
+/// time: submit, then poll. [`Device::open_channel`] opens another channel on the same
+/// namespace, for another thread.
 pub trait Device: Send {
     /// What it is, for messages ("file /data/store.img", "NVMe 0000:00:03.0 namespace 1").
     fn describe(&self) -> String;
@@ -275,4 +280,15 @@ pub trait Device: Send {
     /// Sleeps until a completion may have arrived (at most `timeout`); devices that cannot
     /// sleep return at once.
     fn wait(&mut self, _timeout: std::time::Duration) {}
+    /// Another channel on the same namespace: a device of its own (its own io_uring, NVMe
+    /// queue pair, or memory device queue) that another thread drives while this one is
+    /// busy, with the same block size, capacity and write cache. Both see each other's
+    /// completed writes, and a flush through either covers the writes completed through
+    /// both (NVMe Flush is per namespace, `fdatasync` per file), as the store's commits need.
+    ///
+    /// The default says the backend cannot ([`DeviceError::NoChannel`]): the store then runs
+    /// every burst on one channel.
+    fn open_channel(&self) -> Result<Box<dyn Device>, DeviceError> {
+        Err(DeviceError::NoChannel(self.describe()))
+    }
 }

@@ -4,11 +4,16 @@
 //! The device keeps two images: `media`, what reads see, and `durable`, what survives a power
 //! cut. A completed write lands in `media`, and in `durable` too unless the device has a
 //! volatile write cache (then it waits there until a flush); a FUA write lands in both. Requests
-//! complete at the next poll, in order. A power cut ([`MemHandle::cut`], or one armed to strike
+//! complete at the next poll of their channel, in order. A power cut ([`MemHandle::cut`], or one armed to strike
 //! at the n-th request with [`MemHandle::arm_cut`]) decides, for every write not yet durable
 //! (cached, or submitted and not completed), at random: lost, kept, or torn at a random sector
 //! boundary (a prefix kept) or in scattered sectors. From then on every request fails, as on a
 //! device that lost power; [`MemHandle::restart`] gives a fresh device over the durable image.
+//!
+//! Another I/O channel ([`Device::open_channel`]) is a device on the same images, write cache
+//! and power, with a request queue of its own: a flush through any channel makes every
+//! completed write durable, a cut strikes the requests in flight on all of them, and an armed
+//! cut counts the requests of all of them.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -34,7 +39,8 @@ struct State {
     durable: Vec<u8>,
     /// Byte ranges written (or deallocated) since the last flush, while not durable.
     unflushed: Vec<(usize, usize)>,
-    queue: VecDeque<(u64, IoOp)>,
+    /// The requests in flight, per channel.
+    queues: Vec<VecDeque<(u64, IoOp)>>,
     ops: u64,
     cut_at: Option<u64>,
     dead: bool,
@@ -81,19 +87,19 @@ impl State {
 
     fn cut(&mut self, sector: usize) -> CutReport {
         self.last_cut = CutReport::default();
-        // Writes in flight: their bytes are in their buffers.
-        let queue: Vec<(u64, IoOp)> = self.queue.drain(..).collect();
-        let mut pending = Vec::new();
-        for (tag, op) in queue {
-            if let IoOp::Write { offset, buf, .. } = &op {
-                let mut data = vec![0u8; buf.len()];
-                if buf.read(0, &mut data).is_ok() {
-                    self.settle(*offset as usize, &data, sector);
+        // Writes in flight on every channel: their bytes are in their buffers.
+        let mut queues = std::mem::take(&mut self.queues);
+        for queue in &queues {
+            for (_, op) in queue {
+                if let IoOp::Write { offset, buf, .. } = op {
+                    let mut data = vec![0u8; buf.len()];
+                    if buf.read(0, &mut data).is_ok() {
+                        self.settle(*offset as usize, &data, sector);
+                    }
                 }
             }
-            pending.push((tag, op));
         }
-        self.queue.extend(pending);
+        std::mem::swap(&mut self.queues, &mut queues);
         // Writes in the volatile cache: their bytes are in `media`.
         let unflushed = std::mem::take(&mut self.unflushed);
         for (at, len) in unflushed {
@@ -186,6 +192,8 @@ pub struct MemDevice {
     handle: MemHandle,
     dma: DmaContext,
     capacity: u64,
+    /// Its channel: the index of its request queue.
+    chan: usize,
 }
 
 impl std::fmt::Debug for MemDevice {
@@ -210,7 +218,7 @@ impl MemDevice {
             durable: image.clone(),
             media: image,
             unflushed: Vec::new(),
-            queue: VecDeque::new(),
+            queues: vec![VecDeque::new()],
             ops: 0,
             cut_at: None,
             dead: false,
@@ -225,6 +233,7 @@ impl MemDevice {
             },
             dma: DmaContext::for_testing(),
             capacity,
+            chan: 0,
         }
     }
 
@@ -274,10 +283,11 @@ impl Device for MemDevice {
             return Err((e, op));
         }
         let mut s = self.handle.lock();
-        if s.queue.len() >= 256 {
+        let queue = &mut s.queues[self.chan];
+        if queue.len() >= 256 {
             return Err((DeviceError::QueueFull, op));
         }
-        s.queue.push_back((tag, op));
+        queue.push_back((tag, op));
         Ok(())
     }
     fn poll(&mut self, done: &mut Vec<IoDone>) -> usize {
@@ -285,13 +295,13 @@ impl Device for MemDevice {
         let vwc = self.handle.vwc;
         let mut s = self.handle.lock();
         let mut n = 0;
-        while let Some((tag, op)) = s.queue.pop_front() {
+        while let Some((tag, op)) = s.queues[self.chan].pop_front() {
             n += 1;
             if !s.dead {
                 s.ops += 1;
                 if s.cut_at.is_some_and(|at| s.ops >= at) {
                     s.cut_at = None;
-                    s.queue.push_front((tag, op));
+                    s.queues[self.chan].push_front((tag, op));
                     s.cut(sector);
                     continue;
                 }
@@ -355,7 +365,17 @@ impl Device for MemDevice {
         n
     }
     fn outstanding(&self) -> usize {
-        self.handle.lock().queue.len()
+        self.handle.lock().queues[self.chan].len()
+    }
+    fn open_channel(&self) -> Result<Box<dyn Device>, DeviceError> {
+        let mut s = self.handle.lock();
+        s.queues.push(VecDeque::new());
+        Ok(Box::new(MemDevice {
+            handle: self.handle.clone(),
+            dma: self.dma.clone(),
+            capacity: self.capacity,
+            chan: s.queues.len() - 1,
+        }))
     }
 }
 
@@ -439,6 +459,62 @@ mod tests {
         let mut got = [0u8; 4];
         r.buf.unwrap().read(0, &mut got).unwrap();
         assert_eq!(got, [0xaa; 4]);
+    }
+
+    /// A second channel: its own queue (a request completes at its own channel's poll), the
+    /// same images (each sees the other's completed writes), one write cache (a flush through
+    /// either makes both's writes durable) and one power (a cut settles the writes in flight
+    /// on every channel).
+    #[test]
+    fn channels_share_images_cache_and_power_with_queues_of_their_own() {
+        let mut a = MemDevice::new(1 << 20, 512, true);
+        let h = a.handle();
+        let mut b = a.open_channel().unwrap();
+        let mut bufs = a.alloc_buffers(3, 4096).unwrap();
+        let (mut w1, mut w2, r) = (bufs.remove(0), bufs.remove(0), bufs.remove(0));
+        w1.fill(0, 4096, 0x11).unwrap();
+        w2.fill(0, 4096, 0x22).unwrap();
+        b.submit(
+            1,
+            IoOp::Write {
+                offset: 0,
+                buf: w1,
+                fua: false,
+            },
+        )
+        .map_err(|(e, _)| e)
+        .unwrap();
+        assert_eq!((a.outstanding(), b.outstanding()), (0, 1));
+        let mut done = Vec::new();
+        assert_eq!(a.poll(&mut done), 0, "a's poll does not complete b's request");
+        assert_eq!(b.poll(&mut done), 1);
+        done.clear();
+        let got = run(&mut a, IoOp::Read { offset: 0, buf: r });
+        let mut x = [0u8; 8];
+        got.buf.unwrap().read(0, &mut x).unwrap();
+        assert_eq!(x, [0x11; 8], "a reads b's completed write");
+        run(&mut a, IoOp::Flush).result.unwrap();
+        assert_eq!(h.durable_image()[0], 0x11, "a's flush made b's write durable");
+        b.submit(
+            2,
+            IoOp::Write {
+                offset: 4096,
+                buf: w2,
+                fua: false,
+            },
+        )
+        .map_err(|(e, _)| e)
+        .unwrap();
+        let cut = h.cut(5);
+        assert_eq!(
+            cut.lost + cut.kept + cut.torn,
+            1,
+            "the cut settled b's write in flight"
+        );
+        assert!(
+            b.poll(&mut done) == 1 && done[0].result.is_err(),
+            "b lost power too"
+        );
     }
 
     #[test]

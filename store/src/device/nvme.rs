@@ -3,9 +3,15 @@
 //! DMA context, so the controller moves the data straight into and out of them. Flush is sent
 //! only where the controller reports a volatile write cache (Identify Controller VWC), FUA
 //! writes set the FUA bit, and deallocates are Dataset Management (AD) commands.
+//!
+//! Another I/O channel ([`Device::open_channel`]) is another queue pair on the same controller,
+//! its buffers from the same DMA context. A Flush through any queue pair covers the writes the
+//! controller completed before it, on every queue (NVMe Base 2.0 §7.1: the flush
+//! applies to all commands for the namespace completed before its submission).
 
 use std::any::Any;
 use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
 
 use vfpoll_nvme::{Controller, NvmeError, QpairOptions, QueuePair, Rejected};
 
@@ -23,8 +29,11 @@ pub struct NvmeDevice {
     name: String,
     /// Requests finished without the device (a flush without a write cache).
     local: VecDeque<IoDone>,
-    /// Whatever must outlive the queue pair (the model, the VFIO container).
-    _keep: Vec<Box<dyn Any + Send>>,
+    /// How the queue pair was made (for another channel's).
+    qopts: QpairOptions,
+    /// Whatever must outlive every channel's queue pair (the model, the VFIO container), shared
+    /// by the channels (the mutex only makes it `Sync`; it is never locked).
+    _keep: Arc<Mutex<Vec<Box<dyn Any + Send>>>>,
 }
 
 impl std::fmt::Debug for NvmeDevice {
@@ -70,7 +79,28 @@ impl NvmeDevice {
             vwc: ctrl.identify().has_volatile_write_cache(),
             name: format!("NVMe {name} namespace {nsid}"),
             local: VecDeque::new(),
-            _keep: keep,
+            qopts: opts.clone(),
+            _keep: Arc::new(Mutex::new(keep)),
+        })
+    }
+
+    /// Another channel: a new queue pair on the same controller and namespace.
+    fn channel(&self) -> Result<Self, DeviceError> {
+        let qp = self
+            .ctrl
+            .create_qpair::<IoBuf>(&self.qopts)
+            .map_err(|e| DeviceError::Open(format!("{}: another queue pair: {e}", self.name)))?;
+        Ok(NvmeDevice {
+            qp,
+            ctrl: self.ctrl.clone(),
+            nsid: self.nsid,
+            lba: self.lba,
+            blocks: self.blocks,
+            vwc: self.vwc,
+            name: self.name.clone(),
+            local: VecDeque::new(),
+            qopts: self.qopts.clone(),
+            _keep: self._keep.clone(),
         })
     }
 
@@ -205,5 +235,8 @@ impl Device for NvmeDevice {
     }
     fn outstanding(&self) -> usize {
         self.qp.outstanding() + self.local.len()
+    }
+    fn open_channel(&self) -> Result<Box<dyn Device>, DeviceError> {
+        Ok(Box::new(self.channel()?))
     }
 }

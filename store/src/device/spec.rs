@@ -184,7 +184,8 @@ fn model_device(size: u64, depth: u32) -> Result<NvmeDevice, DeviceError> {
         .map_err(|e| DeviceError::Open(format!("model:{size}: cannot start the NVMe model: {e}")))?;
     let opts = ControllerOptions {
         page_size: PageSize::Base4K,
-        io_queues: 1,
+        // One queue pair per I/O channel of the store (StoreOptions::io_channels).
+        io_queues: 8,
         ..Default::default()
     };
     let ctrl = Controller::new(model.bar0(), DmaContext::new(mapper), opts)

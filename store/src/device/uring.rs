@@ -8,6 +8,10 @@
 //! reads or writes the buffer until the entry completes. Every buffer stays in the device's
 //! in-flight table until its completion is reaped, and dropping the device waits for the
 //! completions (or leaks the buffers), so the kernel never reaches freed memory.
+//!
+//! Another I/O channel ([`Device::open_channel`]) is a ring of its own on a duplicate of the
+//! file descriptor (one open file, so the same `O_DIRECT` mode); `fdatasync` through any of
+//! them makes the file's completed writes durable, whichever ring wrote them.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Seek, SeekFrom};
@@ -167,6 +171,31 @@ impl UringDevice {
     /// Whether the device was opened with `O_DIRECT`.
     pub fn direct(&self) -> bool {
         self.direct
+    }
+
+    /// Another channel: a new ring of the same depth on a duplicate of the descriptor.
+    fn channel(&self) -> Result<Self, DeviceError> {
+        let file = self
+            .file
+            .try_clone()
+            .map_err(|e| open_err(&self.path, "cannot duplicate the descriptor", e))?;
+        let depth = self.inflight.len();
+        let ring = IoUring::new(depth as u32)
+            .map_err(|e| open_err(&self.path, "cannot set up another io_uring", e))?;
+        Ok(UringDevice {
+            path: self.path.clone(),
+            file,
+            ring,
+            block_device: self.block_device,
+            direct: self.direct,
+            capacity: self.capacity,
+            block_size: self.block_size,
+            inflight: (0..depth).map(|_| None).collect(),
+            free: (0..depth).rev().collect(),
+            unsubmitted: 0,
+            dma: self.dma.clone(),
+            warned_dealloc: self.warned_dealloc,
+        })
     }
 
     fn entry(&self, slot: usize, op: &IoOp) -> io_uring::squeue::Entry {
@@ -342,6 +371,9 @@ impl Device for UringDevice {
     }
     fn outstanding(&self) -> usize {
         self.inflight.len() - self.free.len()
+    }
+    fn open_channel(&self) -> Result<Box<dyn Device>, DeviceError> {
+        Ok(Box::new(self.channel()?))
     }
     fn wait(&mut self, timeout: Duration) {
         if self.outstanding() > 0 {
