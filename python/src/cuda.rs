@@ -31,12 +31,24 @@ use vfpoll_gpu::CopyError;
 /// us (`__dlpack__(stream=1)`).
 const CU_STREAM_DEFAULT: std::ffi::c_uint = 0;
 
+/// `CU_STREAM_LEGACY`, the legacy default stream, as `__cuda_array_interface__` names it (1).
+const CU_STREAM_LEGACY: usize = 1;
+
 /// A CUDA device with its primary context retained.
 pub struct Device {
     api: &'static Api,
     dev: CuDevice,
     ctx: CuContext,
+    /// Idle streams of earlier copiers, reused: creating and destroying a stream per batch
+    /// costs more than a KV block's copy.
+    idle: Mutex<Vec<StreamHandle>>,
 }
+
+/// A stream handle kept in [`Device::idle`].
+struct StreamHandle(CuStream);
+
+// SAFETY: a stream handle is only passed to the (thread-safe) driver, never dereferenced.
+unsafe impl Send for StreamHandle {}
 
 // SAFETY: the context handle is only passed to the (thread-safe) driver, never dereferenced;
 // every call makes it current on the calling thread first.
@@ -68,7 +80,12 @@ impl Device {
         api.check("cuDevicePrimaryCtxRetain", unsafe {
             (api.primary_ctx_retain)(&mut ctx, dev)
         })?;
-        let d = Arc::new(Device { api, dev, ctx });
+        let d = Arc::new(Device {
+            api,
+            dev,
+            ctx,
+            idle: Mutex::new(Vec::new()),
+        });
         map.insert(ordinal, d.clone());
         Ok(d)
     }
@@ -84,21 +101,34 @@ impl Device {
     pub fn copier<'a>(self: &Arc<Self>, staging: &'a mut Staging) -> Result<Copier<'a>, CopyError> {
         staging.register(self)?;
         self.current()?;
-        let mut raw: CuStream = std::ptr::null_mut();
-        // SAFETY: `raw` is a valid out-pointer; the context is current.
-        self.api.check("cuStreamCreate", unsafe {
-            (self.api.stream_create)(&mut raw, CU_STREAM_DEFAULT)
-        })?;
+        let reused = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let raw = match reused {
+            Some(StreamHandle(raw)) => raw,
+            None => {
+                let mut raw: CuStream = std::ptr::null_mut();
+                // SAFETY: `raw` is a valid out-pointer; the context is current.
+                self.api.check("cuStreamCreate", unsafe {
+                    (self.api.stream_create)(&mut raw, CU_STREAM_DEFAULT)
+                })?;
+                raw
+            }
+        };
         Ok(Copier {
             dev: self.clone(),
             raw,
             staging,
+            waited: Vec::new(),
+            queued: false,
         })
     }
 }
 
 impl Drop for Device {
     fn drop(&mut self) {
+        for StreamHandle(raw) in self.idle.get_mut().unwrap_or_else(|p| p.into_inner()).drain(..) {
+            // SAFETY: an idle stream of this context, used by no copier.
+            let _ = unsafe { (self.api.stream_destroy)(raw) };
+        }
         // SAFETY: releases the retain of `open`.
         let _ = unsafe { (self.api.primary_ctx_release)(self.dev) };
     }
@@ -110,12 +140,28 @@ pub struct Copier<'a> {
     dev: Arc<Device>,
     raw: CuStream,
     staging: &'a mut Staging,
+    /// Producers' streams already waited for.
+    waited: Vec<usize>,
+    /// Whether copies were queued since the last wait for the stream.
+    queued: bool,
 }
 
 impl Copier<'_> {
     /// Waits for the work queued on the producer's stream `stream` (a `CUstream` handle from
     /// `__cuda_array_interface__`; 1 and 2 are the legacy and per-thread default streams).
     pub fn after(&mut self, stream: usize) -> Result<(), CopyError> {
+        if stream == CU_STREAM_LEGACY {
+            // Our copy stream is a blocking stream: CUDA orders it after the work queued on
+            // the legacy default stream (the driver API's stream semantics), so there is nothing
+            // to wait for here.
+            return Ok(());
+        }
+        if self.waited.contains(&stream) {
+            // Waited for since the copier began: what its producer queued before the caller
+            // handed the arrays over is done.
+            return Ok(());
+        }
+        self.waited.push(stream);
         self.dev.current()?;
         // SAFETY: the handle is the exporter's stream of this context (trusted, like its
         // addresses); synchronising a stream only waits.
@@ -133,6 +179,7 @@ impl Copier<'_> {
         // meanwhile. `src..src+len` is the exporter's device memory (trusted, see the module
         // docs; the driver refuses an unmapped range).
         let r = unsafe { (api.memcpy_dtoh_async)(host.as_ptr().cast::<c_void>(), src, len, self.raw) };
+        self.queued = true;
         api.check("cuMemcpyDtoHAsync", r)
     }
 
@@ -145,15 +192,21 @@ impl Copier<'_> {
         let r = unsafe {
             (api.memcpy_htod_async)(dst, host.as_ptr().cast_const().cast::<c_void>(), len, self.raw)
         };
+        self.queued = true;
         api.check("cuMemcpyHtoDAsync", r)
     }
 
     fn sync(&mut self) -> Result<(), CopyError> {
+        if !self.queued {
+            return Ok(());
+        }
         self.dev.current()?;
         // SAFETY: our live stream.
         self.dev.api.check("cuStreamSynchronize", unsafe {
             (self.dev.api.stream_synchronize)(self.raw)
-        })
+        })?;
+        self.queued = false;
+        Ok(())
     }
 
     /// Waits until every queued copy is done.
@@ -164,11 +217,20 @@ impl Copier<'_> {
 
 impl Drop for Copier<'_> {
     fn drop(&mut self) {
-        if let Err(e) = self.sync() {
-            log::warn!("waiting for GPU copies: {e}");
+        match self.sync() {
+            // Idle: the next copier of this device takes it.
+            Ok(()) => self
+                .dev
+                .idle
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(StreamHandle(self.raw)),
+            Err(e) => {
+                log::warn!("waiting for GPU copies: {e}");
+                // SAFETY: our live stream (its context broken: destroying it is still allowed).
+                let _ = unsafe { (self.dev.api.stream_destroy)(self.raw) };
+            }
         }
-        // SAFETY: our live stream (idle, or its context broken: destroying it is still allowed).
-        let _ = unsafe { (self.dev.api.stream_destroy)(self.raw) };
     }
 }
 

@@ -4,9 +4,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict};
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
 use crate::buffer::{Buffer, Place, Range};
 use crate::cuda::Device;
@@ -66,44 +66,88 @@ impl KvPool {
         })
     }
 
+    /// The keys, and a range per key: `bufs` is a list or tuple of buffers (one per key), or
+    /// one buffer (a 2-D tensor or array: `len(keys)` rows of equal length, one per key, read
+    /// through a single export, which is what a batch should pass).
     fn keys_and_bufs(
         &self,
         keys: &Bound<'_, PyAny>,
         bufs: &Bound<'_, PyAny>,
         writable: bool,
-    ) -> PyResult<(Vec<u128>, Vec<Buffer>)> {
+    ) -> PyResult<(Vec<u128>, Vec<Range>, Vec<Buffer>)> {
         let keys: Vec<u128> = keys.try_iter()?.map(|k| key_of(&k?)).collect::<PyResult<_>>()?;
-        let mut out = Vec::with_capacity(keys.len());
-        for (i, b) in bufs.try_iter()?.enumerate() {
-            let b = Buffer::new(&b?, writable, &format!("block {i}"))?;
-            if !writable && (b.range().len == 0 || b.range().len > self.block_size as usize) {
+        let mut holds = Vec::new();
+        let mut ranges = Vec::with_capacity(keys.len());
+        let one = if bufs.is_instance_of::<PyList>() || bufs.is_instance_of::<PyTuple>() {
+            None
+        } else {
+            match Buffer::new(bufs, writable, "the blocks' array") {
+                Ok(b) => Some(b),
+                // Not memory: an iterable of buffers (a generator), else the error says both.
+                Err(e) if e.is_instance_of::<PyTypeError>(bufs.py()) && bufs.try_iter().is_ok() => None,
+                Err(e) => {
+                    let py = bufs.py();
+                    return Err(PyErr::from_type(
+                        e.get_type(py),
+                        format!(
+                            "{} (bufs: buffers, one per key, or one array of len(keys) rows)",
+                            e.value(py)
+                        ),
+                    ));
+                }
+            }
+        };
+        if let Some(b) = one {
+            let r = b.range();
+            let n = keys.len();
+            if n == 0 || r.len % n != 0 {
                 return Err(PyValueError::new_err(format!(
-                    "block {i} has {} bytes: a block of pool {:?} is 1 to {} bytes",
-                    b.range().len,
-                    self.name,
-                    self.block_size
+                    "an array of {} bytes does not split into {n} equal rows, one per key",
+                    r.len
                 )));
             }
-            out.push(b);
+            let row = r.len / n;
+            ranges.extend((0..n).map(|i| Range {
+                addr: r.addr + i * row,
+                len: row,
+                ..r
+            }));
+            holds.push(b);
+        } else {
+            for (i, b) in bufs.try_iter()?.enumerate() {
+                let b = Buffer::new(&b?, writable, &format!("block {i}"))?;
+                ranges.push(b.range());
+                holds.push(b);
+            }
         }
-        if keys.len() != out.len() {
+        if !writable {
+            for (i, r) in ranges.iter().enumerate() {
+                if r.len == 0 || r.len > self.block_size as usize {
+                    return Err(PyValueError::new_err(format!(
+                        "block {i} has {} bytes: a block of pool {:?} is 1 to {} bytes",
+                        r.len, self.name, self.block_size
+                    )));
+                }
+            }
+        }
+        if keys.len() != ranges.len() {
             return Err(PyValueError::new_err(format!(
                 "{} keys and {} buffers",
                 keys.len(),
-                out.len()
+                ranges.len()
             )));
         }
-        Ok((keys, out))
+        Ok((keys, ranges, holds))
     }
 }
 
 #[pymethods]
 impl KvPool {
     /// Stores `bufs[i]` under `keys[i]` in one submission burst (evicting the least recently
-    /// used blocks when full). Not durable until `sync()`.
+    /// used blocks when full). Not durable until `sync()`. `bufs` is one buffer per key, or one
+    /// array (2-D tensor) of `len(keys)` equal rows.
     fn put_many(&self, py: Python<'_>, keys: &Bound<'_, PyAny>, bufs: &Bound<'_, PyAny>) -> PyResult<()> {
-        let (keys, holds) = self.keys_and_bufs(keys, bufs, false)?;
-        let ranges: Vec<Range> = holds.iter().map(Buffer::range).collect();
+        let (keys, ranges, holds) = self.keys_and_bufs(keys, bufs, false)?;
         let r = py.detach(|| -> Result<(), Failure> {
             let pool = self.pool()?;
             let gpu_len: usize = ranges
@@ -153,16 +197,16 @@ impl KvPool {
         r.map_err(|e| e.to_py(py))
     }
 
-    /// Reads the blocks of `keys` into `bufs` (each at least a block long) in one burst; per
-    /// key the block's length for a hit, `None` for a miss (a block failing its crc is a miss).
+    /// Reads the blocks of `keys` into `bufs` (one buffer per key, or one array of `len(keys)`
+    /// equal rows; each at least the block's length) in one burst; per key the block's length
+    /// for a hit, `None` for a miss (a block failing its crc is a miss).
     fn get_many(
         &self,
         py: Python<'_>,
         keys: &Bound<'_, PyAny>,
         bufs: &Bound<'_, PyAny>,
     ) -> PyResult<Vec<Option<usize>>> {
-        let (keys, holds) = self.keys_and_bufs(keys, bufs, true)?;
-        let ranges: Vec<Range> = holds.iter().map(Buffer::range).collect();
+        let (keys, ranges, holds) = self.keys_and_bufs(keys, bufs, true)?;
         let r = py.detach(|| -> Result<Vec<Option<usize>>, Failure> {
             let pool = self.pool()?;
             let gpu: Vec<usize> = (0..ranges.len())

@@ -150,6 +150,30 @@ def test_kv_pool_put_get(store):
     assert "kv" in store.kv_pools()
 
 
+def test_kv_pool_one_array_of_rows(store):
+    pool = store.kv_pool("rows", block_size=4096, slots=16)
+    keys = list(range(100, 108))
+    src = np.arange(8 * 4096, dtype=np.uint32).astype(np.uint8).reshape(8, 4096)
+    src[:, 0] = np.arange(8)  # every row differs
+    pool.put_many(keys, src)  # one array: a row per key
+    out = np.zeros((8, 4096), dtype=np.uint8)
+    assert pool.get_many(keys, out) == [4096] * 8
+    assert (out == src).all()
+    # Rows shorter than the pool's block: each row is a whole (short) block.
+    pool.put_many([1, 2], np.full((2, 1000), 9, dtype=np.uint8))
+    out2 = np.zeros((2, 4096), dtype=np.uint8)
+    assert pool.get_many([2, 1], out2) == [1000, 1000]
+    assert (out2[:, :1000] == 9).all() and (out2[:, 1000:] == 0).all()
+    # A generator of buffers is still one buffer per key.
+    rows = [np.zeros(4096, dtype=np.uint8) for _ in range(2)]
+    assert pool.get_many(keys[:2], (r for r in rows)) == [4096, 4096]
+    assert (rows[1] == src[1]).all()
+    with pytest.raises(ValueError, match="does not split into 3 equal rows"):
+        pool.get_many([1, 2, 3], np.zeros(4096 * 2 + 2, dtype=np.uint8))
+    with pytest.raises(ValueError, match="1 to 4096 bytes"):
+        pool.put_many([1], np.zeros((1, 8192), dtype=np.uint8))
+
+
 def test_kv_pool_survives_reopen(store_spec):
     with vfpoll.Store.format(store_spec) as s:
         p = s.kv_pool("kv", block_size=4096, slots=16)

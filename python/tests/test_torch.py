@@ -173,6 +173,21 @@ def test_cuda_buffers_plain_api(store):
     assert np.array_equal(host.view(np.float32), t.cpu().numpy())
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda)])
+def test_kv_blocks_of_tensors(store, device):
+    pool = store.kv_pool("kvt", block_size=64 << 10, slots=64)
+    keys = list(range(1, 33))
+    src = torch.randint(0, 256, (32, 64 << 10), dtype=torch.uint8, device=device)
+    pool.put_many(keys[:16], src[:16])  # one 2-D tensor: a row per key
+    pool.put_many(keys[16:], list(src[16:].unbind(0)))  # or a tensor per key
+    out = torch.zeros_like(src)
+    assert pool.get_many(keys, out) == [64 << 10] * 32
+    assert torch.equal(out, src)
+    rows = torch.zeros(2, 64 << 10, dtype=torch.uint8, device=device)
+    assert pool.get_many([5, 999], list(rows.unbind(0))) == [64 << 10, None]
+    assert torch.equal(rows[0], src[4]) and not rows[1].any()
+
+
 @cuda
 def test_cuda_async_save_and_staged(store):
     t = torch.randn(16 << 20, device="cuda")  # 64 MiB
