@@ -6,9 +6,13 @@
 //! (a batch of 1 MiB or more: the blocks, then the headers; see Locking);
 //! `get_many` reads the hits in one burst and checks each block's crc32c, which binds the data
 //! to its key and generation: a torn, stale or overwritten block fails it and is a miss, never
-//! a hit. A put that finds the pool full evicts the least recently used blocks (a batch of
-//! 1/64 of the pool, at least 8 blocks, at a time, so the next puts find free slots) and deallocates the ones it
-//! does not reuse at once.
+//! a hit. A put that finds the pool full evicts blocks in the order of the store's
+//! [`EvictionPolicy`] ([`StoreOptions::kv_eviction`](crate::StoreOptions::kv_eviction): LRU
+//! by default, or S3-FIFO), a batch of 1/64 of the pool (at least 8 blocks) at a time so the
+//! next puts find free slots, and deallocates the ones it does not reuse at once. The order
+//! lives in memory only: at open it starts cold, the blocks queued by generation (oldest put
+//! first), with no hits and (S3-FIFO) an empty ghost queue. Which policy serves which workload
+//! is measured by `examples/kv_policy.rs` (docs/store.md, Eviction).
 //!
 //! ## Locking
 //!
@@ -29,14 +33,14 @@
 //!    and not reused are deallocated, and only then freed, so no other put can write a slot
 //!    that is about to be trimmed.
 //!
-//! Reserved slots are neither free, indexed nor in the LRU, so no one else reads, evicts or
-//! reuses them. A get that looked a key up before a put evicted or replaced its slot reads
+//! Reserved slots are neither free, indexed nor in the eviction order, so no one else reads,
+//! evicts or reuses them. A get that looked a key up before a put evicted or replaced its slot reads
 //! either the old block whole (the I/O engine runs one burst at a time) or the new one, whose
 //! crc is bound to another key or generation: a miss, never wrong bytes. Two puts of one key
 //! from two threads: the later reservation (higher generation) wins whatever order they
 //! finish in, as it would at the next open.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::error::{Result, StoreError};
@@ -44,7 +48,7 @@ use crate::format::{
     crc32c_append, slot_crc_seed, slot_data_crc, PoolRec, SlotHeader, MAX_BLOCK, MAX_NAME, PAGE, SLOT_HEADER,
 };
 use crate::io::{copies_help, Job};
-pub use crate::kv_index::KvStats;
+pub use crate::kv_index::{EvictionPolicy, Evictor, KvStats};
 use crate::kv_index::{PoolShared, PoolState, Slot};
 use crate::store::{now_ns, Change, Finding, Store};
 
@@ -134,7 +138,6 @@ fn load(store: &Store, rec: &PoolRec) -> Result<PoolState> {
             generation: h.generation,
             len: h.len,
             crc: h.crc,
-            tick: 0,
         };
         match index.get(&h.key).copied() {
             Some(j) if slots[j as usize].is_some_and(|o| o.generation >= h.generation) => continue,
@@ -144,20 +147,16 @@ fn load(store: &Store, rec: &PoolRec) -> Result<PoolState> {
         index.insert(h.key, i);
         slots[i as usize] = Some(s);
     }
-    // LRU order at open: by generation (older puts first).
-    let mut by_gen: Vec<(u64, u64)> = slots
+    // The eviction order starts cold at open: the blocks by generation (older puts first).
+    let mut by_gen: Vec<(u64, u64, u128)> = slots
         .iter()
         .enumerate()
-        .filter_map(|(i, s)| s.map(|s| (s.generation, i as u64)))
+        .filter_map(|(i, s)| s.map(|s| (s.generation, i as u64, s.key)))
         .collect();
     by_gen.sort_unstable();
-    let mut lru = BTreeMap::new();
-    for (t, (_, i)) in by_gen.iter().enumerate() {
-        let tick = t as u64 + 1;
-        if let Some(s) = slots[*i as usize].as_mut() {
-            s.tick = tick;
-        }
-        lru.insert(tick, *i);
+    let mut evictor = Evictor::new(store.inner.opts.kv_eviction, rec.slots);
+    for &(_, i, key) in &by_gen {
+        evictor.restore(i, key);
     }
     let free: Vec<u64> = (0..rec.slots)
         .rev()
@@ -174,8 +173,7 @@ fn load(store: &Store, rec: &PoolRec) -> Result<PoolState> {
         slots,
         index,
         free,
-        tick: by_gen.len() as u64,
-        lru,
+        evictor,
         next_gen: max_gen + 1,
         stats: KvStats::default(),
     })
@@ -362,7 +360,7 @@ impl KvPool {
     }
 
     /// Stores `bufs[i]` (1 to block size bytes) under `keys[i]`, replacing an older block of
-    /// the same key, evicting least recently used blocks when the pool is full; all blocks and
+    /// the same key, evicting blocks when the pool is full (module docs); all blocks and
     /// their headers in one submission burst (a batch of at least 4 blocks and 1 MiB, with
     /// copy threads: the blocks, their crc32c computed by the copy threads, then the headers).
     /// Other threads' gets go on meanwhile; puts of one pool reach the device one at a time
@@ -418,13 +416,13 @@ impl KvPool {
             }
         }
         let mut taken = spare.clone();
-        let batch_evict = (rec.slots / 64).max(8).min(rec.slots);
+        let batch_evict = st.evictor.batch();
         let mut slots: Vec<u64> = Vec::with_capacity(keys.len());
         for i in 0..keys.len() {
             if spare.is_empty() && st.free.is_empty() {
                 let want = batch_evict.max((keys.len() - i) as u64);
                 for _ in 0..want {
-                    let Some((_, v)) = st.lru.pop_first() else { break };
+                    let Some(v) = st.evictor.evict() else { break };
                     st.take(v);
                     st.stats.evictions += 1;
                     spare.push(v);
@@ -567,10 +565,9 @@ impl KvPool {
                     generation: r.gens[i],
                     len: bufs[i].len() as u32,
                     crc,
-                    tick: 0,
                 });
                 st.index.insert(*k, slot);
-                st.touch(slot);
+                st.evictor.insert(slot, *k);
                 st.stats.puts += 1;
             }
         }
@@ -613,7 +610,7 @@ impl KvPool {
                                 bufs[i].len()
                             )));
                         }
-                        st.touch(slot);
+                        st.evictor.hit(slot);
                         want.push(Some((slot, s)));
                     }
                     None => want.push(None),

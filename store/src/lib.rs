@@ -15,7 +15,8 @@
 //!   copy engines and staging slots ([`CheckpointTx::put_device`],
 //!   [`VersionReader::load_device`]; CUDA behind the `cuda` feature).
 //! - **KV pools** ([`Store::create_pool`], [`KvPool`]): fixed-size blocks under 128-bit keys,
-//!   with batched [`KvPool::put_many`] / [`KvPool::get_many`], LRU eviction with deallocate, and
+//!   with batched [`KvPool::put_many`] / [`KvPool::get_many`], LRU or S3-FIFO eviction
+//!   ([`StoreOptions::kv_eviction`]) with deallocate, and
 //!   an index rebuilt at open from the slot headers alone.
 //!
 //! The on-disk format is specified in `store/FORMAT.md` (in the repository): two checksummed
@@ -107,7 +108,7 @@ pub use checkpoint::{
 };
 pub use device::{parse_size, NamespaceSpec};
 pub use error::{Result, StoreError};
-pub use kv::{KvPool, KvStats, PoolInfo};
+pub use kv::{EvictionPolicy, Evictor, KvPool, KvStats, PoolInfo};
 pub use lock::DEFAULT_LOCK_DIR;
 pub use store::{Finding, FormatOptions, FsckReport, MemberInfo, Store, StoreInfo, StoreOptions};
 /// The IOMMU backends of [`StoreOptions::iommu`] (vfpoll-pci's).

@@ -15,7 +15,7 @@ use crate::format::{
     DATA_START, MAX_MEMBERS, PAGE, ROOT_OFFSETS,
 };
 use crate::io::{Geometry, Io, Job};
-use crate::kv_index::PoolShared;
+use crate::kv_index::{EvictionPolicy, PoolShared};
 use crate::lock::{StoreLock, DEFAULT_LOCK_DIR};
 
 /// Options for opening a store (and for the store a format leaves open).
@@ -49,6 +49,10 @@ pub struct StoreOptions {
     /// at the device's; sleeping adds the wake-up (several µs). Large batches sleep at once
     /// while every device is busy. Default 200 µs; `Duration::ZERO` never polls.
     pub poll_spin: Duration,
+    /// How the KV pools opened by this store evict blocks when full (held in memory only: a
+    /// pool reopened under another policy starts its order cold, as after any restart).
+    /// Default [`EvictionPolicy::Lru`].
+    pub kv_eviction: EvictionPolicy,
 }
 
 /// The default of [`StoreOptions::copy_threads`].
@@ -70,6 +74,7 @@ impl Default for StoreOptions {
             iommu: Backend::Auto,
             copy_threads: default_copy_threads(),
             poll_spin: Duration::from_micros(200),
+            kv_eviction: EvictionPolicy::default(),
         }
     }
 }

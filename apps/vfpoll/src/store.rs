@@ -20,7 +20,7 @@ use anyhow::{bail, Context as _};
 use clap::{Args as ClapArgs, Subcommand};
 use serde_json::{json, Value};
 use vfpoll_pci::vfio::Backend;
-use vfpoll_store::{FormatOptions, ReadOptions, Store, StoreOptions};
+use vfpoll_store::{EvictionPolicy, FormatOptions, ReadOptions, Store, StoreOptions};
 
 use crate::ctx::Ctx;
 use crate::units::parse_bytes;
@@ -100,6 +100,10 @@ pub struct Common {
     /// Directory of the store's lock file [default: /run/vfpoll].
     #[arg(long, value_name = "DIR")]
     pub lock_dir: Option<PathBuf>,
+    /// How a full KV pool evicts blocks: lru or s3fifo (docs/store.md, Eviction). The order
+    /// lives in memory and starts cold in each process.
+    #[arg(long, value_name = "POLICY", default_value = "lru")]
+    pub kv_eviction: EvictionPolicy,
     /// Print one JSON document on stdout.
     #[arg(long)]
     pub json: bool,
@@ -122,6 +126,7 @@ impl Common {
             lock_dir: self.lock_dir.clone(),
             allow_buffered_io: self.allow_buffered,
             queue_depth: self.queue_depth,
+            kv_eviction: self.kv_eviction,
             ..StoreOptions::default()
         }
     }
