@@ -63,7 +63,7 @@ pub use headers::{
     Progress, R2t, TermReq,
 };
 pub use negotiate::{host_accept_ic_resp, negotiate, LimitsError, TargetLimits};
-pub use parse::{parse_c2h_header, parse_header};
+pub use parse::{parse_c2h_header, parse_header, read_c2h_header};
 pub use transfer::{check_h2c_data, R2tWindow};
 
 /// Length of a header or data digest (CRC32C, little-endian on the wire; §3.6.2.1 HDGSTF/DDGSTF).

@@ -17,8 +17,8 @@ use crate::fabrics::{
     Target, TargetOptions, FABRICS_OPCODE, SGL_IN_CAPSULE, SGL_TRANSPORT,
 };
 use crate::pdu::{
-    capsule_cmd_header, h2c_data_header, host_accept_ic_resp, ic_req, parse_c2h_header, ConnParams, CtrlPdu,
-    Digests, Fes, H2cData, IcReq, Layout, Progress, TargetLimits, MAX_TX_HEADER_LEN,
+    capsule_cmd_header, h2c_data_header, host_accept_ic_resp, ic_req, read_c2h_header, ConnParams, CtrlPdu,
+    Digests, Fes, H2cData, IcReq, Layout, TargetLimits, MAX_TX_HEADER_LEN,
 };
 use crate::server::{NamespaceBackend, Server, ServerConfig, WorkerConfig};
 use vfpoll_dma::{DmaContext, PageSize};
@@ -147,22 +147,14 @@ impl Host {
 
     /// Reads one PDU; `None` at end of stream.
     pub fn recv(&mut self) -> Option<Rx> {
-        let mut hdr = vec![0u8; 8];
-        if let Err(e) = self.s.read_exact(&mut hdr) {
-            assert!(
-                matches!(e.kind(), ErrorKind::UnexpectedEof | ErrorKind::ConnectionReset),
-                "{e}"
-            );
-            return None;
-        }
-        let h = loop {
-            match parse_c2h_header(&hdr, &self.params).unwrap() {
-                Progress::Need(n) => {
-                    let have = hdr.len();
-                    hdr.resize(n, 0);
-                    self.s.read_exact(&mut hdr[have..]).unwrap();
-                }
-                Progress::Done(h) => break h,
+        let h = match read_c2h_header(&mut self.s, &self.params) {
+            Ok((h, _)) => h,
+            Err(e) => {
+                assert!(
+                    matches!(e.kind(), ErrorKind::UnexpectedEof | ErrorKind::ConnectionReset),
+                    "{e}"
+                );
+                return None;
             }
         };
         let l: Layout = h.layout;

@@ -11,7 +11,7 @@ use vfpoll_dma::{DmaContext, DmaPool, PageSize};
 
 use super::Conn;
 use crate::fabrics::ConnInfo;
-use crate::pdu::{parse_c2h_header, ConnParams, CtrlPdu, Progress, TargetLimits};
+use crate::pdu::{read_c2h_header, ConnParams, CtrlPdu, TargetLimits};
 use crate::server::metrics::Stats;
 
 /// A connected pair: the target's end (non-blocking) and the host's (blocking, with a
@@ -70,18 +70,7 @@ impl Host {
 
     /// Reads one PDU: its header, its data (without padding and digest) and the raw bytes.
     pub(super) fn recv(&mut self) -> (CtrlPdu, Vec<u8>, Vec<u8>) {
-        let mut raw = vec![0u8; 8];
-        self.s.read_exact(&mut raw).unwrap();
-        let h = loop {
-            match parse_c2h_header(&raw, &self.params).unwrap() {
-                Progress::Need(n) => {
-                    let have = raw.len();
-                    raw.resize(n, 0);
-                    self.s.read_exact(&mut raw[have..]).unwrap();
-                }
-                Progress::Done(h) => break h,
-            }
-        };
+        let (h, mut raw) = read_c2h_header(&mut self.s, &self.params).unwrap();
         let have = raw.len();
         raw.resize(have + h.layout.after_header() as usize, 0);
         self.s.read_exact(&mut raw[have..]).unwrap();

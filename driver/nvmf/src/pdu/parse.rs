@@ -341,6 +341,30 @@ pub fn parse_header(buf: &[u8], conn: &ConnParams) -> Result<Progress<Header<Hos
     }))
 }
 
+/// Reads the header of one PDU a controller sent from `r`, as a host does: 8 bytes, then as
+/// many more as [`parse_c2h_header`] asks for. Returns the header and its bytes; what follows
+/// (padding, data, digest: [`Layout::after_header`] bytes) is left in `r`. A header
+/// [`parse_c2h_header`] refuses is an [`std::io::ErrorKind::InvalidData`] error. For test
+/// clients.
+pub fn read_c2h_header(
+    r: &mut impl std::io::Read,
+    conn: &ConnParams,
+) -> std::io::Result<(Header<CtrlPdu>, Vec<u8>)> {
+    let mut raw = vec![0u8; COMMON_HEADER_LEN];
+    r.read_exact(&mut raw)?;
+    loop {
+        match parse_c2h_header(&raw, conn) {
+            Ok(Progress::Need(n)) => {
+                let have = raw.len();
+                raw.resize(n, 0);
+                r.read_exact(&mut raw[have..])?;
+            }
+            Ok(Progress::Done(h)) => return Ok((h, raw)),
+            Err(e) => return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, e)),
+        }
+    }
+}
+
 /// Parses the header of a PDU a controller sent, as a host does: the mirror of
 /// [`parse_header`] (PDO aligned to HPDA; SUCCESS only with LAST_PDU; no data limits: a host
 /// checks data against its command). For test clients and round-trip tests.

@@ -263,15 +263,21 @@ mod tests {
         (cqe.status(), data)
     }
 
-    fn send(t: &mut Target, q: QueueRef, m: &[u8]) -> Status {
+    /// An Authentication Send of `len` in-capsule bytes with CDW10 `dw10` (SECP, SPSP) and
+    /// transfer length `tl`.
+    fn send_sqe(len: usize, dw10: u32, tl: u32) -> Sqe {
         let mut s = sgl(
             fabrics_sqe(fctype::AUTHENTICATION_SEND),
             SGL_IN_CAPSULE,
-            m.len() as u32,
+            len as u32,
         );
-        s.dw[10] = 0xe901_0100;
-        s.dw[11] = m.len() as u32;
-        run(t, q, &s, m).0
+        s.dw[10] = dw10;
+        s.dw[11] = tl;
+        s
+    }
+
+    fn send(t: &mut Target, q: QueueRef, m: &[u8]) -> Status {
+        run(t, q, &send_sqe(m.len(), 0xe901_0100, m.len() as u32), m).0
     }
 
     fn receive(t: &mut Target, q: QueueRef) -> Vec<u8> {
@@ -442,17 +448,13 @@ mod tests {
         // SECP other than E9h, and TL not matching the data.
         let (c, _) = connect(&mut t, HOST);
         let m = msg::negotiate(1, &[1], &[0]);
-        let mut s = sgl(
-            fabrics_sqe(fctype::AUTHENTICATION_SEND),
-            SGL_IN_CAPSULE,
-            m.len() as u32,
+        let wrong_secp = send_sqe(m.len(), 0xea01_0100, m.len() as u32);
+        assert_eq!(run(&mut t, admin_q(c), &wrong_secp, &m).0, Status::INVALID_FIELD);
+        let wrong_tl = send_sqe(m.len(), 0xe901_0100, 8);
+        assert_eq!(
+            run(&mut t, admin_q(c), &wrong_tl, &m).0,
+            status::DATA_SGL_LENGTH_INVALID
         );
-        s.dw[10] = 0xea01_0100;
-        s.dw[11] = m.len() as u32;
-        assert_eq!(run(&mut t, admin_q(c), &s, &m).0, Status::INVALID_FIELD);
-        s.dw[10] = 0xe901_0100;
-        s.dw[11] = 8;
-        assert_eq!(run(&mut t, admin_q(c), &s, &m).0, status::DATA_SGL_LENGTH_INVALID);
         // Receive before anything was sent.
         let mut r = fabrics_sqe(fctype::AUTHENTICATION_RECEIVE);
         r.dw[10] = 0xe901_0100;
