@@ -27,8 +27,11 @@ impl Store {
 
 fn run(store: &Store) -> Result<FsckReport> {
     let mut rep = FsckReport::default();
+    // The metadata lock is held while the checkpoints are checked: otherwise a commit (its
+    // I/O on another channel) could write a newer root, and free and reuse pages of the
+    // catalog, manifests and extents checked, between this snapshot and their reads.
+    let m = store.meta();
     let (root, catalog, manifests, pools) = {
-        let m = store.meta();
         let manifests: Vec<_> = m
             .catalog
             .checkpoints
@@ -147,6 +150,7 @@ fn run(store: &Store) -> Result<FsckReport> {
         i = j;
     }
     drop(io);
+    drop(m);
     for p in &pools {
         match crate::kv::fsck_pool(store, p) {
             Ok((slots, found)) => {

@@ -16,6 +16,9 @@
 //! core's copy rate. When the calling thread has nothing to submit or reap it takes copies off
 //! the same queue. Small batches (a KV get at QD1) copy on the calling thread: starting threads
 //! would cost more than the copy.
+//!
+//! A store has several engines, its I/O channels ([`channels`]): each burst runs on one,
+//! taken for the burst, so the bursts of several threads overlap on the devices.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -25,6 +28,9 @@ use crossbeam_channel::{Receiver, Sender};
 use crate::device::{Device, DeviceError, IoBuf, IoDone, IoOp};
 use crate::error::StoreError;
 use crate::format::{crc32c_append, PAGE};
+
+mod channels;
+pub(crate) use channels::{extra_buffers, Channel, Channels, MAX_CHANNELS};
 
 /// Where the logical space is (FORMAT.md §2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,6 +97,8 @@ pub(crate) struct Io {
     /// How long a small batch or a single request polls before it sleeps
     /// ([`StoreOptions::poll_spin`](crate::StoreOptions::poll_spin)).
     pub poll_spin: Duration,
+    /// Its number among the store's channels (0: the first, with the most buffers).
+    pub channel: usize,
 }
 
 impl Io {
@@ -122,7 +130,23 @@ impl Io {
             timeout,
             copy_threads: 0,
             poll_spin: Duration::ZERO,
+            channel: 0,
         })
+    }
+
+    /// Channel `channel` beside this one: an engine with its own device per member, opened
+    /// on the same namespaces ([`Device::open_channel`]), with `bufs` buffers per member, and
+    /// this one's settings.
+    pub fn open_channel(&self, bufs: usize, channel: usize) -> Result<Io, StoreError> {
+        let mut devs = Vec::with_capacity(self.members.len());
+        for (m, mb) in self.members.iter().enumerate() {
+            devs.push(mb.dev.open_channel().map_err(|e| self.dev_err(m, e))?);
+        }
+        let mut io = Io::new(devs, self.geo, bufs, self.timeout)?;
+        io.copy_threads = self.copy_threads;
+        io.poll_spin = self.poll_spin;
+        io.channel = channel;
+        Ok(io)
     }
 
     fn dev_err(&self, m: usize, e: DeviceError) -> StoreError {
@@ -769,121 +793,4 @@ impl Io {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::device::MemDevice;
-    use crate::format::crc32c;
-
-    fn engine(members: usize, copy_threads: usize) -> Io {
-        let devs: Vec<Box<dyn Device>> = (0..members)
-            .map(|_| Box::new(MemDevice::new(8 << 20, 512, true)) as Box<dyn Device>)
-            .collect();
-        let geo = Geometry {
-            members: members as u32,
-            chunk_pages: 16,
-            chunks_per_member: 40,
-        };
-        let mut io = Io::new(devs, geo, 3, Duration::from_secs(10)).unwrap();
-        io.copy_threads = copy_threads;
-        io
-    }
-
-    /// Writes and reads jobs of odd lengths that cross chunks and members, with and without
-    /// copy threads: the bytes come back, and each job's crc is the crc32c of its bytes.
-    #[test]
-    fn run_moves_bytes_and_computes_crcs() {
-        for copy_threads in [0, 1, 3] {
-            let mut io = engine(2, copy_threads);
-            // Over 1 MiB in all, so that the copy threads take part.
-            let lens = [
-                1usize,
-                4096,
-                70_000,
-                1_100_000,
-                200_000,
-                65_536 * 3 + 5,
-                0,
-                12_345,
-            ];
-            let mut page = 0u64;
-            let mut at = Vec::new();
-            let data: Vec<Vec<u8>> = lens
-                .iter()
-                .enumerate()
-                .map(|(i, &n)| (0..n).map(|b| (b * 7 + i * 13) as u8).collect())
-                .collect();
-            for &n in &lens {
-                at.push(page);
-                page += n.div_ceil(PAGE) as u64 + 3;
-            }
-            let mut jobs: Vec<Job<'_>> = data
-                .iter()
-                .zip(&at)
-                .map(|(d, &page)| Job::Write { page, data: d })
-                .collect();
-            let w = io.run_crc(&mut jobs).unwrap();
-            let want: Vec<u32> = data.iter().map(|d| crc32c(d)).collect();
-            assert_eq!(w, want, "write crcs, {copy_threads} copy threads");
-            let mut back: Vec<Vec<u8>> = lens.iter().map(|&n| vec![0u8; n]).collect();
-            let mut jobs: Vec<Job<'_>> = back
-                .iter_mut()
-                .zip(&at)
-                .map(|(d, &page)| Job::Read { page, dst: d })
-                .collect();
-            let r = io.run_crc(&mut jobs).unwrap();
-            drop(jobs);
-            assert_eq!(r, want, "read crcs, {copy_threads} copy threads");
-            assert_eq!(back, data);
-            // Every buffer is back.
-            assert!(io.members.iter().all(|m| m.bufs.len() == 3));
-        }
-    }
-
-    /// A device that fails in the middle of a large batch (a power cut: every request from
-    /// then on fails): the batch returns the error, with and without copy threads, and every
-    /// buffer comes back (none is lost to a copy thread or a failed request).
-    #[test]
-    fn a_failure_mid_batch_is_an_error_and_returns_every_buffer() {
-        for copy_threads in [0, 2] {
-            let devs: Vec<MemDevice> = (0..2).map(|_| MemDevice::new(8 << 20, 512, true)).collect();
-            let handles: Vec<_> = devs.iter().map(MemDevice::handle).collect();
-            let devs = devs.into_iter().map(|d| Box::new(d) as Box<dyn Device>).collect();
-            let geo = Geometry {
-                members: 2,
-                chunk_pages: 16,
-                chunks_per_member: 40,
-            };
-            let mut io = Io::new(devs, geo, 3, Duration::from_secs(10)).unwrap();
-            io.copy_threads = copy_threads;
-            let data = vec![5u8; 2 << 20];
-            handles[1].arm_cut(4, 1);
-            let e = io
-                .run_crc(&mut [Job::Write { page: 0, data: &data }])
-                .unwrap_err();
-            assert!(e.to_string().contains("power lost"), "{e}");
-            assert!(io.members.iter().all(|m| m.bufs.len() == 3));
-            let mut back = vec![0u8; 2 << 20];
-            assert!(io
-                .run_crc(&mut [Job::Read {
-                    page: 0,
-                    dst: &mut back
-                }])
-                .is_err());
-            assert!(io.members.iter().all(|m| m.bufs.len() == 3));
-        }
-    }
-
-    /// A batch that runs past the store is refused before any I/O.
-    #[test]
-    fn run_refuses_io_past_the_end() {
-        let mut io = engine(1, 1);
-        let end = io.geo.pages();
-        let d = [0u8; 8192];
-        assert!(io
-            .run(&mut [Job::Write {
-                page: end - 1,
-                data: &d
-            }])
-            .is_err());
-    }
-}
+mod tests;

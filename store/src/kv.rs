@@ -34,11 +34,19 @@
 //!    that is about to be trimmed.
 //!
 //! Reserved slots are neither free, indexed nor in the eviction order, so no one else reads,
-//! evicts or reuses them. A get that looked a key up before a put evicted or replaced its slot reads
-//! either the old block whole (the I/O engine runs one burst at a time) or the new one, whose
-//! crc is bound to another key or generation: a miss, never wrong bytes. Two puts of one key
-//! from two threads: the later reservation (higher generation) wins whatever order they
-//! finish in, as it would at the next open.
+//! evicts or reuses them. A get that looked a key up before a put evicted or replaced its slot
+//! may read that slot while the put writes it, or while it is deallocated: the store has
+//! several I/O channels (`StoreOptions::io_channels`), so the get's burst and the put's are on
+//! the device at the same time, and the get reads the old block, the new one, zeroes, or a
+//! mix of them sector by sector. The engine computes the crc32c over exactly the bytes it
+//! copies into the caller's buffer, continued from the key and generation the get looked up,
+//! and the get compares it with the crc it looked up before it reports a hit: anything but
+//! the old block whole fails (the new block's crc is bound to another key or generation), so
+//! it is a miss, never wrong bytes (up to crc32c's 2^-32 chance of a collision), and not a
+//! bad block (the slot no longer holds that key and generation). The order of header page
+//! writes comes from the write-order lock, not from the engine. Two puts of one key from two
+//! threads: the later reservation (higher generation) wins whatever order they finish in, as
+//! it would at the next open.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -226,8 +234,11 @@ impl Store {
             rec.data_page = dp;
             meta.root.next_id = id + 1;
             cat.pools.push(rec.clone());
-            // The header table is zeroed before the catalog naming the pool is durable; the
-            // data region is given back to the device.
+            // The data region is given back to the device now, while no one else knows it (a
+            // deallocate after the commit could trim the first puts of another thread on
+            // another I/O channel); the header table is zeroed before the catalog naming the
+            // pool is durable.
+            self.io().deallocate(rec.data_page, rec.data_pages());
             let zeros = vec![0u8; header_page_bytes(&rec)];
             Ok(Change {
                 writes: vec![(rec.header_page, zeros)],
@@ -236,10 +247,7 @@ impl Store {
                 out: rec,
             })
         })
-        .and_then(|rec| {
-            self.io().deallocate(rec.data_page, rec.data_pages());
-            self.pool(&rec.name)
-        })
+        .and_then(|rec| self.pool(&rec.name))
     }
 
     /// Opens KV pool `name` (the first open in a process reads its header table).
@@ -303,20 +311,23 @@ impl Store {
                 )));
             }
             meta.pools.remove(&rec.id);
-            let frees = vec![
-                (rec.header_page, rec.header_pages(), None),
-                (rec.data_page, rec.data_pages(), None),
-            ];
+            // The pages stay allocated until they are deallocated below: freed first, they
+            // could be reused and written by another thread, on another I/O channel, before
+            // the deallocate trims them.
             Ok(Change {
                 out: rec,
                 writes: Vec::new(),
                 taken: Vec::new(),
-                frees,
+                frees: Vec::new(),
             })
         })?;
         let mut io = self.io();
         io.deallocate(rec.header_page, rec.header_pages());
         io.deallocate(rec.data_page, rec.data_pages());
+        drop(io);
+        let mut meta = self.meta();
+        meta.alloc.free(rec.header_page, rec.header_pages());
+        meta.alloc.free(rec.data_page, rec.data_pages());
         Ok(())
     }
 }

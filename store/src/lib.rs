@@ -57,28 +57,29 @@
 //!
 //! ## Threading model
 //!
-//! [`Store`] is a cheap handle (`Clone + Send + Sync`) on shared state with two locks: the
-//! metadata (catalog, free space, pins) and the I/O engine (the namespaces' devices and their
-//! DMA buffers). A call takes the engine for one submission burst, submits everything it has
-//! over all namespaces at once, polls to completion on the calling thread, and lets go; so
-//! bursts from several threads are serialised, each at full queue depth over every namespace.
-//! This suits the two workloads (a checkpoint's tensors and a KV batch are big bursts), keeps
-//! each NVMe queue pair on one thread at a time as the driver requires, and needs no I/O
-//! thread of the store's own. Within a large burst, copies between the caller's memory and
-//! the DMA buffers and the crc32c of each extent or block run on scoped copy threads
+//! [`Store`] is a cheap handle (`Clone + Send + Sync`) on shared state: the metadata (catalog,
+//! free space, pins) behind a lock, and the I/O channels ([`StoreOptions::io_channels`], SPDK's
+//! model), each an I/O engine with a device of its own per namespace (an io_uring, an NVMe
+//! queue pair) and DMA buffers of its own. A call takes an idle channel for one submission
+//! burst, submits everything it has over all namespaces at once, polls to completion on the
+//! calling thread, and gives the channel back; so the bursts of several threads (as many as
+//! there are channels; more wait for one) are on the devices at the same time, each at full
+//! queue depth over every namespace. Each queue pair stays on one thread at a time as the
+//! driver requires, and the store needs no I/O thread of its own. Within a large burst, copies
+//! between the caller's memory and the DMA buffers and the crc32c of each extent or block run on scoped copy threads
 //! ([`StoreOptions::copy_threads`]) that live for that burst, overlapped with the devices'
 //! I/O; they never touch a queue pair. The other threads are a transaction's optional background writer
 //! ([`CheckpointTx::background`], which stages puts in host memory and writes them in bursts
 //! like any caller), the reader that runs one window ahead of [`VersionReader::load_device`],
 //! and [`CheckpointTx::commit_async`]'s commit. Commits hold the metadata lock while they write the catalog and the root, so
-//! commits are serialised; readers and KV gets do not wait for a checkpoint's data writes
-//! (only for its commit). A KV pool's index lock is held only for bookkeeping, never across
+//! commits are serialised; readers do not wait for a checkpoint's data writes (only for its
+//! commit), KV gets for neither. A KV pool's index lock is held only for bookkeeping, never across
 //! I/O: a put reserves its slots, writes without the lock and publishes under it (the `kv`
 //! module docs say how this keeps a torn or stale block from ever being a hit), so gets of
-//! other threads look up and account while it is on the device, and wait only for the engine
-//! between bursts. A per-thread channel per namespace (SPDK blobstore's model) would let
-//! bursts of several threads overlap on the devices; it is the next step if one burst does
-//! not saturate them.
+//! other threads look up, account and read on other channels while it is on the device.
+//! What needs an order of its own takes a lock for it, never the engine: a pool's header
+//! pages its write-order lock, a commit and fsck the metadata lock; a flush through one
+//! channel covers the writes completed on all of them.
 //!
 //! ## Safety
 //!

@@ -14,7 +14,7 @@ use crate::format::{
     decode_blob, encode_blob, BlobKind, BlobLoc, Catalog, Corrupt, Manifest, Root, Superblock, CHUNK_RANGE,
     DATA_START, MAX_MEMBERS, PAGE, ROOT_OFFSETS,
 };
-use crate::io::{Geometry, Io, Job};
+use crate::io::{extra_buffers, Channel, Channels, Geometry, Io, Job, MAX_CHANNELS};
 use crate::kv_index::{EvictionPolicy, PoolShared};
 use crate::lock::{StoreLock, DEFAULT_LOCK_DIR};
 
@@ -26,7 +26,9 @@ pub struct StoreOptions {
     /// Open files without `O_DIRECT` where the file system refuses it (tmpfs): slower, still
     /// durable. Off by default: the error says so instead.
     pub allow_buffered_io: bool,
-    /// I/O buffers of one chunk per namespace (in flight at once per namespace).
+    /// I/O buffers of one chunk per namespace on the first I/O channel (in flight at once per
+    /// namespace on it); each further channel has half as many, at least 2 (see
+    /// [`StoreOptions::io_channels`]).
     pub io_buffers: usize,
     /// io_uring entries and NVMe queue entries per namespace.
     pub queue_depth: u32,
@@ -49,6 +51,18 @@ pub struct StoreOptions {
     /// at the device's; sleeping adds the wake-up (several µs). Large batches sleep at once
     /// while every device is busy. Default 200 µs; `Duration::ZERO` never polls.
     pub poll_spin: Duration,
+    /// I/O channels (1 to 64; SPDK's model): each is an I/O engine of its own, with its own
+    /// device per namespace (an io_uring on the same file, an NVMe queue pair on the same
+    /// controller) and its own buffers. A call takes an idle channel for each submission
+    /// burst and gives it back at once, so the bursts of several threads (a KV server's
+    /// workers, a checkpoint save beside KV gets) are on the devices at the same time;
+    /// threads beyond the channel count wait for one. 1: one burst at a time. A backend that
+    /// cannot open another channel ([`Device::open_channel`]) runs with one (logged);
+    /// [`StoreInfo::io_channels`] says how many are open. Buffer memory per namespace:
+    /// `chunk_size × (io_buffers + (io_channels − 1) × max(io_buffers / 2, 2))`: 80 MiB with 4
+    /// channels, 32 buffers and 1 MiB chunks (32 MiB with one channel). Default: the CPUs there
+    /// are, at most 4.
+    pub io_channels: usize,
     /// How the KV pools opened by this store evict blocks when full (held in memory only: a
     /// pool reopened under another policy starts its order cold, as after any restart).
     /// Default [`EvictionPolicy::Lru`].
@@ -63,6 +77,13 @@ fn default_copy_threads() -> usize {
         .clamp(1, 3)
 }
 
+/// The default of [`StoreOptions::io_channels`].
+fn default_io_channels() -> usize {
+    std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .clamp(1, 4)
+}
+
 impl Default for StoreOptions {
     fn default() -> Self {
         StoreOptions {
@@ -74,6 +95,7 @@ impl Default for StoreOptions {
             iommu: Backend::Auto,
             copy_threads: default_copy_threads(),
             poll_spin: Duration::from_micros(200),
+            io_channels: default_io_channels(),
             kv_eviction: EvictionPolicy::default(),
         }
     }
@@ -152,6 +174,8 @@ pub struct StoreInfo {
     pub pools: usize,
     /// The lock file held.
     pub lock_file: String,
+    /// I/O channels open ([`StoreOptions::io_channels`], fewer where a backend opens no more).
+    pub io_channels: usize,
 }
 
 /// One problem [`Store::fsck`] found.
@@ -215,7 +239,7 @@ pub(crate) struct Meta {
 }
 
 pub(crate) struct Inner {
-    pub io: Mutex<Io>,
+    pub io: Channels,
     pub meta: Mutex<Meta>,
     pub sb: Superblock,
     pub members: Vec<MemberInfo>,
@@ -286,6 +310,17 @@ fn parse_specs<S: AsRef<str>>(specs: &[S]) -> Result<Vec<NamespaceSpec>> {
         .iter()
         .map(|s| s.as_ref().parse::<NamespaceSpec>().map_err(StoreError::Invalid))
         .collect()
+}
+
+/// Refuses store options out of range before any I/O.
+fn check_options(opts: &StoreOptions) -> Result<()> {
+    if opts.io_channels == 0 || opts.io_channels > MAX_CHANNELS {
+        return Err(StoreError::Invalid(format!(
+            "{} I/O channels: use 1 to {MAX_CHANNELS} (1: one burst at a time)",
+            opts.io_channels
+        )));
+    }
+    Ok(())
 }
 
 fn dev_err(d: &dyn Device, e: DeviceError) -> StoreError {
@@ -412,6 +447,7 @@ impl Store {
         if opts.label.len() > 64 {
             return Err(StoreError::Invalid("the label is longer than 64 bytes".into()));
         }
+        check_options(&opts.store)?;
         let timeout = opts.store.io_timeout;
         let mut chunks = u64::MAX;
         for d in devs.iter_mut() {
@@ -534,6 +570,7 @@ impl Store {
         if devs.is_empty() {
             return Err(StoreError::Invalid("name at least one namespace".into()));
         }
+        check_options(opts)?;
         let mut sbs = Vec::with_capacity(devs.len());
         for d in devs.iter_mut() {
             let (sb, _) = read_superblock(d.as_mut(), opts.io_timeout)?;
@@ -607,6 +644,7 @@ impl Store {
         io.poll_spin = opts.poll_spin;
         let root = read_root(&mut io, &first.uuid)?;
         let (catalog, manifests, alloc) = load_catalog(&mut io, &root, &geo)?;
+        let io = Channels::open(io, opts.io_channels, extra_buffers(opts.io_buffers));
         let meta = Meta {
             root,
             catalog,
@@ -619,7 +657,7 @@ impl Store {
         };
         Ok(Store {
             inner: Arc::new(Inner {
-                io: Mutex::new(io),
+                io,
                 meta: Mutex::new(meta),
                 sb: first,
                 members,
@@ -633,8 +671,10 @@ impl Store {
         self.inner.meta.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub(crate) fn io(&self) -> MutexGuard<'_, Io> {
-        self.inner.io.lock().unwrap_or_else(|e| e.into_inner())
+    /// An idle I/O channel for one burst (waits while all are busy); given back when dropped.
+    /// Never hold one across a wait for another thread that may need one.
+    pub(crate) fn io(&self) -> Channel<'_> {
+        self.inner.io.take()
     }
 
     pub(crate) fn chunk_pages(&self) -> u64 {
@@ -669,6 +709,7 @@ impl Store {
                 .sum(),
             pools: m.catalog.pools.len(),
             lock_file: self.inner.lock.path().display().to_string(),
+            io_channels: self.inner.io.count(),
         }
     }
 

@@ -5,11 +5,13 @@
 use vfpoll_store::device::{Device, MemDevice, MemHandle};
 use vfpoll_store::{FormatOptions, Store, StoreOptions};
 
-/// Store options with the lock files in `dir`.
+/// Store options with the lock files in `dir`, and three I/O channels whatever the CPUs (so
+/// that the bursts of the tests' threads overlap on the devices).
 pub fn opts(dir: &std::path::Path) -> StoreOptions {
     StoreOptions {
         lock_dir: Some(dir.into()),
         io_buffers: 8,
+        io_channels: 3,
         ..Default::default()
     }
 }

@@ -71,6 +71,10 @@ pub struct BenchArgs {
     /// 200; 0 sleeps at once).
     #[arg(long)]
     poll_spin_us: Option<u64>,
+    /// I/O channels of the store (StoreOptions::io_channels: bursts of that many threads run
+    /// at once; default: CPUs, at most 4; 1: one burst at a time).
+    #[arg(long)]
+    io_channels: Option<usize>,
     /// Threads on one pool in the multi-threaded KV phases: all of them getting batches of 32,
     /// then half putting batches of 32 (replacing keys of their own) while half get; each does
     /// --kv-batches / 2 batches (0 skips these phases).
@@ -98,6 +102,8 @@ struct Round {
     kv_mix_get: Rate,
     kv_mix_put: Rate,
     kv_mix_get_ns: Vec<u64>,
+    /// I/O channels the store opened.
+    io_channels: usize,
 }
 
 /// Bytes moved in a time with the process's CPU time.
@@ -468,7 +474,11 @@ fn store_phase(
     if let Some(us) = a.poll_spin_us {
         opts.store.poll_spin = Duration::from_micros(us);
     }
+    if let Some(n) = a.io_channels {
+        opts.store.io_channels = n;
+    }
     let store = Store::format_devices(devs, &opts)?;
+    r.io_channels = store.info().io_channels;
     let names: Vec<String> = (0..a.entries).map(|i| format!("layers.{i}.weight")).collect();
     let total = src.len() as u64;
     (r.save, _) = timed(total, || {
@@ -709,6 +719,7 @@ fn report(a: &BenchArgs, members: &[String], rounds: &[Round]) -> anyhow::Result
         "kv_block": a.kv_block,
         "copy_threads": a.copy_threads.unwrap_or_else(|| vfpoll_store::StoreOptions::default().copy_threads),
         "poll_spin_us": a.poll_spin_us.unwrap_or_else(|| vfpoll_store::StoreOptions::default().poll_spin.as_micros() as u64),
+        "io_channels": rounds.iter().map(|r| r.io_channels).max().unwrap_or(0),
         "raw_seq_write": rate(&|r| r.raw_write),
         "raw_seq_read": rate(&|r| r.raw_read),
         "checkpoint_save": rate(&|r| r.save),
@@ -753,8 +764,8 @@ fn report(a: &BenchArgs, members: &[String], rounds: &[Round]) -> anyhow::Result
         return Ok(ExitCode::SUCCESS);
     }
     println!(
-        "vfpoll store bench: {} over {} namespace(s) ({}), {} entries, {} chunks, {} copy thread(s), {} µs poll, {} round(s), \
-         medians (min-max)",
+        "vfpoll store bench: {} over {} namespace(s) ({}), {} entries, {} chunks, {} copy thread(s), {} µs poll, {} I/O \
+         channel(s), {} round(s), medians (min-max)",
         super::human(a.size),
         members.len(),
         members.join(", "),
@@ -762,6 +773,7 @@ fn report(a: &BenchArgs, members: &[String], rounds: &[Round]) -> anyhow::Result
         super::human(a.chunk_size),
         v["copy_threads"],
         v["poll_spin_us"],
+        v["io_channels"],
         rounds.len()
     );
     if a.kv_threads > 0 {
