@@ -60,6 +60,9 @@ fn checkpoints_and_kv_over_two_model_controllers() {
     f.chunk_size = 256 << 10;
     let store = Store::format_devices(devices(&a, &b), &f).unwrap();
     let info = store.info();
+    // Controller a grants 4 I/O queue pairs to its two namespaces: two channels of the three
+    // asked for (the third's queue pair is refused; the store runs with two).
+    assert_eq!(info.io_channels, 2);
     assert_eq!(info.members.len(), 3);
     assert!(
         info.members[0].device.contains("NVMe model-a namespace 1"),
@@ -138,6 +141,7 @@ fn checkpoints_and_kv_over_two_model_controllers() {
 fn model_spec_strings_open_through_the_driver() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::format(&["model:8M", "model:8M"], &fopts(dir.path())).unwrap();
+    assert_eq!(store.info().io_channels, 3, "a queue pair per channel");
     assert!(
         store.info().members[1].device.starts_with("NVMe model"),
         "{:?}",
