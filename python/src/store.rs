@@ -19,7 +19,9 @@ use std::sync::{Arc, Condvar, Mutex, RwLock};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
-use vfpoll_store::{Backend, FormatOptions, ReadOptions, Store, StoreError, StoreOptions, VersionReader};
+use vfpoll_store::{
+    Backend, EvictionPolicy, FormatOptions, ReadOptions, Store, StoreError, StoreOptions, VersionReader,
+};
 
 use crate::buffer::{Buffer, Place, Range};
 use crate::cuda::{Device, Staging};
@@ -94,25 +96,50 @@ pub struct PyStore {
     shared: Arc<Shared>,
 }
 
-fn store_options(
-    py: Python<'_>,
+/// The keyword arguments of `Store.format` and `Store.open` that make the store's options.
+struct OpenArgs<'a> {
     lock_dir: Option<String>,
     allow_buffered_io: bool,
     queue_depth: Option<u32>,
     io_buffers: Option<usize>,
-    iommu: &str,
-) -> PyResult<StoreOptions> {
+    iommu: &'a str,
+    io_channels: Option<usize>,
+    copy_threads: Option<usize>,
+    poll_spin_us: Option<u64>,
+    kv_eviction: Option<&'a str>,
+}
+
+fn store_options(py: Python<'_>, a: OpenArgs<'_>) -> PyResult<StoreOptions> {
     let d = StoreOptions::default();
-    let iommu = iommu.parse::<Backend>().map_err(|_| {
-        let msg = format!("iommu={iommu:?}: use one of {}", Backend::NAMES.join(", "));
-        py_err(py, StoreError::Invalid(msg))
+    let invalid = |msg: String| py_err(py, StoreError::Invalid(msg));
+    let iommu = a.iommu.parse::<Backend>().map_err(|_| {
+        invalid(format!(
+            "iommu={:?}: use one of {}",
+            a.iommu,
+            Backend::NAMES.join(", ")
+        ))
     })?;
+    let kv_eviction = match a.kv_eviction {
+        None => d.kv_eviction,
+        Some(p) => p.parse::<EvictionPolicy>().map_err(|_| {
+            invalid(format!(
+                "kv_eviction={p:?}: use one of {}",
+                EvictionPolicy::NAMES.join(", ")
+            ))
+        })?,
+    };
     Ok(StoreOptions {
-        lock_dir: lock_dir.map(Into::into),
-        allow_buffered_io,
-        queue_depth: queue_depth.unwrap_or(d.queue_depth),
-        io_buffers: io_buffers.unwrap_or(d.io_buffers).max(1),
+        lock_dir: a.lock_dir.map(Into::into),
+        allow_buffered_io: a.allow_buffered_io,
+        queue_depth: a.queue_depth.unwrap_or(d.queue_depth),
+        io_buffers: a.io_buffers.unwrap_or(d.io_buffers).max(1),
         iommu,
+        io_channels: a.io_channels.unwrap_or(d.io_channels),
+        copy_threads: a.copy_threads.unwrap_or(d.copy_threads),
+        poll_spin: a
+            .poll_spin_us
+            .map_or(d.poll_spin, std::time::Duration::from_micros),
+        kv_eviction,
         ..d
     })
 }
@@ -153,7 +180,7 @@ impl PyStore {
 impl PyStore {
     /// Formats `specs` as a new store and opens it.
     #[staticmethod]
-    #[pyo3(signature = (specs, *, chunk_size=None, label=None, force=false, size=None, lock_dir=None, allow_buffered_io=false, queue_depth=None, io_buffers=None, iommu="auto"))]
+    #[pyo3(signature = (specs, *, chunk_size=None, label=None, force=false, size=None, lock_dir=None, allow_buffered_io=false, queue_depth=None, io_buffers=None, iommu="auto", io_channels=None, copy_threads=None, poll_spin_us=None, kv_eviction=None))]
     #[allow(clippy::too_many_arguments)]
     fn format(
         py: Python<'_>,
@@ -167,14 +194,29 @@ impl PyStore {
         queue_depth: Option<u32>,
         io_buffers: Option<usize>,
         iommu: &str,
+        io_channels: Option<usize>,
+        copy_threads: Option<usize>,
+        poll_spin_us: Option<u64>,
+        kv_eviction: Option<&str>,
     ) -> PyResult<PyStore> {
         let d = FormatOptions::default();
+        let args = OpenArgs {
+            lock_dir,
+            allow_buffered_io,
+            queue_depth,
+            io_buffers,
+            iommu,
+            io_channels,
+            copy_threads,
+            poll_spin_us,
+            kv_eviction,
+        };
         let o = FormatOptions {
             chunk_size: chunk_size.unwrap_or(d.chunk_size),
             label: label.unwrap_or_default(),
             force,
             file_size: size,
-            store: store_options(py, lock_dir, allow_buffered_io, queue_depth, io_buffers, iommu)?,
+            store: store_options(py, args)?,
         };
         let s = py
             .detach(|| Store::format(&specs, &o))
@@ -184,7 +226,7 @@ impl PyStore {
 
     /// Opens the store on `specs`.
     #[staticmethod]
-    #[pyo3(signature = (specs, *, lock_dir=None, allow_buffered_io=false, queue_depth=None, io_buffers=None, iommu="auto"))]
+    #[pyo3(signature = (specs, *, lock_dir=None, allow_buffered_io=false, queue_depth=None, io_buffers=None, iommu="auto", io_channels=None, copy_threads=None, poll_spin_us=None, kv_eviction=None))]
     #[allow(clippy::too_many_arguments)]
     fn open(
         py: Python<'_>,
@@ -194,8 +236,23 @@ impl PyStore {
         queue_depth: Option<u32>,
         io_buffers: Option<usize>,
         iommu: &str,
+        io_channels: Option<usize>,
+        copy_threads: Option<usize>,
+        poll_spin_us: Option<u64>,
+        kv_eviction: Option<&str>,
     ) -> PyResult<PyStore> {
-        let o = store_options(py, lock_dir, allow_buffered_io, queue_depth, io_buffers, iommu)?;
+        let args = OpenArgs {
+            lock_dir,
+            allow_buffered_io,
+            queue_depth,
+            io_buffers,
+            iommu,
+            io_channels,
+            copy_threads,
+            poll_spin_us,
+            kv_eviction,
+        };
+        let o = store_options(py, args)?;
         let s = py.detach(|| Store::open(&specs, &o)).map_err(|e| py_err(py, e))?;
         Ok(PyStore::new(s, specs))
     }
@@ -256,6 +313,7 @@ impl PyStore {
         d.set_item("free", i.free)?;
         d.set_item("used", i.capacity.saturating_sub(i.free))?;
         d.set_item("generation", i.generation)?;
+        d.set_item("io_channels", i.io_channels)?;
         d.set_item("checkpoints", i.checkpoints)?;
         d.set_item("versions", i.versions)?;
         d.set_item("data_bytes", i.data_bytes)?;

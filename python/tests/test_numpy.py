@@ -192,3 +192,25 @@ def test_stats_and_info(store):
     assert st["bytes_written"] >= 1 << 20
     info = store.info()
     assert info["members"] == 1 and info["capacity"] > 0
+
+
+@pytest.mark.parametrize("policy", ["lru", "s3fifo"])
+def test_tuning_keywords(store_spec, policy):
+    with vfpoll.Store.format(
+        store_spec, io_channels=2, copy_threads=0, poll_spin_us=0, kv_eviction=policy
+    ) as s:
+        assert s.info()["io_channels"] == 2
+        pool = s.kv_pool("kv", block_size=4096, slots=64)
+        pool.put_many([1], [b"x" * 4096])
+        assert pool.get_many([1], [bytearray(4096)]) == [4096]  # read again once
+        for i in range(0, 120, 8):  # a scan of blocks put once, never read
+            pool.put_many(range(1000 + i, 1008 + i), np.zeros((8, 4096), dtype=np.uint8))
+        # S3-FIFO keeps the block that was read again out of the scan's way; LRU evicts it.
+        assert (1 in pool) == (policy == "s3fifo")
+
+
+def test_tuning_keywords_refused(store_spec):
+    with pytest.raises(vfpoll.StoreError, match='kv_eviction="fifo": use one of lru, s3fifo'):
+        vfpoll.Store.format(store_spec, kv_eviction="fifo")
+    with pytest.raises(vfpoll.StoreError, match="0 I/O channels: use 1 to 64"):
+        vfpoll.Store.format(store_spec, io_channels=0)

@@ -161,6 +161,10 @@ class Store:
         queue_depth: Optional[int] = None,
         io_buffers: Optional[int] = None,
         iommu: str = "auto",
+        io_channels: Optional[int] = None,
+        copy_threads: Optional[int] = None,
+        poll_spin_us: Optional[int] = None,
+        kv_eviction: Optional[str] = None,
     ) -> "Store":
         """Creates a new, empty store on ``specs`` and opens it.
 
@@ -172,9 +176,21 @@ class Store:
         ``/run/vfpoll``); ``allow_buffered_io`` lets files on file systems without O_DIRECT
         (tmpfs) be used through the page cache; ``queue_depth`` is the io_uring / NVMe queue
         depth per namespace, ``io_buffers`` the chunk-sized I/O buffers in flight per namespace
-        (default 32: 32 MiB with 1 MiB chunks). ``iommu`` is the IOMMU backend of ``vfio:`` namespaces: ``"auto"``
+        (default 32: 32 MiB with 1 MiB chunks) on the first I/O channel, half as many on each
+        other one. ``iommu`` is the IOMMU backend of ``vfio:`` namespaces: ``"auto"``
         (iommufd where the kernel offers it, else the type1 container), ``"iommufd"``,
         ``"type1"``, or ``"noiommu"`` (VFIO's unsafe no-IOMMU mode, only when asked for).
+
+        Tuning (``None``: the default): ``io_channels`` is how many threads' submission bursts
+        run at once, each on an I/O channel of its own (an io_uring or NVMe queue pair per
+        namespace; default the CPUs, at most 4; 1 runs one burst at a time).
+        ``copy_threads`` copy and checksum a large batch beside the calling thread (default the
+        CPUs less one, 1 to 3; 0 for a KV server with many threads of its own).
+        ``poll_spin_us`` is how long a small batch (a KV get) polls for its completion before
+        it sleeps in the kernel (default 200; 0 sleeps at once). ``kv_eviction`` is how full
+        KV pools evict: ``"lru"`` (the default) or ``"s3fifo"`` (better where blocks are read
+        once: RAG, shared templates beside one-off documents; worse for multi-turn chat; see
+        docs/store.md).
         """
         return cls(
             _vfpoll.Store.format(
@@ -188,6 +204,10 @@ class Store:
                 queue_depth=queue_depth,
                 io_buffers=io_buffers,
                 iommu=iommu,
+                io_channels=io_channels,
+                copy_threads=copy_threads,
+                poll_spin_us=poll_spin_us,
+                kv_eviction=kv_eviction,
             )
         )
 
@@ -201,6 +221,10 @@ class Store:
         queue_depth: Optional[int] = None,
         io_buffers: Optional[int] = None,
         iommu: str = "auto",
+        io_channels: Optional[int] = None,
+        copy_threads: Optional[int] = None,
+        poll_spin_us: Optional[int] = None,
+        kv_eviction: Optional[str] = None,
     ) -> "Store":
         """Opens an existing store (all of its namespaces, in any order); options as in
         :meth:`format`."""
@@ -212,6 +236,10 @@ class Store:
                 queue_depth=queue_depth,
                 io_buffers=io_buffers,
                 iommu=iommu,
+                io_channels=io_channels,
+                copy_threads=copy_threads,
+                poll_spin_us=poll_spin_us,
+                kv_eviction=kv_eviction,
             )
         )
 

@@ -98,6 +98,10 @@ class Store:
         queue_depth: Optional[int] = None,
         io_buffers: Optional[int] = None,
         iommu: str = "auto",
+        io_channels: Optional[int] = None,
+        copy_threads: Optional[int] = None,
+        poll_spin_us: Optional[int] = None,
+        kv_eviction: Optional[str] = None,
     ) -> "Store": ...
     @staticmethod
     def open(
@@ -108,6 +112,10 @@ class Store:
         queue_depth: Optional[int] = None,
         io_buffers: Optional[int] = None,
         iommu: str = "auto",
+        io_channels: Optional[int] = None,
+        copy_threads: Optional[int] = None,
+        poll_spin_us: Optional[int] = None,
+        kv_eviction: Optional[str] = None,
     ) -> "Store": ...
     def close(self) -> None: ...
     @property
