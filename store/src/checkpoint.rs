@@ -15,6 +15,8 @@ use crate::format::{
 use crate::io::Job;
 use crate::store::{now_ns, Change, Store};
 
+mod peer;
+
 /// A committed version of a checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VersionInfo {

@@ -16,7 +16,7 @@ mod nvme;
 mod spec;
 mod uring;
 
-use vfpoll_dma::{DmaContext, DmaError, PageSize, RegionBuf};
+use vfpoll_dma::{DeviceBuf, DmaContext, DmaError, PageSize, RegionBuf};
 use vfpoll_nvme::IoBuffer;
 use vfpoll_pci::BusAddr;
 
@@ -64,19 +64,57 @@ pub enum DeviceError {
 /// A buffer a device can read into and write from: a piece of DMA memory of a fixed capacity,
 /// of which the first [`IoBuf::len`] bytes take part in the next request.
 ///
-/// The CPU reaches the bytes only through copies ([`IoBuf::read`], [`IoBuf::write`]); no
-/// reference into the memory is ever made (a device may write it).
+/// The memory is host memory of the device's DMA context (the store's own buffers), or a piece
+/// of a peer device's BAR ([`IoBuf::peer`], the caller's [`DeviceBuf`] lent to one request of
+/// a peer-BAR read or write). The CPU reaches the bytes only through copies ([`IoBuf::read`],
+/// [`IoBuf::write`]; volatile for a BAR); no reference into the memory is ever made (a device
+/// may write it).
 #[derive(Debug)]
 pub struct IoBuf {
-    buf: RegionBuf,
+    mem: Mem,
     len: usize,
+}
+
+/// Where an [`IoBuf`]'s bytes are.
+#[derive(Debug)]
+enum Mem {
+    Host(RegionBuf),
+    Peer(DeviceBuf),
 }
 
 impl IoBuf {
     /// A buffer over `buf`, its whole length in use.
     pub fn new(buf: RegionBuf) -> Self {
         let len = buf.len();
-        IoBuf { buf, len }
+        IoBuf {
+            mem: Mem::Host(buf),
+            len,
+        }
+    }
+
+    /// A buffer over a piece of a peer device's BAR, its whole length in use: an NVMe
+    /// controller whose DMA context registered the BAR moves the data straight into or out of
+    /// it. Only [`NvmeDevice`] takes such a buffer; the other backends refuse it (a file
+    /// cannot DMA into a BAR).
+    pub fn peer(buf: DeviceBuf) -> Self {
+        let len = buf.len();
+        IoBuf {
+            mem: Mem::Peer(buf),
+            len,
+        }
+    }
+
+    /// Whether its bytes are a peer device's BAR ([`IoBuf::peer`]).
+    pub fn is_peer(&self) -> bool {
+        matches!(self.mem, Mem::Peer(_))
+    }
+
+    /// The peer BAR piece back ([`IoBuf::peer`]); the buffer itself if it is host memory.
+    pub fn into_peer(self) -> Result<DeviceBuf, IoBuf> {
+        match self.mem {
+            Mem::Peer(b) => Ok(b),
+            mem => Err(IoBuf { mem, len: self.len }),
+        }
     }
 
     /// Bytes in use.
@@ -91,15 +129,18 @@ impl IoBuf {
 
     /// Bytes it can hold.
     pub fn capacity(&self) -> usize {
-        self.buf.len()
+        match &self.mem {
+            Mem::Host(b) => b.len(),
+            Mem::Peer(b) => b.len(),
+        }
     }
 
     /// Sets the bytes in use (at most the capacity).
     pub fn set_len(&mut self, len: usize) -> Result<(), DeviceError> {
-        if len > self.buf.len() {
+        if len > self.capacity() {
             return Err(DeviceError::Invalid(format!(
                 "{len} bytes do not fit a {}-byte buffer",
-                self.buf.len()
+                self.capacity()
             )));
         }
         self.len = len;
@@ -108,39 +149,82 @@ impl IoBuf {
 
     /// Copies bytes `off..off + dst.len()` out.
     pub fn read(&self, off: usize, dst: &mut [u8]) -> Result<(), DeviceError> {
-        Ok(self.buf.read(off, dst)?)
+        match &self.mem {
+            Mem::Host(b) => Ok(b.read(off, dst)?),
+            Mem::Peer(b) => Ok(b.read(off, dst)?),
+        }
     }
 
     /// Copies `src` in at `off`.
     pub fn write(&mut self, off: usize, src: &[u8]) -> Result<(), DeviceError> {
-        Ok(self.buf.write(off, src)?)
+        match &mut self.mem {
+            Mem::Host(b) => Ok(b.write(off, src)?),
+            Mem::Peer(b) => Ok(b.write(off, src)?),
+        }
     }
 
     /// Sets `len` bytes from `off` to `byte`.
     pub fn fill(&mut self, off: usize, len: usize, byte: u8) -> Result<(), DeviceError> {
-        Ok(self.buf.fill(off, len, byte)?)
+        match &mut self.mem {
+            Mem::Host(b) => Ok(b.fill(off, len, byte)?),
+            Mem::Peer(b) => {
+                let block = [byte; 4096];
+                let mut at = 0;
+                while at < len {
+                    let n = (len - at).min(block.len());
+                    b.write(off + at, &block[..n])?;
+                    at += n;
+                }
+                Ok(())
+            }
+        }
     }
 
     /// The CPU address of the first byte, for a kernel or device that moves the data (never
-    /// make a reference from it).
+    /// make a reference from it). For a peer buffer it is the BAR's CPU mapping (MMIO), which
+    /// no kernel I/O path may be given: backends other than NVMe refuse peer buffers first.
     pub fn as_ptr(&self) -> *mut u8 {
-        self.buf.as_ptr()
+        match &self.mem {
+            Mem::Host(b) => b.as_ptr(),
+            Mem::Peer(b) => b.as_ptr(),
+        }
     }
 }
 
-// SAFETY: the `RegionBuf` keeps its region, and so its DMA mapping, alive as long as this value
-// and upholds the contract for its bytes; `len` is at most its length (`set_len` checks), and
-// `contiguous_len` is clipped to it.
+/// Refuses a request whose buffer is a peer BAR, on a backend (`describe`) that cannot DMA
+/// into one.
+pub(crate) fn refuse_peer(describe: &dyn Fn() -> String, op: &IoOp) -> Result<(), DeviceError> {
+    match op {
+        IoOp::Read { buf, .. } | IoOp::Write { buf, .. } if buf.is_peer() => Err(DeviceError::Invalid(format!(
+            "{}: a peer BAR buffer needs an NVMe namespace through VFIO (vfio:BDF/NSID) in the DMA context that \
+             registered the BAR; this backend cannot DMA into a BAR",
+            describe()
+        ))),
+        _ => Ok(()),
+    }
+}
+
+// SAFETY: the `RegionBuf` or `DeviceBuf` keeps its region (host memory, or a peer BAR whose
+// registration guarantees it stays mapped), and so its DMA mapping, alive as long as this
+// value, and upholds the contract for its bytes; `len` is at most its length (`set_len`
+// checks), and `contiguous_len` is clipped to it.
 unsafe impl IoBuffer for IoBuf {
     fn len(&self) -> usize {
         self.len
     }
     fn bus_addr(&self, off: usize) -> BusAddr {
         debug_assert!(off < self.len);
-        self.buf.bus_addr(off)
+        match &self.mem {
+            Mem::Host(b) => b.bus_addr(off),
+            Mem::Peer(b) => b.bus_addr(off),
+        }
     }
     fn contiguous_len(&self, off: usize) -> usize {
-        self.buf.contiguous_len(off).min(self.len.saturating_sub(off))
+        let c = match &self.mem {
+            Mem::Host(b) => b.contiguous_len(off),
+            Mem::Peer(b) => b.contiguous_len(off),
+        };
+        c.min(self.len.saturating_sub(off))
     }
 }
 
@@ -290,5 +374,12 @@ pub trait Device: Send {
     /// every burst on one channel.
     fn open_channel(&self) -> Result<Box<dyn Device>, DeviceError> {
         Err(DeviceError::NoChannel(self.describe()))
+    }
+    /// The DMA context its controller moves data through, where a peer device's BAR
+    /// registered in it ([`DmaContext::register_peer_bar`]) can be read into and written from
+    /// directly ([`IoBuf::peer`]): NVMe namespaces only. `None` (the default): the backend
+    /// cannot DMA into a BAR (io_uring files, memory).
+    fn dma_context(&self) -> Option<DmaContext> {
+        None
     }
 }

@@ -19,6 +19,9 @@
 //!
 //! A store has several engines, its I/O channels ([`channels`]): each burst runs on one,
 //! taken for the burst, so the bursts of several threads overlap on the devices.
+//!
+//! A peer-BAR burst ([`peer`]) submits the caller's BAR pieces instead of the engine's buffers:
+//! the controller moves the data, the CPU copies nothing.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -30,7 +33,9 @@ use crate::error::StoreError;
 use crate::format::{crc32c_append, PAGE};
 
 mod channels;
+mod peer;
 pub(crate) use channels::{extra_buffers, Channel, Channels, MAX_CHANNELS};
+pub(crate) use peer::{join_all, PeerJob, PEER_NEEDS};
 
 /// Where the logical space is (FORMAT.md §2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -14,6 +14,10 @@
 //!   [`Store::delete_version`] reclaim space. Tensors in GPU memory go through vfpoll-gpu's
 //!   copy engines and staging slots ([`CheckpointTx::put_device`],
 //!   [`VersionReader::load_device`]; CUDA behind the `cuda` feature).
+//!   A peer device's BAR (a GPU BAR exposed through VFIO, ivshmem) registered in
+//!   [`Store::dma_context`] is saved from and loaded into directly by the NVMe controllers,
+//!   with no CPU copy ([`CheckpointTx::put_from_peer`], [`VersionReader::read_into_peer`];
+//!   `docs/store.md`, Peer BAR).
 //! - **KV pools** ([`Store::create_pool`], [`KvPool`]): fixed-size blocks under 128-bit keys,
 //!   with batched [`KvPool::put_many`] / [`KvPool::get_many`], LRU or S3-FIFO eviction
 //!   ([`StoreOptions::kv_eviction`]) with deallocate, and
@@ -86,7 +90,8 @@
 //! `unsafe` lives in `device::uring` (pushing io_uring entries that point at buffers the
 //! device keeps until their completion) and in `device`'s `IoBuffer` impl for [`device::IoBuf`];
 //! each block says why it is sound. No Rust reference is made into DMA memory: data moves
-//! through copies.
+//! through copies (volatile ones for a peer BAR), or device to device. Registering a peer BAR
+//! is the caller's `unsafe` ([`vfpoll_dma::DmaContext::register_peer_bar`]).
 
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks, missing_docs)]
 

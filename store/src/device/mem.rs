@@ -279,7 +279,7 @@ impl Device for MemDevice {
         256
     }
     fn submit(&mut self, tag: u64, op: IoOp) -> Result<(), (DeviceError, IoOp)> {
-        if let Err(e) = self.check(&op) {
+        if let Err(e) = super::refuse_peer(&|| self.describe(), &op).and_then(|()| self.check(&op)) {
             return Err((e, op));
         }
         let mut s = self.handle.lock();

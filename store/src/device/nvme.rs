@@ -13,6 +13,7 @@ use std::any::Any;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
+use vfpoll_dma::DmaContext;
 use vfpoll_nvme::{Controller, NvmeError, QpairOptions, QueuePair, Rejected};
 
 use super::{alloc_buffers, Device, DeviceError, IoBuf, IoDone, IoOp};
@@ -238,5 +239,8 @@ impl Device for NvmeDevice {
     }
     fn open_channel(&self) -> Result<Box<dyn Device>, DeviceError> {
         Ok(Box::new(self.channel()?))
+    }
+    fn dma_context(&self) -> Option<DmaContext> {
+        Some(self.ctrl.dma().clone())
     }
 }

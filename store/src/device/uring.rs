@@ -256,6 +256,9 @@ impl Device for UringDevice {
         self.inflight.len()
     }
     fn submit(&mut self, tag: u64, op: IoOp) -> Result<(), (DeviceError, IoOp)> {
+        if let Err(e) = super::refuse_peer(&|| self.describe(), &op) {
+            return Err((e, op));
+        }
         let (off, len) = op.range();
         let bs = self.block_size as u64;
         let bad_range = off.checked_add(len).is_none_or(|e| e > self.capacity);
