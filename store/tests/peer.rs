@@ -2,16 +2,18 @@
 //! NVMe model: an anonymous mapping registered in the controller's DMA context stands in for
 //! the BAR (the model DMAs through the same fake IOMMU, so the controller reads and writes it
 //! by IOVA, as a real one reads a BAR). The model's fault log fails the test on any DMA outside
-//! a mapping.
+//! a mapping, and a tap on its DMA space counts the bytes it moved to and from the BAR: the
+//! proof that whole pages went device to BAR, not through the store's buffers.
 
 mod common;
 
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use common::{bytes, fopts, mem_store};
 use vfpoll_dma::{DeviceBuf, DmaContext, FakeMapper, HugeMem, PageSize, PeerRegion};
 use vfpoll_nvme::{Controller, ControllerOptions, QpairOptions};
-use vfpoll_nvme_model::{FaultCheck, FaultLog, ModelConfig, NamespaceConfig, NvmeModel};
+use vfpoll_nvme_model::{DmaFault, DmaSpace, FaultCheck, FaultLog, ModelConfig, NamespaceConfig, NvmeModel};
 use vfpoll_pci::BusAddr;
 use vfpoll_store::device::{Device, NvmeDevice};
 use vfpoll_store::{ReadOptions, Store, StoreError};
@@ -21,7 +23,7 @@ const BAR: usize = 8 << 20;
 /// The stand-in BAR and its registration (dropped first: the region before the memory).
 struct Bar {
     region: Option<PeerRegion>,
-    _mem: HugeMem,
+    mem: HugeMem,
 }
 
 fn register(dma: &DmaContext) -> Bar {
@@ -31,13 +33,49 @@ fn register(dma: &DmaContext) -> Bar {
     let region = unsafe { dma.register_peer_bar(mem.as_ptr(), BAR as u64, BusAddr(0xe000_0000)) }.unwrap();
     Bar {
         region: Some(region),
-        _mem: mem,
+        mem,
     }
 }
 
-fn bring_up() -> (FaultCheck, NvmeModel, Controller) {
+/// The model's DMA space with a counter of the bytes that land in the BAR's CPU range.
+struct Tap {
+    inner: Arc<FaultLog>,
+    bar: (AtomicUsize, AtomicUsize),
+    bar_bytes: AtomicU64,
+}
+
+impl Tap {
+    fn bar_bytes(&self) -> u64 {
+        self.bar_bytes.swap(0, Ordering::Relaxed)
+    }
+}
+
+// SAFETY: every translation is the inner space's, unchanged; the tap only counts.
+unsafe impl DmaSpace for Tap {
+    fn translate(&self, bus: BusAddr, len: u64) -> Option<*mut u8> {
+        let p = self.inner.translate(bus, len)?;
+        let (lo, hi) = (
+            self.bar.0.load(Ordering::Relaxed),
+            self.bar.1.load(Ordering::Relaxed),
+        );
+        if p.addr() >= lo && p.addr() < hi {
+            self.bar_bytes.fetch_add(len, Ordering::Relaxed);
+        }
+        Some(p)
+    }
+    fn fault(&self, fault: DmaFault) {
+        self.inner.fault(fault)
+    }
+}
+
+fn bring_up() -> (FaultCheck, Arc<Tap>, NvmeModel, Controller) {
     let mapper = Arc::new(FakeMapper::new());
     let log = Arc::new(FaultLog::new(mapper.clone()));
+    let tap = Arc::new(Tap {
+        inner: log.clone(),
+        bar: (AtomicUsize::new(0), AtomicUsize::new(0)),
+        bar_bytes: AtomicU64::new(0),
+    });
     let cfg = ModelConfig {
         namespaces: vec![
             NamespaceConfig::new(1, 512, 16384),
@@ -47,14 +85,14 @@ fn bring_up() -> (FaultCheck, NvmeModel, Controller) {
         mdts: 5, // 128 KiB: a 256 KiB chunk is split in two commands
         ..Default::default()
     };
-    let model = NvmeModel::start(cfg, log.clone()).unwrap();
+    let model = NvmeModel::start(cfg, tap.clone()).unwrap();
     let o = ControllerOptions {
         page_size: PageSize::Base4K,
         io_queues: 4,
         ..Default::default()
     };
     let ctrl = Controller::new(model.bar0(), DmaContext::new(mapper), o).unwrap();
-    (FaultCheck(log), model, ctrl)
+    (FaultCheck(log), tap, model, ctrl)
 }
 
 fn devices(c: &Controller) -> Vec<Box<dyn Device>> {
@@ -77,7 +115,7 @@ fn bar_bytes(b: &DeviceBuf, off: usize, len: usize) -> Vec<u8> {
 #[test]
 fn save_from_and_load_into_a_peer_bar() {
     let dir = tempfile::tempdir().unwrap();
-    let (_check, model, ctrl) = bring_up();
+    let (_check, tap, model, ctrl) = bring_up();
     let mut f = fopts(dir.path());
     f.chunk_size = 256 << 10;
     let store = Store::format_devices(devices(&ctrl), &f).unwrap();
@@ -85,17 +123,26 @@ fn save_from_and_load_into_a_peer_bar() {
         .dma_context()
         .expect("two namespaces of one controller: one DMA context");
     let mut bar = register(&dma);
+    let lo = bar.mem.as_ptr().addr();
+    tap.bar.0.store(lo, Ordering::Relaxed);
+    tap.bar.1.store(lo + BAR, Ordering::Relaxed);
     let mut src = DeviceBuf::whole(bar.region.take().unwrap());
     // An entry of an odd length over several chunks and both members, from the BAR's start;
     // loads go into the BAR's upper half.
     let len = 3 * (256 << 10) + 100_000 + 1234;
     let pattern = bytes(7, len);
     let mut hi = src.split_off(BAR / 2);
-    let _gap = src.split_off(len);
+    let mut gap = src.split_off(len);
     src.write(0, &pattern).unwrap();
 
     let mut tx = store.begin("m").unwrap();
+    tap.bar_bytes();
     tx.put_from_peer("w", b"u8[len]", &mut src).unwrap();
+    assert_eq!(
+        tap.bar_bytes(),
+        (len / 4096 * 4096) as u64,
+        "the controller read every whole page from the BAR, the odd bytes went through a store buffer"
+    );
     assert_eq!(src.len(), len, "the buffer is whole again");
     assert_eq!(bar_bytes(&src, 0, len), pattern, "a save does not change the BAR");
     assert!(matches!(
@@ -103,12 +150,24 @@ fn save_from_and_load_into_a_peer_bar() {
         Err(StoreError::Exists(_))
     ));
     tx.put("host", b"", &pattern[..5000]).unwrap();
+    // A BAR buffer that does not start at a multiple of 4: NVMe cannot DMA there, so the whole
+    // entry goes through the store's buffers (and still arrives).
+    let mut odd = gap.split_off(1);
+    let _after_odd = odd.split_off(10_000);
+    odd.write(0, &pattern[..10_000]).unwrap();
+    tx.put_from_peer("unaligned", b"", &mut odd).unwrap();
+    assert_eq!(
+        tap.bar_bytes(),
+        0,
+        "nothing device to BAR at an unaligned address"
+    );
     tx.commit().unwrap();
 
     // What the namespaces hold decodes to the pattern through the host path.
     let r = store.open_version("m", None).unwrap();
     assert_eq!(r.entry("w").unwrap().meta, b"u8[len]");
     assert_eq!(r.read_to_vec("w").unwrap(), pattern);
+    assert_eq!(r.read_to_vec("unaligned").unwrap(), &pattern[..10_000]);
     assert!(store.fsck().unwrap().is_clean());
 
     // Loads into the BAR, with the crc checked from the BAR and without.
