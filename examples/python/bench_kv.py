@@ -87,10 +87,10 @@ class FilePath:
 class StorePath:
     """A vfpoll KV pool on a file of the same size."""
 
-    def __init__(self, path: str, blocks: int, block: int) -> None:
+    def __init__(self, path: str, blocks: int, block: int, **opts) -> None:
         # Room for the store's own headers and the pool's slot header table.
         size = blocks * block + (64 << 20)
-        self.store = vfpoll.Store.format([f"file:{path}?size={size}"], force=True, lock_dir="/tmp")
+        self.store = vfpoll.Store.format([f"file:{path}?size={size}"], force=True, lock_dir="/tmp", **opts)
         self.pool = self.store.kv_pool("kv", block_size=block, slots=blocks)
 
     def put(self, slots, src: torch.Tensor) -> None:
@@ -174,6 +174,8 @@ def main() -> int:
     ap.add_argument("--gets", type=int, default=2000, help="QD1 gets per round (and 1/32 as many batches)")
     ap.add_argument("--threads", type=int, default=4, help="threads of the threaded row")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--io-channels", type=int, help="the store's io_channels (default: its own)")
+    ap.add_argument("--poll-spin-us", type=int, help="the store's poll_spin_us (default: its own)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     if not torch.cuda.is_available():
@@ -182,12 +184,13 @@ def main() -> int:
     torch.manual_seed(0)
     data = torch.randint(0, 256, (a.blocks, a.block), dtype=torch.uint8, device="cuda")
     rng = random.Random(1)
+    opts = {k: v for k, v in (("io_channels", a.io_channels), ("poll_spin_us", a.poll_spin_us)) if v is not None}
     rows: dict = {"file": [], "vfpoll": []}
     for r in range(a.rounds):
         order = ["file", "vfpoll"] if r % 2 == 0 else ["vfpoll", "file"]
         for which in order:
             f = os.path.join(a.dir, f"kv-{which}.img")
-            p = FilePath(f, a.blocks, a.block) if which == "file" else StorePath(f, a.blocks, a.block)
+            p = FilePath(f, a.blocks, a.block) if which == "file" else StorePath(f, a.blocks, a.block, **opts)
             try:
                 rows[which].append(run(p, a.blocks, data, a.gets, a.threads, rng))
             finally:
