@@ -18,10 +18,8 @@
 //! would cost more than the copy.
 //!
 //! A store has several engines, its I/O channels ([`channels`]): each burst runs on one,
-//! taken for the burst, so the bursts of several threads overlap on the devices.
-//!
-//! A peer-BAR burst ([`peer`]) submits the caller's BAR pieces instead of the engine's buffers:
-//! the controller moves the data, the CPU copies nothing.
+//! taken for the burst, so the bursts of several threads overlap on the devices. A peer-BAR
+//! burst ([`peer`]) submits the caller's BAR pieces instead of the engine's buffers.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};

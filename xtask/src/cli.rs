@@ -115,10 +115,11 @@ Options:
                            to `cargo test --workspace`
       --mode <MODE>        iommu, noiommu, iommufd, both (iommu and noiommu) or all (the
                            three; iommufd only on the 6.12 kernel, for the foundation, nvme,
-                           p2p, unprivileged and nic binaries) [default: all]
+                           p2p, store_p2p, unprivileged and nic binaries) [default: all]
       --kernel <NAME>      Guest kernels: 6.1 (every binary), 6.12 (the foundation, nvme,
-                           formats and nvmf_auth binaries in every mode, p2p, unprivileged
-                           and nic in iommufd mode, as rows of their own), or all [default: all]
+                           formats and nvmf_auth binaries in every mode, p2p, store_p2p,
+                           unprivileged and nic in iommufd mode, as rows of their own), or all
+                           [default: all]
       --qemu <LIST>        Emulators, comma-separated: 7.2 (every binary), 10 (the nvme,
                            formats, p2p, recovery_reset and xtask_selftest binaries only, on
                            the default kernel, as rows of their own), or all [default: all]

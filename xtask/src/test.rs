@@ -45,7 +45,7 @@ const EXPECT_FAULT_FILE: &str = "expect-iommu-fault";
 const OTHER_KERNEL_BINS: &[&str] = &["foundation", "nvme", "formats", "nvmf_auth"];
 /// Test binaries that also boot in mode `iommufd`, on the kernels with iommufd (6.12), in rows
 /// of their own.
-const IOMMUFD_BINS: &[&str] = &["foundation", "nvme", "p2p", "unprivileged", "nic"];
+const IOMMUFD_BINS: &[&str] = &["foundation", "nvme", "p2p", "store_p2p", "unprivileged", "nic"];
 /// Test binaries whose boots get hot-pluggable NVMe controller R ([`Boot::hotplug`]).
 const HOTPLUG_BINS: &[&str] = &["recovery_removal"];
 /// Test binaries that also boot the emulators other than the host's QEMU 7.2 (`--qemu`), on
