@@ -326,30 +326,7 @@ impl CheckpointTx {
         direct: Option<&[u8]>,
         mut fill: impl FnMut(u64, &mut [u8]) -> Result<()>,
     ) -> Result<()> {
-        check_name("entry", name, MAX_ENTRY_NAME)?;
-        if meta.len() > MAX_META {
-            return Err(StoreError::Invalid(format!(
-                "entry {name:?}: {} bytes of meta, at most {MAX_META}",
-                meta.len()
-            )));
-        }
-        if self.names.contains(name) {
-            return Err(StoreError::Exists(format!("entry {name:?} in this version")));
-        }
-        let pages = len.div_ceil(PAGE as u64);
-        let runs = if pages == 0 {
-            Vec::new()
-        } else {
-            let mut m = self.store.meta();
-            if let Some(p) = &m.poisoned {
-                return Err(StoreError::Poisoned(p.clone()));
-            }
-            let cp = self.store.chunk_pages();
-            m.alloc.alloc_runs(pages, cp).ok_or_else(|| StoreError::Full {
-                needed: len,
-                free: m.alloc.free_pages() * PAGE as u64,
-            })?
-        };
+        let runs = self.take_pages(name, meta, len)?;
         let mut window = self.window();
         if let Some(w) = &self.bg {
             window = window.min(w.budget()).max(PAGE as u64);
@@ -443,13 +420,49 @@ impl CheckpointTx {
                     log::debug!("background write: {first}");
                 }
             }
-            let mut m = self.store.meta();
-            for &(p, n) in &runs {
-                m.alloc.free(p, n);
-            }
+            self.give_back(&runs);
             return Err(e);
         }
-        self.allocated.extend_from_slice(&runs);
+        self.add_entry(name, meta, len, &runs, extents);
+        Ok(())
+    }
+
+    /// Checks a new entry's name and meta, and takes pages for `len` bytes (runs within chunks).
+    fn take_pages(&self, name: &str, meta: &[u8], len: u64) -> Result<Vec<(u64, u64)>> {
+        check_name("entry", name, MAX_ENTRY_NAME)?;
+        if meta.len() > MAX_META {
+            return Err(StoreError::Invalid(format!(
+                "entry {name:?}: {} bytes of meta, at most {MAX_META}",
+                meta.len()
+            )));
+        }
+        if self.names.contains(name) {
+            return Err(StoreError::Exists(format!("entry {name:?} in this version")));
+        }
+        let pages = len.div_ceil(PAGE as u64);
+        if pages == 0 {
+            return Ok(Vec::new());
+        }
+        let mut m = self.store.meta();
+        if let Some(p) = &m.poisoned {
+            return Err(StoreError::Poisoned(p.clone()));
+        }
+        let cp = self.store.chunk_pages();
+        m.alloc.alloc_runs(pages, cp).ok_or_else(|| StoreError::Full {
+            needed: len,
+            free: m.alloc.free_pages() * PAGE as u64,
+        })
+    }
+
+    /// Gives back the pages of a put that failed (nothing may still write into them).
+    fn give_back(&self, runs: &[(u64, u64)]) {
+        let mut m = self.store.meta();
+        runs.iter().for_each(|&(p, n)| m.alloc.free(p, n));
+    }
+
+    /// Records a written entry on `runs`.
+    fn add_entry(&mut self, name: &str, meta: &[u8], len: u64, runs: &[(u64, u64)], extents: Vec<Extent>) {
+        self.allocated.extend_from_slice(runs);
         self.names.insert(name.to_string());
         self.entries.push(Entry {
             name: name.to_string(),
@@ -457,7 +470,6 @@ impl CheckpointTx {
             len,
             extents,
         });
-        Ok(())
     }
 
     pub(crate) fn store(&self) -> &Store {

@@ -15,7 +15,9 @@ use vfpoll_dma::{DeviceBuf, DmaContext, FakeMapper, HugeMem, PageSize, PeerRegio
 use vfpoll_nvme::{Controller, ControllerOptions, QpairOptions};
 use vfpoll_nvme_model::{DmaFault, DmaSpace, FaultCheck, FaultLog, ModelConfig, NamespaceConfig, NvmeModel};
 use vfpoll_pci::BusAddr;
-use vfpoll_store::device::{Device, NvmeDevice};
+use vfpoll_store::device::{
+    Device, DeviceError, IoBuf, IoOp, MemDevice, NvmeDevice, UringDevice, UringOptions,
+};
 use vfpoll_store::{ReadOptions, Store, StoreError};
 
 const BAR: usize = 8 << 20;
@@ -266,5 +268,40 @@ fn a_store_that_cannot_dma_into_a_bar_refuses() {
         .read_into_peer("w", 0, &mut buf.split_off(BAR - 5000), &ReadOptions::default())
         .unwrap_err();
     assert!(e.to_string().contains("one DMA context"), "{e}");
+    assert_eq!(buf.len(), BAR - 5000);
+    drop(r);
+    drop(store);
+
+    // The backends themselves refuse a peer buffer and hand it back: a file and memory cannot
+    // DMA into a BAR (io_uring would give the kernel the BAR's MMIO mapping).
+    let file = UringOptions {
+        create_size: Some(1 << 20),
+        allow_buffered: true,
+        ..Default::default()
+    };
+    let devs: [Box<dyn Device>; 2] = [
+        Box::new(MemDevice::new(1 << 20, 512, true)),
+        Box::new(UringDevice::open(&dir.path().join("f.img"), &file).unwrap()),
+    ];
+    for mut dev in devs {
+        let (e, op) = dev
+            .submit(
+                1,
+                IoOp::Read {
+                    offset: 0,
+                    buf: IoBuf::peer(buf),
+                },
+            )
+            .unwrap_err();
+        assert!(matches!(e, DeviceError::Invalid(_)), "{}: {e}", dev.describe());
+        assert!(e.to_string().contains("vfio:"), "{e}");
+        assert!(dev.dma_context().is_none());
+        assert_eq!(dev.outstanding(), 0);
+        buf = op
+            .into_buf()
+            .unwrap()
+            .into_peer()
+            .expect("the peer buffer comes back");
+    }
     assert_eq!(buf.len(), BAR - 5000);
 }

@@ -14,9 +14,9 @@
 
 use vfpoll_dma::{DeviceBuf, DmaContext};
 
-use super::{check_name, CheckpointTx, ReadOptions, VersionReader};
+use super::{CheckpointTx, ReadOptions, VersionReader};
 use crate::error::{Result, StoreError};
-use crate::format::{crc32c_append, Entry, Extent, MAX_ENTRY_NAME, MAX_META, PAGE};
+use crate::format::{crc32c_append, Extent, PAGE};
 use crate::io::{join_all, Job, PeerJob, PEER_NEEDS};
 use crate::store::Store;
 
@@ -135,31 +135,8 @@ impl CheckpointTx {
     /// the store's one DMA context refuses ([`StoreError::Invalid`]) before touching anything.
     pub fn put_from_peer(&mut self, name: &str, meta: &[u8], buf: &mut DeviceBuf) -> Result<()> {
         self.store.peer_context()?;
-        check_name("entry", name, MAX_ENTRY_NAME)?;
-        if meta.len() > MAX_META {
-            return Err(StoreError::Invalid(format!(
-                "entry {name:?}: {} bytes of meta, at most {MAX_META}",
-                meta.len()
-            )));
-        }
-        if self.names.contains(name) {
-            return Err(StoreError::Exists(format!("entry {name:?} in this version")));
-        }
         let len = buf.len() as u64;
-        let pages = len.div_ceil(PAGE as u64);
-        let runs = if pages == 0 {
-            Vec::new()
-        } else {
-            let mut m = self.store.meta();
-            if let Some(p) = &m.poisoned {
-                return Err(StoreError::Poisoned(p.clone()));
-            }
-            let cp = self.store.chunk_pages();
-            m.alloc.alloc_runs(pages, cp).ok_or_else(|| StoreError::Full {
-                needed: len,
-                free: m.alloc.free_pages() * PAGE as u64,
-            })?
-        };
+        let runs = self.take_pages(name, meta, len)?;
         // Extents (with their crc32c from the BAR), and the pieces: whole pages direct, the odd
         // bytes of the last page through a store buffer.
         let mut extents = Vec::with_capacity(runs.len());
@@ -221,20 +198,10 @@ impl CheckpointTx {
             r.and(back)
         });
         if let Err(e) = written {
-            let mut m = self.store.meta();
-            for &(p, n) in &runs {
-                m.alloc.free(p, n);
-            }
+            self.give_back(&runs);
             return Err(e);
         }
-        self.allocated.extend_from_slice(&runs);
-        self.names.insert(name.to_string());
-        self.entries.push(Entry {
-            name: name.to_string(),
-            meta: meta.to_vec(),
-            len,
-            extents,
-        });
+        self.add_entry(name, meta, len, &runs, extents);
         Ok(())
     }
 }
