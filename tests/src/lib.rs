@@ -54,6 +54,39 @@ pub fn mode_name() -> &'static str {
     }
 }
 
+/// A peer-BAR registration (`DmaContext::register_peer_bar`) as this boot's mode expects it:
+/// the region, or under iommufd `None` after checking that the kernel refused it with the
+/// documented error (it names `IOMMU_IOAS_MAP` and the way out, `--iommu-backend type1`).
+/// `what` names the BAR in messages.
+pub fn peer_or_refusal(
+    r: Result<vfpoll_dma::PeerRegion, vfpoll_dma::DmaError>,
+    what: &str,
+) -> Option<vfpoll_dma::PeerRegion> {
+    if mode() != IommuMode::Iommufd {
+        return Some(r.unwrap_or_else(|e| panic!("registering {what}: {e}")));
+    }
+    let e = match r {
+        Ok(_) => panic!("iommufd mapped {what}: the kernel was expected to refuse a BAR's PFNMAP memory"),
+        Err(e) => e,
+    };
+    let mut msg = e.to_string();
+    let mut src = std::error::Error::source(&e);
+    while let Some(s) = src {
+        msg = format!("{msg}: {s}");
+        src = s.source();
+    }
+    println!("{what} under iommufd: {msg}");
+    assert!(
+        msg.contains("iommufd cannot map a peer device's BAR") && msg.contains("--iommu-backend type1"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("IOMMU_IOAS_MAP"),
+        "the kernel's refusal is named: {msg}"
+    );
+    None
+}
+
 /// The `--iommu-backend` arguments that make a `vfpoll` command use this boot's backend
 /// (`--noiommu` in no-IOMMU mode, as before the flag existed).
 pub fn backend_args() -> &'static [&'static str] {

@@ -11,11 +11,10 @@
 use std::time::Duration;
 
 use vfpoll_dma::{DmaContext, PageSize};
-use vfpoll_dma::{DmaError, PeerRegion};
 use vfpoll_nvme::{
     AnyBuf, CmbBuf, Controller, ControllerOptions, DeviceBuf, QpairOptions, QueuePair, RegionBuf,
 };
-use vfpoll_pci::vfio::{Container, IommuMode};
+use vfpoll_pci::vfio::Container;
 use vfpoll_tests::*;
 
 const MIB: usize = 1 << 20;
@@ -68,34 +67,6 @@ fn read_back(qp: &mut QueuePair<AnyBuf>, dma: &DmaContext, nsid: u32, lba: u64, 
     let mut v = vec![0u8; len];
     b.read(0, &mut v).unwrap();
     v
-}
-
-/// Under iommufd, checks that a peer-BAR registration was refused with the documented error
-/// (and says so); elsewhere returns the region.
-fn peer_or_refusal(r: Result<PeerRegion, DmaError>, what: &str) -> Option<PeerRegion> {
-    if mode() != IommuMode::Iommufd {
-        return Some(r.unwrap_or_else(|e| panic!("registering {what}: {e}")));
-    }
-    let e = match r {
-        Ok(_) => panic!("iommufd mapped {what}: the kernel was expected to refuse a BAR's PFNMAP memory"),
-        Err(e) => e,
-    };
-    let mut msg = e.to_string();
-    let mut src = std::error::Error::source(&e);
-    while let Some(s) = src {
-        msg = format!("{msg}: {s}");
-        src = s.source();
-    }
-    println!("{what} under iommufd: {msg}");
-    assert!(
-        msg.contains("iommufd cannot map a peer device's BAR") && msg.contains("--iommu-backend type1"),
-        "{msg}"
-    );
-    assert!(
-        msg.contains("IOMMU_IOAS_MAP"),
-        "the kernel's refusal is named: {msg}"
-    );
-    None
 }
 
 /// Cuts the `(offset, len)` ranges (in order, disjoint, offsets in the BAR) out of `rest`,
