@@ -38,7 +38,8 @@ fn key_of(k: &Bound<'_, PyAny>) -> PyResult<u128> {
         .map_err(|_| PyValueError::new_err(format!("key {k} is not an int in 0..2**128 or 16 bytes")))
 }
 
-/// A KV block pool (fixed block size, 128-bit keys, LRU eviction).
+/// A KV block pool (fixed block size, 128-bit keys, LRU or S3-FIFO eviction: the store's
+/// `kv_eviction`).
 #[pyclass(module = "vfpoll._vfpoll", frozen)]
 pub struct KvPool {
     shared: Arc<Shared>,
@@ -143,9 +144,9 @@ impl KvPool {
 
 #[pymethods]
 impl KvPool {
-    /// Stores `bufs[i]` under `keys[i]` in one submission burst (evicting the least recently
-    /// used blocks when full). Not durable until `sync()`. `bufs` is one buffer per key, or one
-    /// array (2-D tensor) of `len(keys)` equal rows.
+    /// Stores `bufs[i]` under `keys[i]` in one submission burst (evicting blocks in the store's
+    /// `kv_eviction` order when full). Not durable until `sync()`. `bufs` is one buffer per
+    /// key, or one array (2-D tensor) of `len(keys)` equal rows.
     fn put_many(&self, py: Python<'_>, keys: &Bound<'_, PyAny>, bufs: &Bound<'_, PyAny>) -> PyResult<()> {
         let (keys, ranges, holds) = self.keys_and_bufs(keys, bufs, false)?;
         let r = py.detach(|| -> Result<(), Failure> {
