@@ -865,13 +865,8 @@ impl VersionReader {
         }
         let mut parts = Vec::new();
         let mut scratch: Vec<Vec<u8>> = Vec::new();
-        let mut pos = 0u64;
-        for x in &e.extents {
-            let (xs, xe) = (pos, pos + x.len as u64);
-            pos = xe;
-            if xe <= offset || xs >= end {
-                continue;
-            }
+        for (x, xs) in e.extents_in(offset, end) {
+            let xe = xs + x.len as u64;
             if xs >= offset && xe <= end {
                 parts.push(Part {
                     ext: *x,

@@ -739,6 +739,20 @@ pub struct Entry {
     pub extents: Vec<Extent>,
 }
 
+impl Entry {
+    /// The extents holding any of bytes `start..end`, each with the entry byte it starts at.
+    pub(crate) fn extents_in(&self, start: u64, end: u64) -> impl Iterator<Item = (&Extent, u64)> {
+        self.extents
+            .iter()
+            .scan(0u64, |pos, x| {
+                let xs = *pos;
+                *pos += x.len as u64;
+                Some((x, xs))
+            })
+            .filter(move |&(x, xs)| xs < end && xs + x.len as u64 > start)
+    }
+}
+
 /// A version's manifest (§5.2).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Manifest {

@@ -261,13 +261,8 @@ impl VersionReader {
         let mut hows = Vec::new();
         // Whole extents read into the BAR and checked from it: (extent, its byte in `buf`).
         let mut checks: Vec<(Extent, usize)> = Vec::new();
-        let mut pos = 0u64;
-        for x in &e.extents {
-            let (xs, xe) = (pos, pos + x.len as u64);
-            pos = xe;
-            if xe <= offset || xs >= end {
-                continue;
-            }
+        for (x, xs) in e.extents_in(offset, end) {
+            let xe = xs + x.len as u64;
             let whole = x.len as usize / PAGE * PAGE;
             // NVMe data buffers are dword aligned (NVMe Base 2.0 §4.1.1, PRP entries): an
             // extent that would land unaligned in the BAR goes through a store buffer.
